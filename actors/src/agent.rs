@@ -1,0 +1,400 @@
+//! Host side of the channel to the in-container agent (`docker/agent.py`):
+//! JSON lines over a unix socket that the agent creates in a folder the
+//! server bind-mounts into the sandbox.
+//!
+//! Everything read from that socket is untrusted: the sandbox's user can stop
+//! the agent and put anything in its place. So the socket is opened without
+//! following symlinks (a symlink to a host socket would otherwise connect the
+//! server to it), lines are bounded, and replies are parsed into fixed types.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, Mutex};
+
+/// Folder of the agent's socket inside the container.
+pub const AGENT_DIR_IN_CONTAINER: &str = "/run/mcp-agent";
+pub const SOCKET_NAME: &str = "agent.sock";
+/// Results folder inside the container; reported files must lie below it.
+pub const RESULTS_IN_CONTAINER: &str = "/app/results";
+const MAX_FILES: usize = 1000;
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Request<'a> {
+    Exec {
+        id: u64,
+        code: &'a str,
+        timeout: f64,
+        output_cap: usize,
+        progress: bool,
+    },
+    Run {
+        id: u64,
+        argv: &'a [String],
+        timeout: f64,
+        output_cap: usize,
+        progress: bool,
+    },
+    Packages {
+        id: u64,
+    },
+    Interrupt {
+        id: u64,
+    },
+}
+
+/// What to run: Python code in the persistent worker, or a program.
+#[derive(Debug, Clone)]
+pub enum Work {
+    Python(String),
+    Program(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Reply {
+    id: Option<u64>,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(flatten)]
+    body: serde_json::Value,
+}
+
+/// Output of one run, as the agent reports it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct RunOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i64,
+    #[serde(default)]
+    pub timed_out: bool,
+    #[serde(default)]
+    pub cancelled: bool,
+    /// The Python worker was replaced: variables and imports are gone.
+    #[serde(default)]
+    pub state_lost: bool,
+    #[serde(default)]
+    pub truncated: bool,
+    /// Full outputs kept under the results folder when truncated.
+    #[serde(default)]
+    pub output_files: Vec<String>,
+    #[serde(default)]
+    pub duration_ms: f64,
+    /// Files under `/app/results` created or changed by the run (Python only).
+    #[serde(default)]
+    pub files: Vec<String>,
+}
+
+impl RunOutput {
+    /// Drops what a well-behaved agent never sends: paths outside the results
+    /// folder, `..` components, and more files than the agent reports.
+    fn sanitise(mut self) -> Self {
+        let inside = |p: &String| {
+            p.starts_with(&format!("{RESULTS_IN_CONTAINER}/"))
+                && !p.split('/').any(|c| c == ".." || c == ".")
+        };
+        self.files.retain(inside);
+        self.files.truncate(MAX_FILES);
+        self.output_files.retain(inside);
+        self.output_files.truncate(2);
+        self
+    }
+}
+
+/// A distribution installed in the sandbox's virtual environment.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Package {
+    pub name: String,
+    pub version: String,
+}
+
+/// Output seen so far by a running request, forwarded as it arrives.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Progress {
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Nothing reached the agent: the request can be sent again safely.
+    #[error("could not reach the agent: {0}")]
+    Send(std::io::Error),
+    /// The request was sent but no answer came: it may have run.
+    #[error("the agent stopped answering: {0}")]
+    Receive(String),
+    /// The agent answered with something that is not the protocol.
+    #[error("the agent broke the protocol: {0}")]
+    Protocol(String),
+    /// The agent still runs the request of an earlier connection.
+    #[error("the agent is busy")]
+    Busy,
+}
+
+/// One connection to an agent. A request is sent and its answer read by the
+/// same owner; [`Interrupter`] lets another task cancel the request in flight.
+pub struct AgentClient {
+    reader: BufReader<OwnedReadHalf>,
+    writer: Arc<Mutex<OwnedWriteHalf>>,
+    next_id: u64,
+    max_line: usize,
+}
+
+/// Cancels the request in flight on an [`AgentClient`].
+#[derive(Clone)]
+pub struct Interrupter {
+    writer: Arc<Mutex<OwnedWriteHalf>>,
+}
+
+impl Interrupter {
+    pub async fn interrupt(&self) {
+        let line = serde_json::to_vec(&Request::Interrupt { id: 0 }).expect("serialisable");
+        let mut w = self.writer.lock().await;
+        let _ = w.write_all(&[line.as_slice(), b"\n"].concat()).await;
+    }
+}
+
+impl AgentClient {
+    /// Connects to the socket at `path` without following a symlink in its
+    /// last component (the folder itself is the server's own mount point).
+    pub async fn connect(path: &Path, output_cap: usize) -> std::io::Result<Self> {
+        let fd = open_socket_nofollow(path)?;
+        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let stream = UnixStream::connect(&proc_path).await?;
+        drop(fd);
+        Ok(Self::from_stream(stream, output_cap))
+    }
+
+    /// Wraps a connected stream (a fake agent in unit tests uses a socket pair).
+    pub fn from_stream(stream: UnixStream, output_cap: usize) -> Self {
+        let (r, w) = stream.into_split();
+        Self {
+            reader: BufReader::new(r),
+            writer: Arc::new(Mutex::new(w)),
+            next_id: 1,
+            // stdout and stderr of at most `output_cap` bytes each, which JSON
+            // escaping can inflate up to six times, plus paths and slack.
+            max_line: 12 * output_cap + 1024 * 1024,
+        }
+    }
+
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter {
+            writer: self.writer.clone(),
+        }
+    }
+
+    /// Runs `work` and returns its output; progress lines go to `progress`.
+    pub async fn run(
+        &mut self,
+        work: &Work,
+        timeout_secs: f64,
+        output_cap: usize,
+        progress: Option<&mpsc::Sender<Progress>>,
+    ) -> Result<RunOutput, AgentError> {
+        let id = self.take_id();
+        let want_progress = progress.is_some();
+        let req = match work {
+            Work::Python(code) => Request::Exec {
+                id,
+                code,
+                timeout: timeout_secs,
+                output_cap,
+                progress: want_progress,
+            },
+            Work::Program(argv) => Request::Run {
+                id,
+                argv,
+                timeout: timeout_secs,
+                output_cap,
+                progress: want_progress,
+            },
+        };
+        self.send(&req).await?;
+        loop {
+            let reply = self.receive(id).await?;
+            match reply.kind.as_str() {
+                "progress" => {
+                    if let Some(tx) = progress {
+                        let p: Progress = serde_json::from_value(reply.body)
+                            .map_err(|e| AgentError::Protocol(e.to_string()))?;
+                        let _ = tx.try_send(p);
+                    }
+                }
+                "result" => {
+                    let out: RunOutput = serde_json::from_value(reply.body)
+                        .map_err(|e| AgentError::Protocol(e.to_string()))?;
+                    return Ok(out.sanitise());
+                }
+                _ => return Err(reply_error(reply)),
+            }
+        }
+    }
+
+    /// Lists the distributions installed in the sandbox's virtual environment.
+    pub async fn packages(&mut self) -> Result<Vec<Package>, AgentError> {
+        let id = self.take_id();
+        self.send(&Request::Packages { id }).await?;
+        let reply = self.receive(id).await?;
+        if reply.kind != "result" {
+            return Err(reply_error(reply));
+        }
+        let list = reply.body.get("packages").cloned().unwrap_or_default();
+        let mut packages: Vec<Package> =
+            serde_json::from_value(list).map_err(|e| AgentError::Protocol(e.to_string()))?;
+        packages.truncate(10_000);
+        Ok(packages)
+    }
+
+    fn take_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    async fn send(&mut self, req: &Request<'_>) -> Result<(), AgentError> {
+        let mut line = serde_json::to_vec(req).map_err(|e| AgentError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        let mut w = self.writer.lock().await;
+        w.write_all(&line).await.map_err(AgentError::Send)
+    }
+
+    /// Reads replies until the one for `id` (stale ones of a cancelled
+    /// request are skipped), never buffering more than `max_line` bytes.
+    async fn receive(&mut self, id: u64) -> Result<Reply, AgentError> {
+        loop {
+            let line = self.read_line().await?;
+            let reply: Reply =
+                serde_json::from_slice(&line).map_err(|e| AgentError::Protocol(e.to_string()))?;
+            if reply.id == Some(id) || reply.id.is_none() {
+                return Ok(reply);
+            }
+        }
+    }
+
+    async fn read_line(&mut self) -> Result<Vec<u8>, AgentError> {
+        let mut line = Vec::new();
+        loop {
+            let buf = self
+                .reader
+                .fill_buf()
+                .await
+                .map_err(|e| AgentError::Receive(e.to_string()))?;
+            if buf.is_empty() {
+                return Err(AgentError::Receive("connection closed".into()));
+            }
+            let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (&buf[..i], Some(i + 1)),
+                None => (buf, None),
+            };
+            if line.len() + chunk.len() > self.max_line {
+                return Err(AgentError::Protocol(format!(
+                    "a reply longer than {} bytes",
+                    self.max_line
+                )));
+            }
+            line.extend_from_slice(chunk);
+            let used = done.unwrap_or(buf.len());
+            self.reader.consume(used);
+            if done.is_some() {
+                return Ok(line);
+            }
+        }
+    }
+}
+
+fn reply_error(reply: Reply) -> AgentError {
+    match reply.error.as_deref() {
+        Some("busy") => AgentError::Busy,
+        Some(e) => AgentError::Protocol(e.to_string()),
+        None => AgentError::Protocol(format!("unexpected reply type {:?}", reply.kind)),
+    }
+}
+
+/// Opens `path` as `O_PATH | O_NOFOLLOW` and checks that it is a socket.
+fn open_socket_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
+    // SAFETY: a valid NUL-terminated path; the returned fd is owned below.
+    let raw = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the agent path is not a socket",
+        ));
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn symlinked_socket_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.sock");
+        let _listener = tokio::net::UnixListener::bind(&real).unwrap();
+        let link = dir.path().join(SOCKET_NAME);
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(AgentClient::connect(&link, 1024).await.is_err());
+        assert!(AgentClient::connect(&real, 1024).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn overlong_reply_is_a_protocol_error() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut client = AgentClient::from_stream(a, 1024);
+        let max = client.max_line;
+        tokio::spawn(async move {
+            let junk = vec![b'x'; max + 10];
+            let _ = b.write_all(&junk).await;
+            let _ = b.write_all(b"\n").await;
+        });
+        let err = client
+            .run(&Work::Python("print(1)".into()), 1.0, 1024, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::Protocol(_)), "{err}");
+    }
+
+    #[test]
+    fn reported_paths_outside_results_are_dropped() {
+        let out = RunOutput {
+            files: vec![
+                "/app/results/a.png".into(),
+                "/etc/passwd".into(),
+                "/app/results/../x".into(),
+                "/app/resultsx/y".into(),
+            ],
+            ..Default::default()
+        }
+        .sanitise();
+        assert_eq!(out.files, vec!["/app/results/a.png".to_string()]);
+    }
+}

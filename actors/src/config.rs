@@ -1,0 +1,132 @@
+//! Settings the sandbox domain needs, deserialised straight from the
+//! `[sandbox]`, `[packages]` and `[uploads]` sections of `config.toml`
+//! (the server embeds these types in its own configuration).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[sandbox]`: the image, the OCI runtime and the limits of every container.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Image repository; the tag is a hash of the build context, so a server
+    /// only ever runs the image that matches its own agent.
+    pub image: String,
+    /// OCI runtime: `runc`, or `runsc` for gVisor.
+    pub runtime: String,
+    pub network: NetworkMode,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids_limit: i64,
+    /// Size of the `/tmp` tmpfs, which also holds run output before it is read.
+    pub tmp_size_mb: u64,
+    pub exec_timeout_seconds: u64,
+    pub max_exec_timeout_seconds: u64,
+    pub install_timeout_seconds: u64,
+    /// Bytes of stdout and of stderr returned in full; beyond it head and tail.
+    pub output_cap_bytes: usize,
+    /// Host CA bundle mounted read-only into sandboxes (and used for the image
+    /// build) so pip works behind a TLS-intercepting proxy.
+    pub ca_bundle: Option<PathBuf>,
+    /// A sandbox is removed this long after creation (0: never).
+    pub max_lifetime_seconds: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            image: "mcp-sandbox-python".into(),
+            runtime: "runc".into(),
+            network: NetworkMode::Bridge,
+            memory_mb: 512,
+            cpus: 1.0,
+            pids_limit: 256,
+            tmp_size_mb: 256,
+            exec_timeout_seconds: 30,
+            max_exec_timeout_seconds: 600,
+            install_timeout_seconds: 300,
+            output_cap_bytes: 64 * 1024,
+            ca_bundle: None,
+            max_lifetime_seconds: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    Bridge,
+    None,
+}
+
+impl NetworkMode {
+    pub fn as_docker(self) -> &'static str {
+        match self {
+            NetworkMode::Bridge => "bridge",
+            NetworkMode::None => "none",
+        }
+    }
+}
+
+/// `[packages]`: where `install_package_in_sandbox` gets packages from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PackagesConfig {
+    pub index_url: Option<String>,
+    pub extra_index_url: Option<String>,
+}
+
+/// `[uploads]`: host folders `upload_file_to_sandbox` may copy from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UploadsConfig {
+    pub allowed_dirs: Vec<PathBuf>,
+}
+
+impl SandboxConfig {
+    /// Checks what serde cannot; each message names the offending key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.image.trim().is_empty() || self.image.contains(':') {
+            return Err("sandbox.image: a repository name without a tag".into());
+        }
+        if !matches!(self.runtime.as_str(), "runc" | "runsc") {
+            return Err(format!(
+                "sandbox.runtime: \"runc\" or \"runsc\", not {:?}",
+                self.runtime
+            ));
+        }
+        if self.memory_mb < 64 {
+            return Err("sandbox.memory_mb: at least 64".into());
+        }
+        if !(self.cpus > 0.0 && self.cpus <= 64.0) {
+            return Err("sandbox.cpus: more than 0 and at most 64".into());
+        }
+        if self.pids_limit < 32 {
+            return Err("sandbox.pids_limit: at least 32".into());
+        }
+        if self.tmp_size_mb < 16 {
+            return Err("sandbox.tmp_size_mb: at least 16".into());
+        }
+        if self.exec_timeout_seconds == 0
+            || self.exec_timeout_seconds > self.max_exec_timeout_seconds
+        {
+            return Err("sandbox.exec_timeout_seconds: at least 1 and at most sandbox.max_exec_timeout_seconds".into());
+        }
+        if self.install_timeout_seconds == 0 {
+            return Err("sandbox.install_timeout_seconds: at least 1".into());
+        }
+        if self.output_cap_bytes < 1024 {
+            return Err("sandbox.output_cap_bytes: at least 1024".into());
+        }
+        if let Some(path) = &self.ca_bundle {
+            if !path.is_file() {
+                return Err(format!(
+                    "sandbox.ca_bundle: {} is not a file",
+                    path.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,41 @@
+//! What every actor of one server shares: the runtime, the records and the
+//! settings, plus where each sandbox's host folders are.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use crate::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use crate::records::RecordStore;
+use crate::runtime::{ContainerRuntime, SandboxPaths};
+
+/// Settings of the sandbox domain, from the server's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub sandbox: SandboxConfig,
+    pub packages: PackagesConfig,
+    pub uploads: UploadsConfig,
+    /// The server's own folder: records and agent sockets. Never uploadable.
+    pub state_dir: PathBuf,
+    /// Host folder holding each sandbox's `/app/results`.
+    pub results_dir: PathBuf,
+    /// Files that must never be uploaded into a sandbox (the config file).
+    pub protected: Vec<PathBuf>,
+}
+
+pub struct Context {
+    pub runtime: Arc<dyn ContainerRuntime>,
+    pub store: RecordStore,
+    pub settings: Settings,
+}
+
+impl Context {
+    pub fn paths(&self, id: Uuid) -> SandboxPaths {
+        SandboxPaths {
+            id,
+            results: self.settings.results_dir.join(id.to_string()),
+            agent: self.settings.state_dir.join("agents").join(id.to_string()),
+        }
+    }
+}

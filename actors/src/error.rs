@@ -1,0 +1,57 @@
+//! Errors of the sandbox domain. Each message is written for the caller
+//! (often an LLM): it says what went wrong and what to do next.
+
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox {0} not found: it does not exist or belongs to someone else. Call list_sandboxes to see yours, or create_sandbox to make one.")]
+    NotFound(Uuid),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("upload refused: {0}")]
+    UploadRefused(String),
+    #[error("the sandbox is being deleted")]
+    Deleting,
+    #[error("Docker is unavailable: {0}. Try again later; if it persists, the server operator must check the Docker engine.")]
+    Docker(String),
+    #[error("the sandbox's agent failed: {0}")]
+    Agent(String),
+    #[error("sandbox image: {0}")]
+    Image(String),
+    #[error("record store: {0}")]
+    Store(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<bollard::errors::Error> for SandboxError {
+    fn from(e: bollard::errors::Error) -> Self {
+        SandboxError::Docker(e.to_string())
+    }
+}
+
+impl From<redb::Error> for SandboxError {
+    fn from(e: redb::Error) -> Self {
+        SandboxError::Store(e.to_string())
+    }
+}
+
+macro_rules! store_error_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for SandboxError {
+            fn from(e: $t) -> Self {
+                SandboxError::Store(e.to_string())
+            }
+        }
+    )*};
+}
+store_error_from!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+pub type Result<T, E = SandboxError> = std::result::Result<T, E>;

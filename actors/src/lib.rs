@@ -1,0 +1,26 @@
+//! The sandbox domain of mcp-sandbox: sandbox actors that own Docker
+//! containers, the supervisor that restarts them, the install-task actor, the
+//! records of who owns what, and the container runtime. Nothing here knows
+//! about HTTP or MCP.
+
+pub mod agent;
+pub mod config;
+pub mod context;
+pub mod error;
+mod install;
+pub mod labels;
+mod link;
+pub mod packages;
+pub mod records;
+pub mod runtime;
+mod sandbox;
+mod service;
+mod supervisor;
+pub mod uploads;
+
+pub use agent::{Package, Progress, RunOutput, Work};
+pub use context::Settings;
+pub use error::{Result, SandboxError};
+pub use link::Ran;
+pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
+pub use service::Sandboxes;

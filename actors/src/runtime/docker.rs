@@ -1,0 +1,282 @@
+//! [`ContainerRuntime`] on the Docker Engine API (bollard).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder,
+};
+use bollard::Docker;
+use uuid::Uuid;
+
+use super::{ContainerRef, ContainerRuntime, ContainerState, Labelled, SandboxPaths, SANDBOX_UID};
+use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
+use crate::config::SandboxConfig;
+use crate::error::Result;
+use crate::labels;
+
+/// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
+const CA_IN_CONTAINER: &str = "/etc/ssl/certs/ca-certificates.crt";
+const VENV_IN_CONTAINER: &str = "/app/.venv";
+
+pub struct DockerRuntime {
+    docker: Docker,
+    server_id: String,
+    config: SandboxConfig,
+    image: String,
+}
+
+impl DockerRuntime {
+    /// Connects to the local engine and agrees on an API version (bollard
+    /// does not put one in request paths otherwise).
+    pub async fn connect(server_id: &str, config: SandboxConfig) -> Result<Self> {
+        let docker = Docker::connect_with_local_defaults()?
+            .negotiate_version()
+            .await?;
+        docker.ping().await?;
+        let image = super::image::tag(&config);
+        Ok(Self {
+            docker,
+            server_id: server_id.to_string(),
+            config,
+            image,
+        })
+    }
+
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// Builds the sandbox image unless it is present (see [`super::image`]).
+    pub async fn ensure_image(&self, scratch: &Path) -> Result<String> {
+        super::image::ensure(&self.docker, &self.config, &self.image, scratch).await?;
+        Ok(self.image.clone())
+    }
+
+    fn container_name(id: Uuid) -> String {
+        format!("mcp-sandbox-{id}")
+    }
+
+    fn body(&self, paths: &SandboxPaths, volume: &str) -> ContainerCreateBody {
+        let c = &self.config;
+        let mut binds = vec![
+            format!("{}:{RESULTS_IN_CONTAINER}:rw", paths.results.display()),
+            format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
+            format!("{volume}:{VENV_IN_CONTAINER}:rw"),
+        ];
+        let mut env = vec![];
+        if let Some(ca) = &c.ca_bundle {
+            binds.push(format!("{}:{CA_IN_CONTAINER}:ro", ca.display()));
+            for var in ["SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"] {
+                env.push(format!("{var}={CA_IN_CONTAINER}"));
+            }
+        }
+        let memory = (c.memory_mb * 1024 * 1024) as i64;
+        let host = HostConfig {
+            binds: Some(binds),
+            init: Some(true),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_string(),
+                format!(
+                    "rw,nosuid,nodev,size={}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777",
+                    c.tmp_size_mb
+                ),
+            )])),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some((c.cpus * 1e9) as i64),
+            pids_limit: Some(c.pids_limit),
+            network_mode: Some(c.network.as_docker().to_string()),
+            runtime: Some(c.runtime.clone()),
+            ..Default::default()
+        };
+        ContainerCreateBody {
+            image: Some(self.image.clone()),
+            user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
+            labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
+            env: Some(env),
+            host_config: Some(host),
+            ..Default::default()
+        }
+    }
+}
+
+fn labelled_sandbox(labels: Option<&HashMap<String, String>>) -> Option<Uuid> {
+    labels?
+        .get(labels::SANDBOX)
+        .and_then(|v| Uuid::parse_str(v).ok())
+}
+
+fn is_not_found(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+#[async_trait]
+impl ContainerRuntime for DockerRuntime {
+    async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef> {
+        let volume = match volume {
+            Some(v) => v.to_string(),
+            None => {
+                let name = format!("mcp-sandbox-{}-venv", paths.id);
+                self.docker
+                    .create_volume(VolumeCreateRequest {
+                        name: Some(name.clone()),
+                        labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
+                        ..Default::default()
+                    })
+                    .await?;
+                name
+            }
+        };
+        let name = Self::container_name(paths.id);
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        let created = self
+            .docker
+            .create_container(Some(options), self.body(paths, &volume))
+            .await?;
+        let container = ContainerRef {
+            container_id: created.id,
+            volume,
+        };
+        if let Err(e) = self
+            .docker
+            .start_container(&container.container_id, None)
+            .await
+        {
+            let _ = self.remove(&container.container_id, None).await;
+            return Err(e.into());
+        }
+        Ok(container)
+    }
+
+    async fn start(&self, container_id: &str) -> Result<()> {
+        Ok(self.docker.start_container(container_id, None).await?)
+    }
+
+    async fn state(&self, container_id: &str) -> Result<ContainerState> {
+        let inspect = match self.docker.inspect_container(container_id, None).await {
+            Ok(i) => i,
+            Err(e) if is_not_found(&e) => return Ok(ContainerState::Missing),
+            Err(e) => return Err(e.into()),
+        };
+        let state = inspect.state.unwrap_or_default();
+        Ok(if state.paused == Some(true) {
+            ContainerState::Paused
+        } else if state.running == Some(true) {
+            ContainerState::Running
+        } else {
+            ContainerState::Stopped {
+                exit_code: state.exit_code.unwrap_or(-1),
+                oom_killed: state.oom_killed.unwrap_or(false),
+            }
+        })
+    }
+
+    async fn unpause(&self, container_id: &str) -> Result<()> {
+        Ok(self.docker.unpause_container(container_id).await?)
+    }
+
+    async fn restart(&self, container_id: &str) -> Result<()> {
+        let options = RestartContainerOptionsBuilder::default().t(0).build();
+        Ok(self
+            .docker
+            .restart_container(container_id, Some(options))
+            .await?)
+    }
+
+    async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()> {
+        let options = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        match self
+            .docker
+            .remove_container(container_id, Some(options))
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(volume) = volume {
+            let options = RemoveVolumeOptionsBuilder::default().force(true).build();
+            // Removal of a container is asynchronous inside the engine for a
+            // moment; a volume still "in use" is retried briefly.
+            for attempt in 0..20 {
+                match self
+                    .docker
+                    .remove_volume(volume, Some(options.clone()))
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(e) if is_not_found(&e) => break,
+                    Err(e) if attempt == 19 => return Err(e.into()),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_containers(&self) -> Result<Vec<Labelled>> {
+        let filters = labels::server_filter(&self.server_id);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let list = self.docker.list_containers(Some(options)).await?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let sandbox = labelled_sandbox(c.labels.as_ref());
+                c.id.map(|id| Labelled { id, sandbox })
+            })
+            .collect())
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<Labelled>> {
+        let filters = labels::server_filter(&self.server_id);
+        let options = ListVolumesOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let list = self.docker.list_volumes(Some(options)).await?;
+        Ok(list
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| Labelled {
+                sandbox: labelled_sandbox(Some(&v.labels)),
+                id: v.name,
+            })
+            .collect())
+    }
+
+    async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()> {
+        let options = UploadToContainerOptionsBuilder::default()
+            .path(dest_dir)
+            .build();
+        self.docker
+            .upload_to_container(container_id, Some(options), bollard::body_full(tar.into()))
+            .await?;
+        Ok(())
+    }
+
+    async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
+        let socket: PathBuf = paths.agent.join(SOCKET_NAME);
+        AgentClient::connect(&socket, self.config.output_cap_bytes).await
+    }
+}

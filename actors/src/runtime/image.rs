@@ -1,0 +1,200 @@
+//! The sandbox image: built on first use when missing.
+//!
+//! Its tag is a hash of the build context compiled into this binary, so a
+//! server always runs the agent it was built with. Where a registry is
+//! reachable the Dockerfile builds on `python:3.12-slim`; where none is, the
+//! same Dockerfile builds on a Debian root file system that
+//! `docker/bootstrap-rootfs.sh` makes with debootstrap and the Engine API
+//! imports. That base is kept, so the slow step runs once per machine.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+
+use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuilder};
+use bollard::Docker;
+use futures_util::StreamExt;
+use tokio_util::io::ReaderStream;
+use tracing::info;
+
+use crate::config::SandboxConfig;
+use crate::error::{Result, SandboxError};
+use crate::labels;
+
+const DOCKERFILE: &[u8] = include_bytes!("../../../docker/Dockerfile");
+const AGENT: &[u8] = include_bytes!("../../../docker/agent.py");
+const BOOTSTRAP: &[u8] = include_bytes!("../../../docker/bootstrap-rootfs.sh");
+const REGISTRY_BASE: &str = "python:3.12-slim";
+
+/// `{image}:{hash of the build context}`.
+pub fn tag(config: &SandboxConfig) -> String {
+    // FNV-1a: stable across builds and platforms, and enough to tell contexts apart.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in DOCKERFILE.iter().chain(b"\0").chain(AGENT) {
+        h ^= u64::from(*byte);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{}:{:012x}", config.image, h >> 16)
+}
+
+fn offline_base(config: &SandboxConfig) -> String {
+    format!("{}-base:bookworm", config.image)
+}
+
+async fn exists(docker: &Docker, image: &str) -> bool {
+    docker.inspect_image(image).await.is_ok()
+}
+
+/// Builds `image` unless present. `scratch` is a folder for the bootstrap
+/// script (it is compiled in, so the binary needs no checkout).
+pub async fn ensure(
+    docker: &Docker,
+    config: &SandboxConfig,
+    image: &str,
+    scratch: &Path,
+) -> Result<()> {
+    if exists(docker, image).await {
+        return Ok(());
+    }
+    info!(%image, "sandbox image missing: building it");
+    let base = offline_base(config);
+    if !exists(docker, &base).await {
+        match build(docker, config, image, REGISTRY_BASE).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                info!(error = %e, "building on {REGISTRY_BASE} failed; making an offline base with debootstrap")
+            }
+        }
+        let script = scratch.join("bootstrap-rootfs.sh");
+        std::fs::write(&script, BOOTSTRAP)
+            .map_err(|e| SandboxError::Image(format!("writing {}: {e}", script.display())))?;
+        let imported = import_rootfs(docker, &base, &script).await;
+        let _ = std::fs::remove_file(&script);
+        imported?;
+    }
+    build(docker, config, image, &base).await
+}
+
+fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
+    let ca = match &config.ca_bundle {
+        Some(path) => std::fs::read(path).map_err(|e| {
+            SandboxError::Image(format!("reading sandbox.ca_bundle {}: {e}", path.display()))
+        })?,
+        None => Vec::new(),
+    };
+    let mut tar = tar::Builder::new(Vec::new());
+    for (name, data) in [
+        ("Dockerfile", DOCKERFILE),
+        ("agent.py", AGENT),
+        ("ca-bundle.crt", ca.as_slice()),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, name, data)
+            .map_err(|e| SandboxError::Image(e.to_string()))?;
+    }
+    tar.into_inner()
+        .map_err(|e| SandboxError::Image(e.to_string()))
+}
+
+async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str) -> Result<()> {
+    let buildargs = HashMap::from([("BASE".to_string(), base.to_string())]);
+    let labels = HashMap::from([(
+        labels::PROJECT.to_string(),
+        labels::PROJECT_VALUE.to_string(),
+    )]);
+    let options = BuildImageOptionsBuilder::default()
+        .dockerfile("Dockerfile")
+        .t(image)
+        .rm(true)
+        .forcerm(true)
+        .buildargs(&buildargs)
+        .labels(&labels)
+        .build();
+    let mut stream = docker.build_image(
+        options,
+        None,
+        Some(bollard::body_full(context(config)?.into())),
+    );
+    while let Some(item) = stream.next().await {
+        let info = item.map_err(|e| SandboxError::Image(format!("build on {base}: {e}")))?;
+        if let Some(detail) = info.error_detail {
+            return Err(SandboxError::Image(format!(
+                "build on {base}: {}",
+                detail.message.unwrap_or_default()
+            )));
+        }
+        if let Some(line) = info
+            .stream
+            .as_deref()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+        {
+            info!(target: "mcp_sandbox::image", "{line}");
+        }
+    }
+    if exists(docker, image).await {
+        info!(%image, "sandbox image built");
+        Ok(())
+    } else {
+        Err(SandboxError::Image(format!(
+            "build on {base} finished without producing {image}"
+        )))
+    }
+}
+
+/// Runs the bootstrap script and streams its tar output into `docker import`.
+async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()> {
+    info!(script = %script.display(), "bootstrapping a Debian root file system (about a minute)");
+    let mut child = tokio::process::Command::new("bash")
+        .arg(script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| SandboxError::Image(format!("running {}: {e}", script.display())))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (repo, tag) = base.split_once(':').expect("base has a tag");
+    let options = CreateImageOptionsBuilder::default()
+        .from_src("-")
+        .repo(repo)
+        .tag(tag)
+        .changes(vec![format!(
+            "LABEL {}={}",
+            labels::PROJECT,
+            labels::PROJECT_VALUE
+        )])
+        .build();
+    let body = bollard::body_try_stream(ReaderStream::new(stdout));
+    let mut stream = docker.create_image(Some(options), Some(body), None);
+    let mut failure = None;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(info) => {
+                if let Some(detail) = info.error_detail {
+                    failure = Some(detail.message.unwrap_or_default());
+                }
+            }
+            Err(e) => failure = Some(e.to_string()),
+        }
+    }
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| SandboxError::Image(e.to_string()))?;
+    if !status.success() {
+        return Err(SandboxError::Image(format!(
+            "{} failed ({status})",
+            script.display()
+        )));
+    }
+    if let Some(f) = failure {
+        return Err(SandboxError::Image(format!(
+            "importing the root file system: {f}"
+        )));
+    }
+    info!(%base, "offline base image imported");
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! The container runtime: everything the sandbox actors ask of Docker, behind
+//! a trait so that unit tests of actor logic can replace it.
+
+mod docker;
+mod image;
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::agent::AgentClient;
+use crate::error::Result;
+
+pub use docker::DockerRuntime;
+
+/// The sandbox user of the image (docker/Dockerfile).
+pub const SANDBOX_UID: u32 = 1000;
+
+/// Host side of one sandbox: the folders bind-mounted into its container.
+#[derive(Debug, Clone)]
+pub struct SandboxPaths {
+    pub id: Uuid,
+    /// Mounted at `/app/results`; served as artifacts.
+    pub results: PathBuf,
+    /// Mounted at `/run/mcp-agent`; holds the agent's socket.
+    pub agent: PathBuf,
+}
+
+/// A sandbox's Docker objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerRef {
+    pub container_id: String,
+    pub volume: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerState {
+    Running,
+    /// Exited or killed; `oom_killed` when the memory limit ended it.
+    Stopped {
+        exit_code: i64,
+        oom_killed: bool,
+    },
+    Paused,
+    Missing,
+}
+
+/// A container or volume carrying this server's labels.
+#[derive(Debug, Clone)]
+pub struct Labelled {
+    pub id: String,
+    /// Value of the sandbox label, when present and a valid id.
+    pub sandbox: Option<Uuid>,
+}
+
+#[async_trait]
+pub trait ContainerRuntime: Send + Sync + 'static {
+    /// Creates and starts the container of a sandbox, with a fresh package
+    /// volume unless `volume` names an existing one to keep.
+    async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef>;
+    async fn start(&self, container_id: &str) -> Result<()>;
+    async fn state(&self, container_id: &str) -> Result<ContainerState>;
+    async fn unpause(&self, container_id: &str) -> Result<()>;
+    /// Kills and starts a container whose agent stopped answering.
+    async fn restart(&self, container_id: &str) -> Result<()>;
+    /// Removes a container (if present); `volume` too when given.
+    async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()>;
+    async fn list_containers(&self) -> Result<Vec<Labelled>>;
+    async fn list_volumes(&self) -> Result<Vec<Labelled>>;
+    /// Extracts a tar archive into `dest_dir` inside the container.
+    async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()>;
+    /// Opens a connection to the sandbox's agent.
+    async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient>;
+}

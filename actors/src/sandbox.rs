@@ -1,0 +1,578 @@
+//! The sandbox actor: one per sandbox, owner of its container.
+//!
+//! Runs, installs, uploads and the delete are queued and carried out strictly
+//! in arrival order, each in a task (or the install-task actor) that holds
+//! the sandbox's [`Link`] while it works; the actor itself only queues and
+//! answers, so queries (info, install status) never wait behind a long run,
+//! and no sandbox ever waits on another.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+use uuid::Uuid;
+
+use crate::agent::{Package, Progress, Work};
+use crate::context::Context;
+use crate::error::{Result, SandboxError};
+use crate::install::{InstallArgs, InstallTask};
+use crate::link::{Link, Ran};
+use crate::packages;
+use crate::records::{InstallRecord, InstallState, SandboxRecord};
+use crate::uploads;
+
+/// A run of Python code or of a shell command.
+pub struct RunRequest {
+    pub work: Work,
+    pub timeout: Duration,
+    pub progress: Option<mpsc::Sender<Progress>>,
+    /// Cancelled when the caller gives up: a queued run is skipped, a
+    /// running one interrupted.
+    pub cancel: CancellationToken,
+    pub reply: RpcReplyPort<Result<Ran>>,
+}
+
+/// What an install status query finds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstallStatusKind {
+    Installing,
+    Success,
+    Failed,
+    NotFound,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InstallStatus {
+    pub package: String,
+    pub status: InstallStatusKind,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl From<&InstallRecord> for InstallStatus {
+    fn from(r: &InstallRecord) -> Self {
+        Self {
+            package: r.package.clone(),
+            status: match r.status {
+                InstallState::Installing => InstallStatusKind::Installing,
+                InstallState::Success => InstallStatusKind::Success,
+                InstallState::Failed => InstallStatusKind::Failed,
+            },
+            message: r.message.clone(),
+            output: r.output.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Uploaded {
+    /// The uploaded file or folder inside the sandbox.
+    pub path: String,
+    pub message: String,
+}
+
+/// A sandbox as the front end lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxInfo {
+    pub sandbox_id: Uuid,
+    pub name: String,
+    #[serde(skip)]
+    pub owner: String,
+    pub status: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub expires_at: Option<OffsetDateTime>,
+    pub installed_packages: Vec<Package>,
+}
+
+pub enum SandboxMsg {
+    Run(RunRequest),
+    /// Queues an install (or joins the one in progress) and answers at once
+    /// with a receiver that sees its status change.
+    Install {
+        package: String,
+        specs: Vec<String>,
+        reply: RpcReplyPort<watch::Receiver<InstallRecord>>,
+    },
+    InstallStatus {
+        package: String,
+        reply: RpcReplyPort<Result<InstallStatus>>,
+    },
+    Upload {
+        source: PathBuf,
+        dest: String,
+        reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    Delete {
+        reply: RpcReplyPort<Result<()>>,
+    },
+    Info(RpcReplyPort<SandboxInfo>),
+    /// A job ended and hands the link back.
+    Done(Box<Finished>),
+}
+
+pub struct Finished {
+    link: Link,
+    install: Option<(InstallRecord, Option<Vec<Package>>)>,
+    deleted: bool,
+}
+
+impl Finished {
+    pub fn install(link: Link, record: InstallRecord, packages: Option<Vec<Package>>) -> Self {
+        Self {
+            link,
+            install: Some((record, packages)),
+            deleted: false,
+        }
+    }
+}
+
+enum Job {
+    Run(RunRequest),
+    Install {
+        package: String,
+        specs: Vec<String>,
+    },
+    Upload {
+        source: PathBuf,
+        dest: String,
+        reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    Delete {
+        reply: RpcReplyPort<Result<()>>,
+    },
+}
+
+pub struct SandboxActor;
+
+pub struct SandboxArgs {
+    pub ctx: Arc<Context>,
+    pub record: SandboxRecord,
+    /// Told with the next result (the actor was restarted by its supervisor).
+    pub notice: Option<String>,
+}
+
+pub struct SandboxState {
+    ctx: Arc<Context>,
+    record: SandboxRecord,
+    /// `None` while a job holds it.
+    link: Option<Link>,
+    queue: VecDeque<Job>,
+    installs: HashMap<String, watch::Sender<InstallRecord>>,
+    notice: Option<String>,
+    deleting: bool,
+}
+
+impl Actor for SandboxActor {
+    type Msg = SandboxMsg;
+    type State = SandboxState;
+    type Arguments = SandboxArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: SandboxArgs,
+    ) -> Result<SandboxState, ActorProcessingErr> {
+        let SandboxArgs {
+            ctx,
+            mut record,
+            notice,
+        } = args;
+        // An install that was running when the server (or this actor) went
+        // away has no one to finish it.
+        let mut changed = false;
+        for install in record
+            .installs
+            .values_mut()
+            .filter(|i| i.status == InstallState::Installing)
+        {
+            install.status = InstallState::Failed;
+            install.message = format!(
+                "Installation of {} was interrupted by a restart; install it again.",
+                install.package
+            );
+            install.finished_at = Some(OffsetDateTime::now_utc());
+            changed = true;
+        }
+        if changed {
+            ctx.store.put(record.clone()).await?;
+        }
+        let link = Link::new(
+            ctx.clone(),
+            ctx.paths(record.id),
+            record.container_id.clone(),
+            record.volume.clone(),
+        );
+        Ok(SandboxState {
+            ctx,
+            record,
+            link: Some(link),
+            queue: VecDeque::new(),
+            installs: HashMap::new(),
+            notice,
+            deleting: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: SandboxMsg,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SandboxMsg::Run(req) => self.enqueue(state, Job::Run(req)),
+            SandboxMsg::Install {
+                package,
+                specs,
+                reply,
+            } => {
+                if let Some(tx) = state
+                    .installs
+                    .get(&package)
+                    .filter(|tx| tx.borrow().status == InstallState::Installing)
+                {
+                    let _ = reply.send(tx.subscribe());
+                } else if state.deleting {
+                    drop(reply);
+                } else {
+                    let record = InstallRecord {
+                        package: package.clone(),
+                        status: InstallState::Installing,
+                        message: format!("Installing {package}..."),
+                        output: None,
+                        started_at: OffsetDateTime::now_utc(),
+                        finished_at: None,
+                    };
+                    let (tx, rx) = watch::channel(record.clone());
+                    state.installs.insert(package.clone(), tx);
+                    state.record.installs.insert(package.clone(), record);
+                    state.ctx.store.put(state.record.clone()).await?;
+                    let _ = reply.send(rx);
+                    state.queue.push_back(Job::Install { package, specs });
+                }
+            }
+            SandboxMsg::InstallStatus { package, reply } => {
+                if let Some(record) = state.record.installs.get(&package) {
+                    let _ = reply.send(Ok(record.into()));
+                } else {
+                    // Never installed through the tool: ask the sandbox what
+                    // its venv holds (installed from the shell, say).
+                    let ctx = state.ctx.clone();
+                    let paths = ctx.paths(state.record.id);
+                    tokio::spawn(async move {
+                        let answer = Link::packages(&ctx, &paths)
+                            .await
+                            .map(|list| status_from_venv(&package, &list));
+                        let _ = reply.send(answer);
+                    });
+                }
+            }
+            SandboxMsg::Upload {
+                source,
+                dest,
+                reply,
+            } => self.enqueue(
+                state,
+                Job::Upload {
+                    source,
+                    dest,
+                    reply,
+                },
+            ),
+            SandboxMsg::Delete { reply } => {
+                state.deleting = true;
+                state.queue.push_back(Job::Delete { reply });
+            }
+            SandboxMsg::Info(reply) => {
+                let _ = reply.send(info(state));
+            }
+            SandboxMsg::Done(finished) => self.finished(&myself, state, *finished).await?,
+        }
+        self.pump(&myself, state).await?;
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The only children are install tasks. One that failed took the link
+        // with it: make a new one and record the install as failed.
+        if let SupervisionEvent::ActorFailed(_, err) = event {
+            warn!(sandbox = %state.record.id, error = %err, "an install task failed");
+            let ctx = state.ctx.clone();
+            let link = Link::new(
+                ctx.clone(),
+                ctx.paths(state.record.id),
+                state.record.container_id.clone(),
+                state.record.volume.clone(),
+            );
+            let failed = state
+                .installs
+                .iter()
+                .find(|(_, tx)| tx.borrow().status == InstallState::Installing)
+                .map(|(_, tx)| {
+                    let mut r = tx.borrow().clone();
+                    r.status = InstallState::Failed;
+                    r.message = format!(
+                        "Installation of {} failed inside the server: {err}",
+                        r.package
+                    );
+                    r.finished_at = Some(OffsetDateTime::now_utc());
+                    r
+                });
+            let finished = match failed {
+                Some(record) => Finished::install(link, record, None),
+                None => Finished {
+                    link,
+                    install: None,
+                    deleted: false,
+                },
+            };
+            self.finished(&myself, state, finished).await?;
+            self.pump(&myself, state).await?;
+        }
+        Ok(())
+    }
+}
+
+impl SandboxActor {
+    fn enqueue(&self, state: &mut SandboxState, job: Job) {
+        if state.deleting {
+            // Dropping the reply port tells the caller the sandbox is gone.
+            return;
+        }
+        state.queue.push_back(job);
+    }
+
+    /// Starts the next job when none is running.
+    async fn pump(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        while state.link.is_some() {
+            let Some(job) = state.queue.pop_front() else {
+                return Ok(());
+            };
+            let mut link = state.link.take().expect("checked");
+            let me = myself.clone();
+            match job {
+                Job::Run(req) => {
+                    if req.cancel.is_cancelled() {
+                        state.link = Some(link);
+                        continue;
+                    }
+                    let notice = state.notice.take();
+                    tokio::spawn(async move {
+                        let result = link
+                            .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
+                            .await;
+                        let result = result.map(|mut ran| {
+                            ran.notice = join_notices(notice, ran.notice.take());
+                            ran
+                        });
+                        let _ = req.reply.send(result);
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
+                            link,
+                            install: None,
+                            deleted: false,
+                        })));
+                    });
+                }
+                Job::Install { package, specs } => {
+                    let args = InstallArgs {
+                        link,
+                        package,
+                        specs,
+                        report: me,
+                    };
+                    Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
+                }
+                Job::Upload {
+                    source,
+                    dest,
+                    reply,
+                } => {
+                    tokio::spawn(async move {
+                        let _ = reply.send(upload(&mut link, source, &dest).await);
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
+                            link,
+                            install: None,
+                            deleted: false,
+                        })));
+                    });
+                }
+                Job::Delete { reply } => {
+                    let record = state.record.clone();
+                    tokio::spawn(async move {
+                        let result =
+                            remove_everything(link.ctx(), &record, &link.container_id).await;
+                        let deleted = result.is_ok();
+                        let _ = reply.send(result);
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
+                            link,
+                            install: None,
+                            deleted,
+                        })));
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn finished(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        state: &mut SandboxState,
+        f: Finished,
+    ) -> Result<(), ActorProcessingErr> {
+        let mut dirty = false;
+        if f.link.container_id != state.record.container_id {
+            state.record.container_id = f.link.container_id.clone();
+            dirty = true;
+        }
+        if let Some((install, packages)) = f.install {
+            if let Some(tx) = state.installs.get(&install.package) {
+                tx.send_replace(install.clone());
+            }
+            state
+                .record
+                .installs
+                .insert(install.package.clone(), install);
+            if let Some(p) = packages {
+                state.record.packages = p;
+            }
+            dirty = true;
+        }
+        state.link = Some(f.link);
+        if f.deleted {
+            state.queue.clear();
+            myself.stop(Some("deleted".into()));
+            return Ok(());
+        }
+        if state.deleting && !state.queue.iter().any(|j| matches!(j, Job::Delete { .. })) {
+            state.deleting = false; // the delete failed; the sandbox stays usable
+        }
+        if dirty {
+            state.ctx.store.put(state.record.clone()).await?;
+        }
+        Ok(())
+    }
+}
+
+fn info(state: &SandboxState) -> SandboxInfo {
+    let r = &state.record;
+    SandboxInfo {
+        sandbox_id: r.id,
+        name: r.name.clone(),
+        owner: r.owner.clone(),
+        status: if state.deleting {
+            "deleting"
+        } else {
+            "running"
+        }
+        .into(),
+        created_at: r.created_at,
+        expires_at: r.expires_at,
+        installed_packages: r.packages.clone(),
+    }
+}
+
+fn join_notices(a: Option<String>, b: Option<String>) -> Option<String> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(format!("{a} {b}")),
+        (a, b) => a.or(b),
+    }
+}
+
+fn status_from_venv(package: &str, list: &[Package]) -> InstallStatus {
+    match packages::installed_versions(package, list) {
+        Some(found) => {
+            let versions: Vec<String> = found.iter().map(|p| format!("{} {}", p.name, p.version)).collect();
+            InstallStatus {
+                package: package.to_string(),
+                status: InstallStatusKind::Success,
+                message: format!("Package {package} is already installed ({}).", versions.join(", ")),
+                output: None,
+            }
+        }
+        None => InstallStatus {
+            package: package.to_string(),
+            status: InstallStatusKind::NotFound,
+            message: format!("No installation of {package} was found. Install it with install_package_in_sandbox."),
+            output: None,
+        },
+    }
+}
+
+async fn upload(link: &mut Link, source: PathBuf, dest: &str) -> Result<Uploaded> {
+    let (tar, name) = tokio::task::spawn_blocking(move || uploads::pack(&source))
+        .await
+        .map_err(|e| SandboxError::Internal(e.to_string()))??;
+    // The folder must exist for the archive API; mkdir runs as the sandbox
+    // user, inside the sandbox.
+    let mkdir = Work::Program(vec![
+        "mkdir".into(),
+        "-p".into(),
+        "--".into(),
+        dest.to_string(),
+    ]);
+    let ran = link
+        .run(
+            &mkdir,
+            Duration::from_secs(30),
+            None,
+            &CancellationToken::new(),
+        )
+        .await?;
+    if ran.output.exit_code != 0 {
+        return Err(SandboxError::UploadRefused(format!(
+            "cannot create {dest}: {}",
+            ran.output.stderr.trim()
+        )));
+    }
+    link.ctx()
+        .runtime
+        .upload(&link.container_id, dest, tar)
+        .await?;
+    let path = format!("{dest}/{name}");
+    Ok(Uploaded {
+        message: format!("Uploaded {name} to {dest}"),
+        path,
+    })
+}
+
+/// Removes the container, its package volume, its results and its record.
+pub async fn remove_everything(
+    ctx: &Context,
+    record: &SandboxRecord,
+    container_id: &str,
+) -> Result<()> {
+    ctx.runtime
+        .remove(container_id, Some(&record.volume))
+        .await?;
+    let paths = ctx.paths(record.id);
+    for dir in [&paths.results, &paths.agent] {
+        if let Err(e) = tokio::fs::remove_dir_all(dir).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                warn!(dir = %dir.display(), error = %e, "could not remove a sandbox folder");
+            }
+        }
+    }
+    ctx.store.delete(record.id).await
+}

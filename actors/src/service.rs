@@ -1,0 +1,362 @@
+//! [`Sandboxes`]: the face of the domain that the front end calls. Each
+//! method checks who asks, finds the sandbox's actor and sends it a message;
+//! only creation and start-up reconciliation talk to the runtime directly.
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::agent::{Progress, Work};
+use crate::context::{Context, Settings};
+use crate::error::{Result, SandboxError};
+use crate::link::Ran;
+use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
+use crate::runtime::SANDBOX_UID;
+use crate::runtime::{ContainerRuntime, DockerRuntime};
+use crate::sandbox::{
+    remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded,
+};
+use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
+use crate::{packages, uploads};
+
+pub struct Sandboxes {
+    ctx: Arc<Context>,
+    registry: Registry,
+    supervisor: ActorRef<SupervisorMsg>,
+    server_id: String,
+}
+
+impl Sandboxes {
+    /// Opens the records, connects to Docker, builds the sandbox image if it
+    /// is missing, and adopts or cleans up what an earlier run left.
+    pub async fn start(settings: Settings) -> Result<Self> {
+        let io = |what: &str, e: std::io::Error| SandboxError::Internal(format!("{what}: {e}"));
+        std::fs::create_dir_all(settings.state_dir.join("agents"))
+            .map_err(|e| io("creating the state folder", e))?;
+        std::fs::create_dir_all(&settings.results_dir)
+            .map_err(|e| io("creating the results folder", e))?;
+        let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
+        let server_id = store.server_id()?;
+        let runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
+        runtime.ensure_image(&settings.state_dir).await?;
+        Self::with_runtime(settings, store, server_id, Arc::new(runtime)).await
+    }
+
+    /// Builds the sandbox image unless present, and returns its tag.
+    pub async fn build_image(settings: &Settings) -> Result<String> {
+        std::fs::create_dir_all(&settings.state_dir)
+            .map_err(|e| SandboxError::Internal(format!("creating the state folder: {e}")))?;
+        let runtime = DockerRuntime::connect("image-build", settings.sandbox.clone()).await?;
+        runtime.ensure_image(&settings.state_dir).await
+    }
+
+    pub async fn with_runtime(
+        settings: Settings,
+        store: RecordStore,
+        server_id: String,
+        runtime: Arc<dyn ContainerRuntime>,
+    ) -> Result<Self> {
+        let ctx = Arc::new(Context {
+            runtime,
+            store,
+            settings,
+        });
+        let registry = Registry::default();
+        let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
+            .await
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        let me = Self {
+            ctx,
+            registry,
+            supervisor,
+            server_id,
+        };
+        me.reconcile().await?;
+        Ok(me)
+    }
+
+    /// The value of the server label on this server's Docker objects.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// Adopts sandboxes of an earlier run, removes expired ones, and removes
+    /// labelled containers, volumes and folders that no record explains.
+    async fn reconcile(&self) -> Result<()> {
+        let now = OffsetDateTime::now_utc();
+        let mut known = HashSet::new();
+        for record in self.ctx.store.all().await? {
+            if record.expires_at.is_some_and(|t| t <= now) {
+                info!(sandbox = %record.id, "removing an expired sandbox");
+                remove_everything(&self.ctx, &record, &record.container_id).await?;
+                continue;
+            }
+            known.insert(record.id);
+            self.spawn(record).await?;
+        }
+        let runtime = &self.ctx.runtime;
+        for c in runtime.list_containers().await? {
+            if !c.sandbox.is_some_and(|id| known.contains(&id)) {
+                info!(container = %c.id, "removing a container no record explains");
+                runtime.remove(&c.id, None).await?;
+            }
+        }
+        for v in runtime.list_volumes().await? {
+            if !v.sandbox.is_some_and(|id| known.contains(&id)) {
+                info!(volume = %v.id, "removing a volume no record explains");
+                runtime.remove("", Some(&v.id)).await?;
+            }
+        }
+        let s = &self.ctx.settings;
+        for dir in [s.state_dir.join("agents"), s.results_dir.clone()] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let orphan = Uuid::parse_str(&entry.file_name().to_string_lossy())
+                    .is_ok_and(|id| !known.contains(&id));
+                if orphan {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        info!(
+            adopted = known.len(),
+            "reconciled sandbox records with Docker"
+        );
+        Ok(())
+    }
+
+    async fn spawn(&self, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
+        ractor::call!(self.supervisor, |reply| SupervisorMsg::Spawn {
+            record,
+            reply
+        })
+        .map_err(|e| SandboxError::Internal(e.to_string()))?
+        .map_err(SandboxError::Internal)
+    }
+
+    fn actor(&self, owner: &str, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
+        let registry = self.registry.read().expect("registry lock");
+        match registry.get(&id) {
+            Some(e) if e.owner == owner => Ok(e.actor.clone()),
+            _ => Err(SandboxError::NotFound(id)),
+        }
+    }
+
+    /// Sends a request to a sandbox's actor; a stopped actor (deleted
+    /// meanwhile) reads as not found.
+    async fn ask<T: Send + 'static>(
+        &self,
+        owner: &str,
+        id: Uuid,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
+    ) -> Result<T> {
+        let actor = self.actor(owner, id)?;
+        match actor.call(msg, None).await {
+            Ok(CallResult::Success(v)) => Ok(v),
+            _ => Err(SandboxError::NotFound(id)),
+        }
+    }
+
+    pub async fn create(&self, owner: &str, name: Option<String>) -> Result<SandboxInfo> {
+        let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
+            Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {
+                return Err(SandboxError::InvalidArgument(
+                    "name: at most 100 characters, no control characters".into(),
+                ))
+            }
+            Some(n) => n,
+            None => format!("Sandbox {}", self.list(owner).await.len() + 1),
+        };
+        let id = Uuid::new_v4();
+        let paths = self.ctx.paths(id);
+        for dir in [&paths.results, &paths.agent] {
+            prepare_dir(dir)
+                .map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
+        }
+        let created = match self.ctx.runtime.create(&paths, None).await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&paths.results);
+                let _ = std::fs::remove_dir_all(&paths.agent);
+                return Err(e);
+            }
+        };
+        let created_at = OffsetDateTime::now_utc();
+        let lifetime = self.ctx.settings.sandbox.max_lifetime_seconds;
+        let record = SandboxRecord {
+            id,
+            owner: owner.to_string(),
+            name,
+            container_id: created.container_id,
+            volume: created.volume,
+            created_at,
+            expires_at: (lifetime > 0).then(|| created_at + Duration::from_secs(lifetime)),
+            installs: BTreeMap::new(),
+            packages: vec![],
+        };
+        if let Err(e) = self.ctx.store.put(record.clone()).await {
+            let _ = remove_everything(&self.ctx, &record, &record.container_id).await;
+            return Err(e);
+        }
+        let actor = self.spawn(record).await?;
+        ractor::call!(actor, SandboxMsg::Info).map_err(|e| SandboxError::Internal(e.to_string()))
+    }
+
+    /// The caller's sandboxes, oldest first.
+    pub async fn list(&self, owner: &str) -> Vec<SandboxInfo> {
+        let actors: Vec<_> = {
+            let registry = self.registry.read().expect("registry lock");
+            registry
+                .values()
+                .filter(|e| e.owner == owner)
+                .map(|e| e.actor.clone())
+                .collect()
+        };
+        let mut out = Vec::with_capacity(actors.len());
+        for actor in actors {
+            if let Ok(info) = ractor::call!(actor, SandboxMsg::Info) {
+                out.push(info);
+            }
+        }
+        out.sort_by_key(|i| i.created_at);
+        out
+    }
+
+    /// Runs Python code or a shell command; dropping the returned future
+    /// (the client cancelled) interrupts the run.
+    pub async fn run(
+        &self,
+        owner: &str,
+        id: Uuid,
+        work: Work,
+        timeout_seconds: Option<u64>,
+        progress: Option<mpsc::Sender<Progress>>,
+    ) -> Result<Ran> {
+        let timeout = self.timeout(timeout_seconds)?;
+        let cancel = CancellationToken::new();
+        let _guard = cancel.clone().drop_guard();
+        let result = self
+            .ask(owner, id, |reply| {
+                SandboxMsg::Run(RunRequest {
+                    work,
+                    timeout,
+                    progress,
+                    cancel: cancel.clone(),
+                    reply,
+                })
+            })
+            .await?;
+        let _ = _guard.disarm();
+        result
+    }
+
+    fn timeout(&self, requested: Option<u64>) -> Result<Duration> {
+        let s = &self.ctx.settings.sandbox;
+        match requested {
+            None => Ok(Duration::from_secs(s.exec_timeout_seconds)),
+            Some(0) => Err(SandboxError::InvalidArgument(
+                "timeout_seconds must be at least 1".into(),
+            )),
+            Some(t) if t > s.max_exec_timeout_seconds => {
+                Err(SandboxError::InvalidArgument(format!(
+                    "timeout_seconds is at most {} on this server",
+                    s.max_exec_timeout_seconds
+                )))
+            }
+            Some(t) => Ok(Duration::from_secs(t)),
+        }
+    }
+
+    /// Queues an install and waits up to `wait` for it to finish.
+    pub async fn install(
+        &self,
+        owner: &str,
+        id: Uuid,
+        package: &str,
+        wait: Duration,
+    ) -> Result<InstallStatus> {
+        let specs = packages::parse_specs(package)?;
+        let package = specs.join(" ");
+        let mut rx: watch::Receiver<InstallRecord> = self
+            .ask(owner, id, |reply| SandboxMsg::Install {
+                package: package.clone(),
+                specs,
+                reply,
+            })
+            .await?;
+        let _ =
+            tokio::time::timeout(wait, rx.wait_for(|r| r.status != InstallState::Installing)).await;
+        let record = rx.borrow().clone();
+        Ok((&record).into())
+    }
+
+    pub async fn install_status(
+        &self,
+        owner: &str,
+        id: Uuid,
+        package: &str,
+    ) -> Result<InstallStatus> {
+        let package = packages::parse_specs(package)?.join(" ");
+        self.ask(owner, id, |reply| SandboxMsg::InstallStatus {
+            package,
+            reply,
+        })
+        .await?
+    }
+
+    pub async fn upload(
+        &self,
+        owner: &str,
+        id: Uuid,
+        local_path: &str,
+        dest: &str,
+    ) -> Result<Uploaded> {
+        self.actor(owner, id)?;
+        let dest = uploads::resolve_dest(dest)?;
+        let source = uploads::resolve_source(&self.ctx.settings, local_path)?;
+        self.ask(owner, id, |reply| SandboxMsg::Upload {
+            source,
+            dest,
+            reply,
+        })
+        .await?
+    }
+
+    pub async fn delete(&self, owner: &str, id: Uuid) -> Result<()> {
+        self.ask(owner, id, |reply| SandboxMsg::Delete { reply })
+            .await?
+    }
+
+    /// Stops the actors; containers keep running and the next start adopts them.
+    pub async fn shutdown(&self) {
+        self.supervisor
+            .stop_children_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
+            .await;
+        let _ = self
+            .supervisor
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
+            .await;
+    }
+}
+
+/// Creates a host folder that the sandbox user (not root) must write.
+fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    if let Err(e) = std::os::unix::fs::chown(dir, Some(SANDBOX_UID), Some(SANDBOX_UID)) {
+        warn!(dir = %dir.display(), error = %e, "cannot hand a sandbox folder to the sandbox user (is the server root?)");
+    }
+    Ok(())
+}

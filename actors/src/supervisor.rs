@@ -1,0 +1,161 @@
+//! The supervisor: parent of every sandbox actor. It keeps the registry of
+//! sandbox id → actor, restarts a sandbox actor that fails (from its record,
+//! telling the next caller), forgets one that stopped after a delete, and
+//! deletes sandboxes whose lifetime is over.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use time::OffsetDateTime;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::context::Context;
+use crate::records::SandboxRecord;
+use crate::sandbox::{SandboxActor, SandboxArgs, SandboxMsg};
+
+/// How often expired sandboxes are looked for.
+const REAP_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Clone)]
+pub struct Entry {
+    pub owner: String,
+    pub expires_at: Option<OffsetDateTime>,
+    pub actor: ActorRef<SandboxMsg>,
+}
+
+/// Sandbox id → actor; written by the supervisor, read by the front end.
+pub type Registry = Arc<RwLock<HashMap<Uuid, Entry>>>;
+
+pub enum SupervisorMsg {
+    Spawn {
+        record: SandboxRecord,
+        reply: RpcReplyPort<Result<ActorRef<SandboxMsg>, String>>,
+    },
+    Reap,
+}
+
+pub struct Supervisor;
+
+pub struct SupervisorState {
+    ctx: Arc<Context>,
+    registry: Registry,
+    by_actor: HashMap<ActorId, Uuid>,
+}
+
+impl Supervisor {
+    async fn spawn_child(
+        myself: &ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+        record: SandboxRecord,
+        notice: Option<String>,
+    ) -> Result<ActorRef<SandboxMsg>, String> {
+        let (id, owner, expires_at) = (record.id, record.owner.clone(), record.expires_at);
+        let args = SandboxArgs {
+            ctx: state.ctx.clone(),
+            record,
+            notice,
+        };
+        let (actor, _) = Actor::spawn_linked(None, SandboxActor, args, myself.get_cell())
+            .await
+            .map_err(|e| e.to_string())?;
+        state.by_actor.insert(actor.get_id(), id);
+        state.registry.write().expect("registry lock").insert(
+            id,
+            Entry {
+                owner,
+                expires_at,
+                actor: actor.clone(),
+            },
+        );
+        Ok(actor)
+    }
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = (Arc<Context>, Registry);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (ctx, registry): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        myself.send_interval(REAP_EVERY, || SupervisorMsg::Reap);
+        Ok(SupervisorState {
+            ctx,
+            registry,
+            by_actor: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Spawn { record, reply } => {
+                let _ = reply.send(Self::spawn_child(&myself, state, record, None).await);
+            }
+            SupervisorMsg::Reap => {
+                let now = OffsetDateTime::now_utc();
+                let expired: Vec<(Uuid, ActorRef<SandboxMsg>)> = state
+                    .registry
+                    .read()
+                    .expect("registry lock")
+                    .iter()
+                    .filter(|(_, e)| e.expires_at.is_some_and(|t| t <= now))
+                    .map(|(id, e)| (*id, e.actor.clone()))
+                    .collect();
+                for (id, actor) in expired {
+                    info!(sandbox = %id, "lifetime over: deleting the sandbox");
+                    let _ = actor.cast(SandboxMsg::Delete {
+                        reply: ractor::concurrency::oneshot().0.into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // The default would stop the supervisor when a child stops.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, failure) = match event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.filter(|r| r != "deleted" && r != "shutdown"))
+            }
+            SupervisionEvent::ActorFailed(cell, err) => (cell, Some(err.to_string())),
+            _ => return Ok(()),
+        };
+        let Some(id) = state.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        state.registry.write().expect("registry lock").remove(&id);
+        let Some(why) = failure else { return Ok(()) };
+        warn!(sandbox = %id, error = %why, "sandbox actor failed; restarting it");
+        let record = state
+            .ctx
+            .store
+            .all()
+            .await?
+            .into_iter()
+            .find(|r| r.id == id);
+        if let Some(record) = record {
+            let notice = Some("The sandbox was restarted inside the server after an internal error; if a call was in flight, run it again.".to_string());
+            if let Err(e) = Self::spawn_child(&myself, state, record, notice).await {
+                warn!(sandbox = %id, error = %e, "could not restart a sandbox actor");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! Harness for tests against the real Docker engine: every test gets its own
+//! state and results folders, hence its own server id, and removes exactly
+//! the containers and volumes labelled with that id, even when it panics.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::{labels, Ran, Sandboxes, Settings, Work};
+use uuid::Uuid;
+
+pub const OWNER: &str = "tester";
+
+pub fn settings(root: &Path) -> Settings {
+    let ca = PathBuf::from("/etc/ssl/certs/ca-certificates.crt");
+    let uploads = root.join("uploads");
+    std::fs::create_dir_all(&uploads).unwrap();
+    Settings {
+        sandbox: SandboxConfig {
+            ca_bundle: ca.is_file().then_some(ca),
+            memory_mb: 512,
+            pids_limit: 128,
+            ..SandboxConfig::default()
+        },
+        packages: PackagesConfig::default(),
+        uploads: UploadsConfig {
+            allowed_dirs: vec![uploads],
+        },
+        state_dir: root.join("state"),
+        results_dir: root.join("results"),
+        protected: vec![],
+    }
+}
+
+pub struct Harness {
+    pub sandboxes: Option<Sandboxes>,
+    pub root: tempfile::TempDir,
+    pub server_id: String,
+}
+
+impl Harness {
+    pub async fn new() -> Self {
+        Self::with(|_| {}).await
+    }
+
+    pub async fn with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = settings(root.path());
+        tweak(&mut s);
+        let sandboxes = Sandboxes::start(s)
+            .await
+            .expect("start (is Docker running?)");
+        let server_id = sandboxes.server_id().to_string();
+        Self {
+            sandboxes: Some(sandboxes),
+            root,
+            server_id,
+        }
+    }
+
+    pub fn sb(&self) -> &Sandboxes {
+        self.sandboxes.as_ref().unwrap()
+    }
+
+    /// Stops the server side and starts it again on the same state.
+    pub async fn restart(&mut self) {
+        if let Some(s) = self.sandboxes.take() {
+            s.shutdown().await;
+        }
+        let s = Sandboxes::start(settings(self.root.path())).await.unwrap();
+        assert_eq!(s.server_id(), self.server_id);
+        self.sandboxes = Some(s);
+    }
+
+    pub async fn create(&self) -> Uuid {
+        self.sb().create(OWNER, None).await.unwrap().sandbox_id
+    }
+
+    pub async fn py(&self, id: Uuid, code: &str) -> Ran {
+        self.py_t(id, code, None).await
+    }
+
+    pub async fn py_t(&self, id: Uuid, code: &str, timeout: Option<u64>) -> Ran {
+        self.sb()
+            .run(OWNER, id, Work::Python(code.into()), timeout, None)
+            .await
+            .unwrap()
+    }
+
+    pub async fn sh(&self, id: Uuid, cmd: &str, timeout: Option<u64>) -> Ran {
+        let argv = vec!["sh".into(), "-c".into(), cmd.into()];
+        self.sb()
+            .run(OWNER, id, Work::Program(argv), timeout, None)
+            .await
+            .unwrap()
+    }
+
+    pub fn container_of(&self, id: Uuid) -> String {
+        docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label={}={id}", labels::SANDBOX),
+        ])
+        .trim()
+        .to_string()
+    }
+
+    pub fn own_objects(&self) -> (usize, usize) {
+        let filter = format!("label={}={}", labels::SERVER, self.server_id);
+        let c = docker(&["ps", "-aq", "--filter", &filter]).lines().count();
+        let v = docker(&["volume", "ls", "-q", "--filter", &filter])
+            .lines()
+            .count();
+        (c, v)
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let filter = format!("label={}={}", labels::SERVER, self.server_id);
+        for id in docker(&["ps", "-aq", "--filter", &filter]).lines() {
+            docker(&["rm", "-f", "-v", id]);
+        }
+        for v in docker(&["volume", "ls", "-q", "--filter", &filter]).lines() {
+            docker(&["volume", "rm", "-f", v]);
+        }
+    }
+}
+
+pub fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub async fn eventually<F: Fn() -> bool>(what: &str, f: F) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not happen");
+}

@@ -1,0 +1,373 @@
+//! The sandbox domain against the real Docker engine: execution semantics,
+//! limits, recovery, installs, uploads, ownership and clean-up.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{docker, Harness, OWNER};
+use sandbox_actors::{InstallStatusKind, SandboxError, Work};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_state_output_and_exit_codes() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+
+    let r = h.py(id, "x = 41\nimport json\nprint('hi')").await.output;
+    assert_eq!((r.stdout.as_str(), r.exit_code), ("hi\n", 0));
+    let r = h.py(id, "x += 1\nprint(json.dumps({'x': x}))").await.output;
+    assert_eq!(r.stdout, "{\"x\": 42}\n", "variables and imports persist");
+
+    let r = h
+        .py(
+            id,
+            "import sys\nprint('out')\nprint('err', file=sys.stderr)",
+        )
+        .await
+        .output;
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
+
+    let r = h
+        .py(id, "def f():\n    raise ValueError('boom')\nf()")
+        .await
+        .output;
+    assert_eq!(r.exit_code, 1);
+    assert!(
+        r.stderr.contains("Traceback") && r.stderr.contains("ValueError: boom"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("agent.py"),
+        "agent frames leak: {}",
+        r.stderr
+    );
+
+    assert_eq!(
+        h.py(id, "import sys; sys.exit(3)").await.output.exit_code,
+        3
+    );
+    assert_eq!(h.py(id, "raise SystemExit").await.output.exit_code, 0);
+    let r = h.py(id, "print(1").await.output;
+    assert!(
+        r.exit_code == 1 && r.stderr.contains("SyntaxError"),
+        "{r:?}"
+    );
+
+    // Output of child processes and C code is captured too.
+    let r = h
+        .py(id, "import os; os.system('echo from-child')")
+        .await
+        .output;
+    assert_eq!(r.stdout, "from-child\n");
+
+    // Files created or changed by a run are reported; untouched ones are not.
+    let r = h.py(id, "open('a.txt','w').write('1')\nimport os; os.makedirs('d/e', exist_ok=True)\nopen('d/e/b b.txt','w').write('2')").await.output;
+    assert_eq!(
+        r.files,
+        vec!["/app/results/a.txt", "/app/results/d/e/b b.txt"]
+    );
+    let r = h.py(id, "print(open('a.txt').read())").await.output;
+    assert!(r.files.is_empty(), "{:?}", r.files);
+    let r = h.py(id, "open('a.txt','a').write('more')").await.output;
+    assert_eq!(r.files, vec!["/app/results/a.txt"]);
+
+    h.sb().delete(OWNER, id).await.unwrap();
+    assert_eq!(
+        h.own_objects(),
+        (0, 0),
+        "delete removes the container and its volume"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn code_runs_unmodified_whatever_it_contains() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    let code = "s = '''\nEOL\nEOF\n'''\nprint(s.count('EOL'), \"quote's\", 'dq\"')\nprint('$(id) `id` $HOME')\nimport sys\nsys.stdout.buffer.write(b'\\xff\\xfe bytes \\x00\\n')\n";
+    let r = h.py(id, code).await.output;
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[0], "1 quote's dq\"");
+    assert_eq!(lines[1], "$(id) `id` $HOME");
+    assert_eq!(
+        lines[2], "\u{fffd}\u{fffd} bytes \u{0}",
+        "invalid UTF-8 is replaced, not an error"
+    );
+
+    let r = h
+        .sh(
+            id,
+            "echo a | tr a b && cd /tmp && pwd; echo \"$HOME\" >&2; exit 4",
+            None,
+        )
+        .await
+        .output;
+    assert_eq!(
+        (r.stdout.as_str(), r.stderr.as_str(), r.exit_code),
+        ("b\n/tmp\n", "/tmp\n", 4)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeouts_interrupt_and_keep_state() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "kept = 'yes'").await;
+    let r = h.py_t(id, "while True: pass", Some(1)).await.output;
+    assert!(r.timed_out && r.exit_code == 124 && !r.state_lost, "{r:?}");
+    assert!(r.stderr.contains("KeyboardInterrupt"));
+    assert_eq!(h.py(id, "print(kept)").await.output.stdout, "yes\n");
+
+    // Code that swallows the interrupt gets its worker replaced.
+    let r = h.py_t(id, "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass", Some(1)).await.output;
+    assert!(r.timed_out && r.state_lost, "{r:?}");
+    assert!(h
+        .py(id, "print(kept)")
+        .await
+        .output
+        .stderr
+        .contains("NameError"));
+    assert_eq!(h.py(id, "print('ok')").await.output.stdout, "ok\n");
+
+    let r = h.sh(id, "sleep 100", Some(1)).await.output;
+    assert!(r.timed_out && r.exit_code == 124, "{r:?}");
+
+    let err = h
+        .sb()
+        .run(OWNER, id, Work::Python("1".into()), Some(100_000), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SandboxError::InvalidArgument(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_and_pid_limits_hold_and_the_sandbox_recovers() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "open('keep.txt','w').write('k')").await;
+
+    let r = h
+        .py(
+            id,
+            "b = bytearray(2 * 1024**3)\nb[::4096] = b'x' * len(b[::4096])",
+        )
+        .await;
+    assert_ne!(r.output.exit_code, 0, "{r:?}");
+    assert!(r.output.state_lost, "{r:?}");
+    assert_eq!(
+        h.py(id, "print(open('keep.txt').read())")
+            .await
+            .output
+            .stdout,
+        "k\n"
+    );
+
+    let r = h.py_t(id, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", Some(3)).await.output;
+    assert!(r.timed_out || r.exit_code != 0, "{r:?}");
+    let r = h.py(id, "print('after')").await.output;
+    assert_eq!(r.stdout, "after\n");
+    let procs = h.sh(id, "ls /proc | grep -c '^[0-9]'", None).await.output;
+    let n: usize = procs.stdout.trim().parse().unwrap();
+    assert!(n < 20, "the fork bomb's processes are gone ({n} left)");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_container_comes_back_with_its_files() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "open('data.csv','w').write('1,2')").await;
+    docker(&["kill", &h.container_of(id)]);
+    let r = h.py(id, "print(open('data.csv').read())").await;
+    assert_eq!(r.output.stdout, "1,2\n");
+    let notice = r.notice.expect("the result says the sandbox was restarted");
+    assert!(notice.contains("restarted"), "{notice}");
+    let r = h.py(id, "print(2)").await;
+    assert!(r.notice.is_none(), "the notice is told once");
+
+    // Removed outright: re-created with the same packages volume and files.
+    docker(&["rm", "-f", &h.container_of(id)]);
+    let r = h.py(id, "print(open('data.csv').read())").await;
+    assert_eq!(r.output.stdout, "1,2\n");
+    assert!(r.notice.unwrap().contains("re-created"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_server_adopts_its_sandboxes() {
+    let mut h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "survivor = 7").await;
+    h.restart().await;
+    let list = h.sb().list(OWNER).await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].sandbox_id, id);
+    // The agent kept running, so even Python state survives.
+    assert_eq!(h.py(id, "print(survivor)").await.output.stdout, "7\n");
+    assert_eq!(h.own_objects(), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn installs_are_ordered_before_later_runs() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    // Queue the install and a run right behind it, without waiting.
+    let first = h
+        .sb()
+        .install(OWNER, id, "six", Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(first.status, InstallStatusKind::Installing);
+    let r = h.py(id, "import six; print(six.__name__)").await.output;
+    assert_eq!(r.stdout, "six\n", "{}", r.stderr);
+    let st = h.sb().install_status(OWNER, id, "six").await.unwrap();
+    assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
+    let listed = &h.sb().list(OWNER).await[0].installed_packages;
+    assert!(listed.iter().any(|p| p.name == "six"), "{listed:?}");
+
+    let bad = h
+        .sb()
+        .install(
+            OWNER,
+            id,
+            "surely-no-such-package-mcp-sandbox-xyz",
+            Duration::from_secs(120),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad.status, InstallStatusKind::Failed);
+    assert!(
+        bad.message
+            .contains("surely-no-such-package-mcp-sandbox-xyz")
+            && bad.output.is_some(),
+        "{bad:?}"
+    );
+
+    // Installed from the shell: found by the status check all the same.
+    let r = h
+        .sh(id, "uv pip install -q tomli 2>&1", Some(120))
+        .await
+        .output;
+    assert_eq!(r.exit_code, 0, "{}", r.stdout);
+    let st = h.sb().install_status(OWNER, id, "tomli").await.unwrap();
+    assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
+    let st = h
+        .sb()
+        .install_status(OWNER, id, "never-installed-pkg")
+        .await
+        .unwrap();
+    assert_eq!(st.status, InstallStatusKind::NotFound);
+
+    for bad in ["--index-url http://x six", "-r /etc/passwd", "six; id"] {
+        let err = h
+            .sb()
+            .install(OWNER, id, bad, Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, SandboxError::InvalidArgument(_)),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_do_not_wait_on_each_other() {
+    let h = Harness::new().await;
+    let (a, b) = (h.create().await, h.create().await);
+    let slow = h.py(a, "import time; time.sleep(4); print('slow')");
+    tokio::pin!(slow);
+    // While a's run is in flight, b answers.
+    tokio::select! {
+        _ = &mut slow => panic!("the slow run finished before the other sandbox answered"),
+        r = h.py(b, "print('fast')") => assert_eq!(r.output.stdout, "fast\n"),
+    }
+    assert_eq!(slow.await.output.stdout, "slow\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uploads_only_from_allowed_folders_and_tenants_are_separate() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    let uploads = h.root.path().join("uploads");
+    std::fs::write(uploads.join("in put.txt"), "payload").unwrap();
+    std::fs::create_dir_all(uploads.join("folder/sub")).unwrap();
+    std::fs::write(uploads.join("folder/sub/x.txt"), "x").unwrap();
+
+    let up = h
+        .sb()
+        .upload(
+            OWNER,
+            id,
+            uploads.join("in put.txt").to_str().unwrap(),
+            "/app/results/data",
+        )
+        .await
+        .unwrap();
+    assert_eq!(up.path, "/app/results/data/in put.txt");
+    h.sb()
+        .upload(
+            OWNER,
+            id,
+            uploads.join("folder").to_str().unwrap(),
+            "/app/results",
+        )
+        .await
+        .unwrap();
+    let r = h
+        .py(
+            id,
+            "print(open('data/in put.txt').read(), open('folder/sub/x.txt').read())",
+        )
+        .await
+        .output;
+    assert_eq!(r.stdout, "payload x\n", "{}", r.stderr);
+    let r = h
+        .sh(id, "echo more >> 'data/in put.txt' && echo ok", None)
+        .await
+        .output;
+    assert_eq!(
+        r.stdout, "ok\n",
+        "uploaded files belong to the sandbox user: {}",
+        r.stderr
+    );
+
+    for (src, dest) in [
+        ("/etc/passwd", "/app/results"),
+        (
+            h.root.path().join("state/records.redb").to_str().unwrap(),
+            "/app/results",
+        ),
+        (
+            uploads.join("../state/records.redb").to_str().unwrap(),
+            "/app/results",
+        ),
+        (uploads.join("in put.txt").to_str().unwrap(), "/etc"),
+        (
+            uploads.join("in put.txt").to_str().unwrap(),
+            "/app/results/../../etc",
+        ),
+    ] {
+        let err = h.sb().upload(OWNER, id, src, dest).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SandboxError::UploadRefused(_) | SandboxError::InvalidArgument(_)
+            ),
+            "{src} -> {dest}: {err}"
+        );
+    }
+
+    // Another tenant sees nothing and can do nothing.
+    assert!(h.sb().list("mallory").await.is_empty());
+    let err = h
+        .sb()
+        .run("mallory", id, Work::Python("print(1)".into()), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SandboxError::NotFound(_)));
+    assert!(matches!(
+        h.sb().delete("mallory", id).await.unwrap_err(),
+        SandboxError::NotFound(_)
+    ));
+    assert_eq!(h.sb().list(OWNER).await.len(), 1);
+}

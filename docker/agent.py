@@ -1,0 +1,596 @@
+"""mcp-sandbox in-container agent.
+
+Started once per sandbox as the container's main process (under docker-init).
+It listens on a unix socket in a folder that the server bind-mounts, and answers
+JSON-line requests one at a time:
+
+  {"id": N, "op": "exec", "code": str, "timeout": s, "output_cap": bytes, "progress": bool}
+  {"id": N, "op": "run", "argv": [str], "timeout": s, "output_cap": bytes, "progress": bool}
+  {"id": N, "op": "packages"}
+  {"id": N, "op": "interrupt"}          (cancels the request in flight)
+  {"id": N, "op": "ping"}
+
+Python code runs in a persistent worker process (one namespace, like a notebook
+kernel), so each exec costs a pipe round trip instead of an interpreter start.
+Output goes to files rather than pipes so that output of subprocesses and C code
+is captured too and a flood of output never blocks the program. Stdlib only.
+"""
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+SOCKET_DIR = os.environ.get("MCP_AGENT_DIR", "/run/mcp-agent")
+RESULTS = "/app/results"
+# Our own files under the results folder (full outputs); never reported as artifacts.
+PRIVATE = ".mcp-sandbox"
+SPOOL = "/tmp/.mcp-agent"
+MAX_REQUEST = 16 * 1024 * 1024
+MAX_CONNS = 16
+MAX_FILES = 1000
+GRACE = 2.0
+PROGRESS_EVERY = 1.0
+PROGRESS_CHUNK = 16 * 1024
+
+
+def coarse_now_ns():
+    """The clock file timestamps are taken from, so a file written right after
+    a run starts never looks older than the run."""
+    try:
+        return time.clock_gettime_ns(time.CLOCK_REALTIME_COARSE)
+    except (AttributeError, OSError):
+        return time.time_ns() - 10_000_000
+
+
+# --------------------------------------------------------------------------
+# Worker: runs user code in one persistent namespace.
+# --------------------------------------------------------------------------
+
+
+def worker_main(reply_fd, request_fd):
+    import builtins
+    import importlib
+
+    replies = os.fdopen(reply_fd, "w", buffering=1)
+    requests = os.fdopen(request_fd, "rb")
+    my_pid = os.getpid()
+    running = False
+
+    def on_sigint(_sig, _frame):
+        if running:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        # Make the worker, not the agent, the first choice of the OOM killer.
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    devnull = os.open(os.devnull, os.O_RDWR)
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    while True:
+        line = requests.readline()
+        if not line:
+            os._exit(0)
+        req = json.loads(line)
+        out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        exit_code = 0
+        running = True
+        try:
+            try:
+                os.chdir(RESULTS)
+            except OSError:
+                pass
+            importlib.invalidate_caches()
+            exec(compile(req["code"], "<sandbox>", "exec"), namespace)
+        except SystemExit as e:
+            exit_code = system_exit_code(e)
+        except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
+            exit_code = 1
+            print_user_traceback(e)
+        finally:
+            running = False
+            if os.getpid() != my_pid:
+                # A process forked by user code must never become a second worker.
+                os._exit(exit_code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - user code may have replaced or closed it
+                pass
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        replies.write(json.dumps({"exit_code": exit_code}) + "\n")
+
+
+def print_user_traceback(e):
+    """Print a traceback without the agent's own frames (the exec call and the
+    interrupt handler), so it reads as if the user's code ran as a script."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__]
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(e), e)
+    sys.stderr.write("".join(lines))
+
+
+def system_exit_code(e):
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if code >= 0 else 1
+    print(code, file=sys.stderr)
+    return 1
+
+
+class Worker:
+    """Handle on the worker process, started lazily and again after it dies."""
+
+    def __init__(self):
+        self.proc = None
+        self.replies = None
+        self.requests = None
+
+    def ensure(self):
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.close()
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", os.path.abspath(__file__), "--worker", str(rep_w), str(req_r)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(rep_w, req_r),
+            start_new_session=True,
+            cwd=RESULTS,
+        )
+        os.close(req_r)
+        os.close(rep_w)
+        self.requests = os.fdopen(req_w, "wb", buffering=0)
+        self.replies = os.fdopen(rep_r, "rb")
+
+    def close(self):
+        for f in (self.requests, self.replies):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        self.requests = self.replies = None
+        if self.proc is not None:
+            kill_session(self.proc.pid, include_leader=True)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.proc = None
+
+
+def kill_session(sid, include_leader):
+    """SIGKILL every process in session `sid` (what a run started, a fork bomb
+    included). Repeated because processes may still be forking."""
+    for _ in range(20):
+        victims = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid == sid and not include_leader:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+                fields = stat[stat.rindex(b")") + 2 :].split()
+                if int(fields[3]) == sid:
+                    victims.append(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        if not victims:
+            return
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------
+# Agent: socket server, jobs, output and artifact collection.
+# --------------------------------------------------------------------------
+
+
+class Job:
+    """One request in flight: a Python exec in the worker or a process run."""
+
+    def __init__(self, req, conn, seq):
+        self.req = req
+        self.id = req.get("id")
+        self.conn = conn
+        self.kind = req["op"]
+        self.timeout = max(0.001, float(req.get("timeout") or 30))
+        self.cap = max(1024, int(req.get("output_cap") or 65536))
+        self.progress = bool(req.get("progress"))
+        self.started = time.monotonic()
+        self.started_ns = coarse_now_ns()
+        self.deadline = self.started + self.timeout
+        self.grace_deadline = None
+        self.timed_out = False
+        self.cancelled = False
+        self.proc = None
+        self.out = os.path.join(SPOOL, f"{seq}.out")
+        self.err = os.path.join(SPOOL, f"{seq}.err")
+        self.sent = [0, 0]
+        self.next_progress = self.started + PROGRESS_EVERY
+
+
+class Agent:
+    def __init__(self):
+        os.makedirs(SPOOL, exist_ok=True)
+        self.sel = selectors.DefaultSelector()
+        path = os.path.join(SOCKET_DIR, "agent.sock")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(4)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.conns = {}
+        self.worker = Worker()
+        self.job = None
+        self.seq = 0
+        # (path, ctime_ns) of files reported recently: a file written in the same
+        # clock tick as the end of one run is not reported again by the next.
+        self.recent = set()
+
+    # ---- connections ----------------------------------------------------
+    # Several may be open: the server's request stream and short-lived ones
+    # for queries. A run belongs to the connection that asked for it.
+    def accept(self):
+        conn, _ = self.listener.accept()
+        if len(self.conns) >= MAX_CONNS:
+            conn.close()
+            return
+        conn.setblocking(True)
+        self.conns[conn] = b""
+        self.sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def drop_conn(self, conn):
+        if conn not in self.conns:
+            return
+        del self.conns[conn]
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+        if self.job is not None and self.job.conn is conn:
+            # Nobody waits for this run any more (the server restarted).
+            self.job.cancelled = True
+            self.stop_job(self.job)
+
+    def send(self, conn, msg):
+        if conn not in self.conns:
+            return
+        data = (json.dumps(msg, ensure_ascii=False) + "\n").encode()
+        try:
+            conn.sendall(data)
+        except OSError:
+            self.drop_conn(conn)
+
+    def read_conn(self, conn):
+        try:
+            data = conn.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            self.drop_conn(conn)
+            return
+        buf = self.conns[conn] + data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                self.handle(conn, line)
+            if conn not in self.conns:
+                return
+        if len(buf) > MAX_REQUEST:
+            self.drop_conn(conn)
+            return
+        self.conns[conn] = buf
+
+    def handle(self, conn, line):
+        try:
+            req = json.loads(line)
+            op = req["op"]
+        except (ValueError, KeyError, TypeError):
+            self.send(conn, {"type": "error", "error": "malformed request"})
+            return
+        rid = req.get("id")
+        if op == "ping":
+            self.send(conn, {"id": rid, "type": "result", "pong": True})
+        elif op == "interrupt":
+            if self.job is not None and self.job.conn is conn:
+                self.job.cancelled = True
+                self.stop_job(self.job)
+        elif op == "packages":
+            self.send(conn, {"id": rid, "type": "result", "packages": list_packages()})
+        elif op in ("exec", "run"):
+            if self.job is not None:
+                self.send(conn, {"id": rid, "type": "error", "error": "busy"})
+                return
+            try:
+                self.start_job(req, conn)
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                self.job = None
+                self.send(conn, {"id": rid, "type": "error", "error": f"could not start: {e}"})
+        else:
+            self.send(conn, {"id": rid, "type": "error", "error": f"unknown op {op!r}"})
+
+    # ---- jobs -----------------------------------------------------------
+    def start_job(self, req, conn):
+        self.seq += 1
+        job = Job(req, conn, self.seq)
+        if job.kind == "exec":
+            self.worker.ensure()
+            self.sel.register(self.worker.replies, selectors.EVENT_READ, "worker")
+            msg = {"code": req["code"], "stdout": job.out, "stderr": job.err}
+            self.worker.requests.write((json.dumps(msg) + "\n").encode())
+        else:
+            argv = [str(a) for a in req["argv"]]
+            with open(job.out, "wb") as out, open(job.err, "wb") as err:
+                job.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=RESULTS,
+                    start_new_session=True,
+                )
+        self.job = job
+
+    def stop_job(self, job):
+        """Interrupt first (state survives); kill after the grace period."""
+        if job.grace_deadline is not None:
+            return
+        job.grace_deadline = time.monotonic() + GRACE
+        if job.kind == "exec":
+            try:
+                os.kill(self.worker.proc.pid, signal.SIGINT)
+            except (OSError, AttributeError):
+                pass
+        else:
+            kill_session(job.proc.pid, include_leader=True)
+
+    def tick(self):
+        job = self.job
+        if job is None:
+            return
+        now = time.monotonic()
+        if job.kind == "run" and job.proc.poll() is not None:
+            self.finish(job, job.proc.returncode)
+            return
+        if job.kind == "exec" and self.worker.proc.poll() is not None:
+            self.finish(job, None)
+            return
+        if job.grace_deadline is None and now >= job.deadline:
+            job.timed_out = True
+            self.stop_job(job)
+        elif job.grace_deadline is not None and now >= job.grace_deadline:
+            if job.kind == "exec":
+                kill_session(self.worker.proc.pid, include_leader=True)
+            else:
+                kill_session(job.proc.pid, include_leader=True)
+        if job.progress and now >= job.next_progress:
+            job.next_progress = now + PROGRESS_EVERY
+            self.send_progress(job)
+
+    def send_progress(self, job):
+        chunks = []
+        for i, path in enumerate((job.out, job.err)):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(job.sent[i])
+                    data = f.read(PROGRESS_CHUNK)
+            except OSError:
+                data = b""
+            job.sent[i] += len(data)
+            chunks.append(data.decode("utf-8", "replace"))
+        if chunks[0] or chunks[1]:
+            self.send(job.conn, {"id": job.id, "type": "progress", "stdout": chunks[0], "stderr": chunks[1]})
+
+    def worker_replied(self):
+        line = self.worker.replies.readline()
+        if not line:
+            self.finish(self.job, None)
+            return
+        self.finish(self.job, json.loads(line)["exit_code"])
+
+    def finish(self, job, exit_code):
+        state_lost = False
+        note = ""
+        if job.kind == "exec":
+            try:
+                self.sel.unregister(self.worker.replies)
+            except (KeyError, ValueError):
+                pass
+            if exit_code is None:
+                # The worker died: OOM kill, killed after ignoring an interrupt,
+                # or user code that killed it. The namespace is gone.
+                code = self.worker.proc.wait()
+                exit_code = 128 + (-code) if code < 0 else (code or 1)
+                state_lost = True
+                self.worker.close()
+                note = (
+                    "\n[mcp-sandbox] The Python worker was killed"
+                    + (" (memory limit?)" if exit_code == 137 and not job.grace_deadline else "")
+                    + "; variables and imports were lost. Files are kept.\n"
+                )
+            else:
+                # Processes a run started end with it (a fork bomb included);
+                # one meant to outlive the run must leave the session (setsid).
+                kill_session(self.worker.proc.pid, include_leader=False)
+        else:
+            kill_session(job.proc.pid, include_leader=True)
+            if exit_code < 0:
+                exit_code = 128 - exit_code
+        if job.timed_out:
+            exit_code = 124
+            note += f"\n[mcp-sandbox] Timed out after {job.timeout:g} s.\n"
+        elif job.cancelled:
+            exit_code = 130
+            note += "\n[mcp-sandbox] Cancelled.\n"
+        stdout, out_trunc, out_file = collect_output(job.out, job.cap, job.id, "stdout")
+        stderr, err_trunc, err_file = collect_output(job.err, job.cap, job.id, "stderr")
+        result = {
+            "id": job.id,
+            "type": "result",
+            "stdout": stdout,
+            "stderr": stderr + note,
+            "exit_code": exit_code,
+            "timed_out": job.timed_out,
+            "cancelled": job.cancelled,
+            "state_lost": state_lost,
+            "truncated": out_trunc or err_trunc,
+            "output_files": [f for f in (out_file, err_file) if f],
+            "duration_ms": round((time.monotonic() - job.started) * 1000, 3),
+        }
+        if job.kind == "exec":
+            result["files"] = self.changed_files(job.started_ns)
+        self.job = None
+        self.send(job.conn, result)
+
+    def changed_files(self, since_ns):
+        found = []
+        recent = set()
+        stack = [RESULTS]
+        while stack and len(found) < MAX_FILES:
+            top = stack.pop()
+            try:
+                entries = list(os.scandir(top))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if not (top == RESULTS and entry.name == PRIVATE):
+                            stack.append(entry.path)
+                        continue
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    ctime = entry.stat(follow_symlinks=False).st_ctime_ns
+                except OSError:
+                    continue
+                if ctime >= since_ns:
+                    key = (entry.path, ctime)
+                    recent.add(key)
+                    if key not in self.recent:
+                        found.append(entry.path)
+        self.recent = recent
+        found.sort()
+        return found[:MAX_FILES]
+
+    # ---- loop -------------------------------------------------------------
+    def timeout(self):
+        job = self.job
+        if job is None:
+            return None
+        now = time.monotonic()
+        marks = [job.grace_deadline or job.deadline]
+        if job.progress:
+            marks.append(job.next_progress)
+        if job.kind == "run":
+            marks.append(now + 0.5)  # SIGCHLD wakes us; this only bounds a missed one
+        return max(0.0, min(marks) - now)
+
+    def serve(self):
+        while True:
+            for key, _ in self.sel.select(self.timeout()):
+                what = key.data
+                if what == "listen":
+                    self.accept()
+                elif what == "conn" and key.fileobj in self.conns:
+                    self.read_conn(key.fileobj)
+                elif what == "worker" and self.job is not None:
+                    self.worker_replied()
+                elif what == "wake":
+                    try:
+                        os.read(self.wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+            self.tick()
+
+
+def collect_output(path, cap, job_id, name):
+    """Whole output when it fits the cap; otherwise head and tail, and the full
+    output moved under the results folder so the server can link to it."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size <= cap:
+                return f.read().decode("utf-8", "replace"), False, None
+            half = cap // 2
+            head = f.read(half)
+            f.seek(size - half)
+            tail = f.read(half)
+    except OSError:
+        return "", False, None
+    text = (
+        head.decode("utf-8", "replace")
+        + f"\n... [{size - 2 * half} bytes omitted; full output in the linked file] ...\n"
+        + tail.decode("utf-8", "replace")
+    )
+    kept = None
+    try:
+        folder = os.path.join(RESULTS, PRIVATE, "output")
+        os.makedirs(folder, exist_ok=True)
+        kept = os.path.join(folder, f"{time.strftime('%Y%m%dT%H%M%S')}-{job_id}-{name}.txt")
+        shutil.move(path, kept)
+    except OSError:
+        kept = None
+    return text, True, kept
+
+
+def list_packages():
+    from importlib import metadata
+
+    seen = {}
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name and name not in seen:
+            seen[name] = dist.version
+    return [{"name": n, "version": v} for n, v in sorted(seen.items(), key=lambda kv: kv[0].lower())]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker_main(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        Agent().serve()
