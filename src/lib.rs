@@ -1,1 +1,13 @@
+//! mcp-sandbox: an MCP server that gives LLM agents isolated Python
+//! sandboxes in Docker containers. This crate is the front end (HTTP, MCP
+//! tools, configuration); the sandboxes themselves live in `sandbox-actors`.
 
+pub mod artifacts;
+pub mod caller;
+pub mod config;
+pub mod http;
+pub mod links;
+pub mod results;
+pub mod serve;
+pub mod sse;
+pub mod tools;

@@ -1,1 +1,73 @@
-fn main() {}
+//! The `mcp-sandbox` command: parses the command line, sets up logging and
+//! hands over to the library.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use mcp_sandbox::config::Config;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "mcp-sandbox",
+    version,
+    about = "MCP server giving LLM agents isolated Python sandboxes in Docker"
+)]
+struct Cli {
+    /// Configuration file (default: ./config.toml when present).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve MCP over HTTP: /mcp (Streamable HTTP), /sse (legacy SSE), /results, /health.
+    Serve {
+        #[arg(long)]
+        host: Option<std::net::IpAddr>,
+        #[arg(long)]
+        port: Option<u16>,
+    },
+    /// Serve MCP over standard input and output.
+    Stdio,
+    /// Build the sandbox image if it is missing, and print its tag.
+    BuildImage,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // Logs go to stderr: stdout carries the MCP stream under `stdio`.
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    let mut config = match Config::load(cli.config.as_deref(), std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mcp-sandbox: configuration error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let path = cli.config.as_deref();
+    match cli.command {
+        Command::Serve { host, port } => {
+            config.server.host = host.unwrap_or(config.server.host);
+            config.server.port = port.unwrap_or(config.server.port);
+            mcp_sandbox::serve::http(config, path).await
+        }
+        Command::Stdio => mcp_sandbox::serve::stdio(config, path).await,
+        Command::BuildImage => mcp_sandbox::serve::build_image(config, path).await,
+    }
+}

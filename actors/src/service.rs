@@ -169,6 +169,17 @@ impl Sandboxes {
         }
     }
 
+    /// Whether Docker answers.
+    pub async fn ping(&self) -> Result<()> {
+        self.ctx.runtime.ping().await
+    }
+
+    /// The host folder holding a sandbox's `/app/results`.
+    pub fn results_dir(&self, owner: &str, id: Uuid) -> Result<std::path::PathBuf> {
+        self.actor(owner, id)?;
+        Ok(self.ctx.paths(id).results)
+    }
+
     pub async fn create(&self, owner: &str, name: Option<String>) -> Result<SandboxInfo> {
         let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
             Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {

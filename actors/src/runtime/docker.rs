@@ -127,6 +127,11 @@ fn is_not_found(e: &bollard::errors::Error) -> bool {
 
 #[async_trait]
 impl ContainerRuntime for DockerRuntime {
+    async fn ping(&self) -> Result<()> {
+        self.docker.ping().await?;
+        Ok(())
+    }
+
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef> {
         let volume = match volume {
             Some(v) => v.to_string(),

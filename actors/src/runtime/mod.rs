@@ -56,6 +56,8 @@ pub struct Labelled {
 
 #[async_trait]
 pub trait ContainerRuntime: Send + Sync + 'static {
+    /// Whether the engine answers.
+    async fn ping(&self) -> Result<()>;
     /// Creates and starts the container of a sandbox, with a fresh package
     /// volume unless `volume` names an existing one to keep.
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef>;

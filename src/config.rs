@@ -1,0 +1,246 @@
+//! Configuration: `config.toml` (every key optional), then environment
+//! variables `MCP_SANDBOX_<SECTION>_<KEY>`, then command-line flags. A bad
+//! value stops the server with a message naming the key.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::Settings;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub sandbox: SandboxConfig,
+    pub packages: PackagesConfig,
+    pub uploads: UploadsConfig,
+    pub results: ResultsConfig,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: IpAddr,
+    pub port: u16,
+    /// Base of artifact links; defaults to `http://{host}:{port}`.
+    pub public_url: Option<String>,
+    /// Origins allowed to call the HTTP endpoints from a browser; requests
+    /// with any other `Origin` get 403 (DNS-rebinding protection).
+    pub allowed_origins: Vec<String>,
+    /// Records, agent sockets and other server state.
+    pub state_dir: PathBuf,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: IpAddr::from([127, 0, 0, 1]),
+            port: 8181,
+            public_url: None,
+            allowed_origins: vec![],
+            state_dir: PathBuf::from("state"),
+        }
+    }
+}
+
+/// `[results]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResultsConfig {
+    /// Host folder holding each sandbox's `/app/results`.
+    pub dir: PathBuf,
+}
+
+impl Default for ResultsConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("results"),
+        }
+    }
+}
+
+const SECTIONS: [&str; 5] = ["server", "sandbox", "packages", "uploads", "results"];
+const ENV_PREFIX: &str = "MCP_SANDBOX_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Loads `path` (a missing file means the defaults; a file named on the
+    /// command line must exist) and applies `MCP_SANDBOX_*` variables.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let (text, source) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                    path: p.into(),
+                    source: e,
+                })?,
+                p.display().to_string(),
+            ),
+            None => match std::fs::read_to_string("config.toml") {
+                Ok(t) => (t, "config.toml".to_string()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (String::new(), "defaults".to_string())
+                }
+                Err(e) => {
+                    return Err(ConfigError::Read {
+                        path: "config.toml".into(),
+                        source: e,
+                    })
+                }
+            },
+        };
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid(format!("{source}: {e}")))?;
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let rest = rest.to_ascii_lowercase();
+            let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
+                return Err(ConfigError::Invalid(format!(
+                    "{name}: no configuration section matches (sections: {})",
+                    SECTIONS.join(", ")
+                )));
+            };
+            let key = &rest[section.len() + 1..];
+            // A value is read as TOML (numbers, booleans, arrays) and
+            // otherwise taken as a plain string.
+            let parsed = format!("v = {value}")
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or(toml::Value::String(value));
+            let entry = table
+                .entry(section.to_string())
+                .or_insert_with(|| toml::Value::Table(Default::default()));
+            let toml::Value::Table(section_table) = entry else {
+                return Err(ConfigError::Invalid(format!("[{section}] must be a table")));
+            };
+            section_table.insert(key.to_string(), parsed);
+        }
+        let config: Config = Config::deserialize(table)
+            .map_err(|e| ConfigError::Invalid(format!("{source}: {e}")))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.sandbox.validate().map_err(ConfigError::Invalid)?;
+        if let Some(url) = &self.server.public_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(format!(
+                    "server.public_url: an http(s) URL, not {url:?}"
+                )));
+            }
+        }
+        for dir in &self.uploads.allowed_dirs {
+            if !dir.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "uploads.allowed_dirs: {} is not an absolute path",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Base URL of links the server hands out.
+    pub fn public_url(&self) -> String {
+        match &self.server.public_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => format!("http://{}:{}", self.server.host, self.server.port),
+        }
+    }
+
+    /// The sandbox domain's settings; relative folders are made absolute so
+    /// that bind mounts and upload checks do not depend on the working folder.
+    pub fn settings(&self, config_path: Option<&Path>) -> std::io::Result<Settings> {
+        let cwd = std::env::current_dir()?;
+        let abs = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                cwd.join(p)
+            }
+        };
+        Ok(Settings {
+            sandbox: self.sandbox.clone(),
+            packages: self.packages.clone(),
+            uploads: self.uploads.clone(),
+            state_dir: abs(&self.server.state_dir),
+            results_dir: abs(&self.results.dir),
+            protected: config_path
+                .map(abs)
+                .into_iter()
+                .chain([abs(Path::new("config.toml"))])
+                .collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(
+            Some(&path),
+            env.iter().map(|(a, b)| (a.to_string(), b.to_string())),
+        )
+    }
+
+    #[test]
+    fn defaults_file_and_environment_layer() {
+        let c = load(
+            "[sandbox]\nmemory_mb = 1024\n",
+            &[
+                ("MCP_SANDBOX_SERVER_PORT", "9000"),
+                ("MCP_SANDBOX_SANDBOX_NETWORK", "none"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.sandbox.memory_mb, 1024);
+        assert_eq!(c.server.port, 9000);
+        assert_eq!(c.sandbox.network, sandbox_actors::config::NetworkMode::None);
+        assert_eq!(c.sandbox.pids_limit, SandboxConfig::default().pids_limit);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (text, env, key) in [
+            ("[sandbox]\nmemory_mb = \"lots\"\n", vec![], "memory_mb"),
+            ("[sandbox]\nnetwork = \"host\"\n", vec![], "network"),
+            ("[sandbox]\nmemroy_mb = 1\n", vec![], "memroy_mb"),
+            ("", vec![("MCP_SANDBOX_SANDBOX_CPUS", "0")], "sandbox.cpus"),
+            ("", vec![("MCP_SANDBOX_SERVER_PORT", "http")], "port"),
+            ("", vec![("MCP_SANDBOX_NOPE_X", "1")], "MCP_SANDBOX_NOPE_X"),
+            (
+                "[server]\npublic_url = \"ftp://x\"\n",
+                vec![],
+                "server.public_url",
+            ),
+        ] {
+            let err = load(text, &env).unwrap_err().to_string();
+            assert!(err.contains(key), "{err:?} does not name {key}");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Artifact links: `{public_url}/results/{sandbox_id}/{relative path}`, each
+//! path segment percent-encoded so names with spaces, `#`, `?` or non-ASCII
+//! characters survive any client.
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use sandbox_actors::agent::RESULTS_IN_CONTAINER;
+use uuid::Uuid;
+
+/// Everything but RFC 3986 unreserved characters is encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+#[derive(Debug, Clone)]
+pub struct Links {
+    base: String,
+}
+
+impl Links {
+    pub fn new(public_url: &str) -> Self {
+        Self {
+            base: public_url.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// Link to `path`, an absolute path under `/app/results` in the sandbox.
+    pub fn artifact(&self, sandbox: Uuid, path: &str) -> String {
+        let relative = path
+            .strip_prefix(RESULTS_IN_CONTAINER)
+            .unwrap_or(path)
+            .trim_start_matches('/');
+        let encoded: Vec<String> = relative
+            .split('/')
+            .map(|s| utf8_percent_encode(s, SEGMENT).to_string())
+            .collect();
+        format!("{}/results/{sandbox}/{}", self.base, encoded.join("/"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_encoded_and_slashes_kept() {
+        let id = Uuid::nil();
+        let links = Links::new("http://h:1/");
+        assert_eq!(
+            links.artifact(id, "/app/results/my plot#1?.png"),
+            format!("http://h:1/results/{id}/my%20plot%231%3F.png")
+        );
+        assert_eq!(
+            links.artifact(id, "/app/results/d/图.png"),
+            format!("http://h:1/results/{id}/d/%E5%9B%BE.png")
+        );
+    }
+}

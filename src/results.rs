@@ -1,0 +1,237 @@
+//! What the tools return: one typed struct per tool (its `outputSchema`),
+//! sent as `structuredContent` and as one pretty-printed JSON text item, plus
+//! a `resource_link` item per artifact.
+
+use rmcp::model::{CallToolResult, ContentBlock, Resource};
+use sandbox_actors::{InstallStatusKind, Package, Ran, SandboxError, SandboxInfo};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::links::Links;
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CreatedSandbox {
+    pub sandbox_id: String,
+    pub name: String,
+    pub status: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// When the sandbox will be removed (RFC 3339, UTC); null: never.
+    pub expires_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListedSandbox {
+    pub sandbox_id: String,
+    pub name: String,
+    pub status: String,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+    pub installed_packages: Vec<InstalledPackage>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+}
+
+/// `structuredContent` must be an object: the list goes under `sandboxes`
+/// (the text item is the bare array, as python-mcp-sandbox returns it).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<ListedSandbox>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PythonResult {
+    pub stdout: String,
+    pub stderr: String,
+    /// 0 on success, 1 for an uncaught exception, n for sys.exit(n), 124 on timeout.
+    pub exit_code: i64,
+    /// Absolute paths (in the sandbox) of files this run created or changed.
+    pub files: Vec<String>,
+    /// Download links of `files`, in the same order.
+    pub file_links: Vec<String>,
+    pub duration_ms: f64,
+    pub timed_out: bool,
+    /// stdout or stderr was cut to head and tail; the whole is at `output_links`.
+    pub truncated: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub output_links: Vec<String>,
+    /// Variables and imports were lost (the worker was replaced).
+    pub state_lost: bool,
+    /// Something that happened to the sandbox since your last call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CommandResult {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i64,
+    pub timed_out: bool,
+    pub truncated: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub output_links: Vec<String>,
+    pub duration_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InstallResult {
+    pub package: String,
+    /// installing, success, failed or not_found.
+    pub status: String,
+    pub message: String,
+    /// The installer's output, when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct UploadResult {
+    pub success: bool,
+    pub message: String,
+    /// Where the file or folder is now, inside the sandbox.
+    pub path: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DeleteResult {
+    pub success: bool,
+    pub sandbox_id: String,
+    pub message: String,
+}
+
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn packages(list: Vec<Package>) -> Vec<InstalledPackage> {
+    list.into_iter()
+        .map(|p| InstalledPackage {
+            name: p.name,
+            version: p.version,
+        })
+        .collect()
+}
+
+impl From<SandboxInfo> for CreatedSandbox {
+    fn from(i: SandboxInfo) -> Self {
+        Self {
+            sandbox_id: i.sandbox_id.to_string(),
+            name: i.name,
+            status: i.status,
+            created_at: rfc3339(i.created_at),
+            expires_at: i.expires_at.map(rfc3339),
+        }
+    }
+}
+
+impl From<SandboxInfo> for ListedSandbox {
+    fn from(i: SandboxInfo) -> Self {
+        Self {
+            sandbox_id: i.sandbox_id.to_string(),
+            name: i.name,
+            status: i.status,
+            created_at: rfc3339(i.created_at),
+            expires_at: i.expires_at.map(rfc3339),
+            installed_packages: packages(i.installed_packages),
+        }
+    }
+}
+
+impl From<sandbox_actors::InstallStatus> for InstallResult {
+    fn from(s: sandbox_actors::InstallStatus) -> Self {
+        let status = match s.status {
+            InstallStatusKind::Installing => "installing",
+            InstallStatusKind::Success => "success",
+            InstallStatusKind::Failed => "failed",
+            InstallStatusKind::NotFound => "not_found",
+        };
+        Self {
+            package: s.package,
+            status: status.into(),
+            message: s.message,
+            output: s.output,
+        }
+    }
+}
+
+impl PythonResult {
+    pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
+        let o = ran.output;
+        Self {
+            file_links: o.files.iter().map(|f| links.artifact(sandbox, f)).collect(),
+            output_links: o
+                .output_files
+                .iter()
+                .map(|f| links.artifact(sandbox, f))
+                .collect(),
+            files: o.files,
+            stdout: o.stdout,
+            stderr: o.stderr,
+            exit_code: o.exit_code,
+            duration_ms: o.duration_ms,
+            timed_out: o.timed_out,
+            truncated: o.truncated,
+            state_lost: o.state_lost,
+            notice: ran.notice,
+        }
+    }
+}
+
+impl CommandResult {
+    pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
+        let o = ran.output;
+        Self {
+            output_links: o
+                .output_files
+                .iter()
+                .map(|f| links.artifact(sandbox, f))
+                .collect(),
+            stdout: o.stdout,
+            stderr: o.stderr,
+            exit_code: o.exit_code,
+            timed_out: o.timed_out,
+            truncated: o.truncated,
+            duration_ms: o.duration_ms,
+            notice: ran.notice,
+        }
+    }
+}
+
+/// A successful tool result: `value` as structured content and as
+/// pretty-printed JSON text (`text` replaces the latter when given).
+pub fn success<T: Serialize>(
+    value: &T,
+    text: Option<serde_json::Value>,
+    links: Vec<(String, String)>,
+) -> CallToolResult {
+    let structured = serde_json::to_value(value).expect("results serialise");
+    let text = serde_json::to_string_pretty(text.as_ref().unwrap_or(&structured))
+        .expect("results serialise");
+    let mut content = vec![ContentBlock::text(text)];
+    for (uri, name) in links {
+        let mime = mime_guess::from_path(&name).first().map(|m| m.to_string());
+        let mut resource = Resource::new(uri, name);
+        resource.mime_type = mime;
+        content.push(ContentBlock::resource_link(resource));
+    }
+    let mut result = CallToolResult::success(content);
+    result.structured_content = Some(structured);
+    result
+}
+
+/// A failure of the tool itself, which the model reads (`isError: true`).
+pub fn failure(err: &SandboxError) -> CallToolResult {
+    failure_text(err.to_string())
+}
+
+pub fn failure_text(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message.into())])
+}

@@ -1,0 +1,79 @@
+//! Running the server: `serve` (HTTP on one port) and `stdio` (MCP over
+//! standard input and output, for clients that launch the server).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use rmcp::ServiceExt;
+use sandbox_actors::Sandboxes;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::config::Config;
+use crate::links::Links;
+use crate::tools::SandboxServer;
+
+async fn start_sandboxes(
+    config: &Config,
+    config_path: Option<&Path>,
+) -> anyhow::Result<Arc<Sandboxes>> {
+    let settings = config.settings(config_path)?;
+    let sandboxes = Sandboxes::start(settings)
+        .await
+        .context("starting the sandbox service (is Docker running?)")?;
+    Ok(Arc::new(sandboxes))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
+    let sandboxes = start_sandboxes(&config, config_path).await?;
+    let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let shutdown = CancellationToken::new();
+    let app = crate::http::router(&config, sandboxes.clone(), shutdown.clone());
+    info!(%addr, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
+    let stop = shutdown.clone();
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        stop_signal().await;
+        stop.cancel();
+    })
+    .await?;
+    // Containers keep running: the next start adopts them.
+    sandboxes.shutdown().await;
+    info!("stopped");
+    Ok(())
+}
+
+pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
+    let sandboxes = start_sandboxes(&config, config_path).await?;
+    let handler = SandboxServer::new(sandboxes.clone(), Links::new(&config.public_url()), None);
+    let running = handler.serve(rmcp::transport::stdio()).await?;
+    tokio::select! {
+        _ = running.waiting() => {}
+        _ = stop_signal() => {}
+    }
+    sandboxes.shutdown().await;
+    Ok(())
+}
+
+pub async fn build_image(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
+    let tag = Sandboxes::build_image(&config.settings(config_path)?).await?;
+    println!("{tag}");
+    Ok(())
+}

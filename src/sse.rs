@@ -1,0 +1,174 @@
+//! The legacy MCP HTTP+SSE transport (protocol 2024-11-05), which rmcp no
+//! longer ships: `GET /sse` opens an event stream whose first event,
+//! `endpoint`, names `/messages?sessionId=…`; the client POSTs JSON-RPC
+//! messages there (202) and reads the answers as `message` events.
+//! Each stream is one rmcp service over a pair of channels; closing the
+//! stream ends the session.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::{Stream, StreamExt};
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::ServiceExt;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::caller::Caller;
+use crate::http::AppState;
+use crate::tools::SandboxServer;
+
+/// Client messages queued per session before POSTs are refused.
+const INBOX: usize = 64;
+
+struct Session {
+    inbox: mpsc::Sender<ClientJsonRpcMessage>,
+    caller: Caller,
+}
+
+#[derive(Clone, Default)]
+pub struct SseSessions {
+    inner: Arc<Mutex<HashMap<String, Session>>>,
+}
+
+/// Removes the session and stops its service when the event stream ends.
+struct SessionGuard {
+    id: String,
+    sessions: SseSessions,
+    stop: CancellationToken,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.sessions
+            .inner
+            .lock()
+            .expect("sessions lock")
+            .remove(&self.id);
+        self.stop.cancel();
+        debug!(session = %self.id, "SSE session closed");
+    }
+}
+
+pub async fn open(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (inbox_tx, inbox_rx) = mpsc::channel::<ClientJsonRpcMessage>(INBOX);
+    let (outbox_tx, outbox_rx) = mpsc::channel::<rmcp::model::ServerJsonRpcMessage>(INBOX);
+    app.sse.inner.lock().expect("sessions lock").insert(
+        id.clone(),
+        Session {
+            inbox: inbox_tx,
+            caller: caller.clone(),
+        },
+    );
+
+    let stop = CancellationToken::new();
+    let handler = SandboxServer::new(app.sandboxes.clone(), app.links.clone(), Some(caller));
+    let transport = (
+        tokio_util::sync::PollSender::new(outbox_tx),
+        tokio_stream::wrappers::ReceiverStream::new(inbox_rx),
+    );
+    let service_stop = stop.clone();
+    tokio::spawn(async move {
+        match handler.serve(transport).await {
+            Ok(running) => {
+                let ct = running.cancellation_token();
+                tokio::select! {
+                    _ = running.waiting() => {}
+                    _ = service_stop.cancelled() => ct.cancel(),
+                }
+            }
+            Err(e) => warn!(error = %e, "SSE session failed to start"),
+        }
+    });
+
+    let guard = SessionGuard {
+        id: id.clone(),
+        sessions: app.sse.clone(),
+        stop,
+    };
+    let endpoint = futures_util::stream::once(async move {
+        Ok(Event::default()
+            .event("endpoint")
+            .data(format!("/messages?sessionId={id}")))
+    });
+    let messages = tokio_stream::wrappers::ReceiverStream::new(outbox_rx).map(
+        move |msg: rmcp::model::ServerJsonRpcMessage| {
+            let _keep = &guard;
+            let data = serde_json::to_string(&msg).unwrap_or_default();
+            Ok(Event::default().event("message").data(data))
+        },
+    );
+    Sse::new(endpoint.chain(messages))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+#[derive(Deserialize)]
+pub struct SessionQuery {
+    #[serde(rename = "sessionId", alias = "session_id")]
+    session_id: Option<String>,
+}
+
+pub async fn post(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<SessionQuery>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(id) = q.session_id else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "sessionId is required"})),
+        )
+            .into_response();
+    };
+    let inbox = {
+        let sessions = app.sse.inner.lock().expect("sessions lock");
+        match sessions.get(&id) {
+            // The session is bound to whoever opened it.
+            Some(s) if s.caller == caller => s.inbox.clone(),
+            _ => {
+                return (
+                    StatusCode::NOT_FOUND,
+                    Json(serde_json::json!({"error": "unknown session"})),
+                )
+                    .into_response()
+            }
+        }
+    };
+    let message: ClientJsonRpcMessage = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({"error": format!("not a JSON-RPC message: {e}")})),
+            )
+                .into_response()
+        }
+    };
+    match inbox.try_send(message) {
+        Ok(()) => (StatusCode::ACCEPTED, "Accepted").into_response(),
+        Err(mpsc::error::TrySendError::Full(_)) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(serde_json::json!({"error": "too many messages in flight"})),
+        )
+            .into_response(),
+        Err(mpsc::error::TrySendError::Closed(_)) => (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": "session closed"})),
+        )
+            .into_response(),
+    }
+}
