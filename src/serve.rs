@@ -21,7 +21,7 @@ async fn start_sandboxes(
     let settings = config.settings(config_path)?;
     let sandboxes = Sandboxes::start(settings)
         .await
-        .context("starting the sandbox service (is Docker running?)")?;
+        .context("starting the sandbox service")?;
     Ok(Arc::new(sandboxes))
 }
 

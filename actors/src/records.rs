@@ -15,7 +15,6 @@ use crate::agent::Package;
 use crate::error::{Result, SandboxError};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
-const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -65,33 +64,17 @@ pub struct RecordStore {
 
 impl RecordStore {
     pub fn open(path: &Path) -> Result<Self> {
-        let db = Database::create(path)?;
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => SandboxError::Store(format!(
+                "{} is in use by another mcp-sandbox server; give each server its own server.state_dir",
+                path.display()
+            )),
+            e => e.into(),
+        })?;
         let txn = db.begin_write()?;
         txn.open_table(SANDBOXES)?;
-        txn.open_table(META)?;
         txn.commit()?;
         Ok(Self { db: Arc::new(db) })
-    }
-
-    /// This server's id, made on first start and kept: it is the value of the
-    /// server label on everything the server creates, so a restarted server
-    /// finds (and adopts) what it made before.
-    pub fn server_id(&self) -> Result<String> {
-        let txn = self.db.begin_write()?;
-        let id = {
-            let mut meta = txn.open_table(META)?;
-            let existing = meta.get("server_id")?.map(|v| v.value().to_string());
-            match existing {
-                Some(id) => id,
-                None => {
-                    let id = Uuid::new_v4().simple().to_string()[..12].to_string();
-                    meta.insert("server_id", id.as_str())?;
-                    id
-                }
-            }
-        };
-        txn.commit()?;
-        Ok(id)
     }
 
     pub async fn put(&self, record: SandboxRecord) -> Result<()> {
@@ -163,19 +146,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn records_and_server_id_survive_reopening() {
+    async fn records_survive_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.redb");
         let (a, b) = (record("alice"), record("bob"));
-        let server_id = {
+        {
             let store = RecordStore::open(&path).unwrap();
             store.put(a.clone()).await.unwrap();
             store.put(b.clone()).await.unwrap();
             store.delete(b.id).await.unwrap();
-            store.server_id().unwrap()
-        };
+            assert!(
+                RecordStore::open(&path).is_err(),
+                "one server per state folder"
+            );
+        }
         let store = RecordStore::open(&path).unwrap();
-        assert_eq!(store.server_id().unwrap(), server_id);
         assert_eq!(store.all().await.unwrap(), vec![a]);
     }
 }

@@ -46,7 +46,7 @@ impl Sandboxes {
         std::fs::create_dir_all(&settings.results_dir)
             .map_err(|e| io("creating the results folder", e))?;
         let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
-        let server_id = store.server_id()?;
+        let server_id = server_id(&settings.state_dir)?;
         let runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
         Self::with_runtime(settings, store, server_id, Arc::new(runtime)).await
@@ -359,6 +359,22 @@ impl Sandboxes {
             .supervisor
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
             .await;
+    }
+}
+
+/// This server's id, made on first start and kept in `state_dir/server-id`:
+/// it is the value of the server label on everything the server creates, so
+/// a restarted server finds (and adopts) what it made before.
+fn server_id(state_dir: &Path) -> Result<String> {
+    let path = state_dir.join("server-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        _ => {
+            let id = Uuid::new_v4().simple().to_string()[..12].to_string();
+            std::fs::write(&path, format!("{id}\n"))
+                .map_err(|e| SandboxError::Store(format!("writing {}: {e}", path.display())))?;
+            Ok(id)
+        }
     }
 }
 

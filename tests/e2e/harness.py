@@ -1,0 +1,118 @@
+"""Starts the real mcp-sandbox binary against the real Docker engine, each
+server with its own state, results and upload folders (hence its own server
+id), and removes exactly the Docker objects labelled with that id."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = Path(os.environ.get("MCP_SANDBOX_BIN", ROOT / "target" / "debug" / "mcp-sandbox"))
+SERVER_LABEL = "io.mcp-sandbox.server"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def docker(*args):
+    return subprocess.run(["docker", *args], capture_output=True, text=True).stdout
+
+
+class Server:
+    def __init__(self, **env):
+        self.root = Path(tempfile.mkdtemp(prefix="mcp-sandbox-e2e-"))
+        self.uploads = self.root / "uploads"
+        self.uploads.mkdir()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "RUST_LOG": "info,rmcp=warn",
+            "MCP_SANDBOX_SERVER_STATE_DIR": str(self.root / "state"),
+            "MCP_SANDBOX_RESULTS_DIR": str(self.root / "results"),
+            "MCP_SANDBOX_UPLOADS_ALLOWED_DIRS": json.dumps([str(self.uploads)]),
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.proc = None
+        self.server_id = None
+        self.log = self.root / "server.log"
+
+    def read_server_id(self):
+        """The id a server keeps in its state folder: the value of the
+        server label on every Docker object it creates."""
+        path = self.root / "state" / "server-id"
+        return path.read_text().strip() if path.exists() else None
+
+    def start(self):
+        self.log_file = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [str(BINARY), "serve", "--port", str(self.port)],
+            cwd=self.root,
+            env=self.env,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 300  # the first start may build the image
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError("server did not become healthy")
+        self.server_id = self.read_server_id()
+        return self
+
+    def kill(self):
+        """Kills the server process outright (no clean shutdown)."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.log_file.close()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log_file.close()
+
+    def own_objects(self):
+        f = f"label={SERVER_LABEL}={self.server_id}"
+        return docker("ps", "-aq", "--filter", f).split(), docker("volume", "ls", "-q", "--filter", f).split()
+
+    def cleanup(self):
+        self.stop()
+        if self.server_id:
+            containers, volumes = self.own_objects()
+            if containers:
+                docker("rm", "-f", "-v", *containers)
+            if volumes:
+                docker("volume", "rm", "-f", *volumes)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def get(url, headers=None):
+    """(status, headers, body) of a GET, errors included."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
