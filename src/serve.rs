@@ -41,19 +41,22 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
+    // Streamed responses are written in several small pieces: without
+    // TCP_NODELAY, Nagle's algorithm waits for the client's delayed ACK
+    // (~40 ms) before sending the rest of a response.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let shutdown = CancellationToken::new();
     let app = crate::http::router(&config, sandboxes.clone(), shutdown.clone());
     info!(%addr, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let stop = shutdown.clone();
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        stop_signal().await;
-        stop.cancel();
-    })
-    .await?;
+    axum::serve(listener, app.into_make_service())
+        .with_graceful_shutdown(async move {
+            stop_signal().await;
+            stop.cancel();
+        })
+        .await?;
     // Containers keep running: the next start adopts them.
     sandboxes.shutdown().await;
     info!("stopped");

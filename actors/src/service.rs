@@ -131,6 +131,7 @@ impl Sandboxes {
             }
         }
         info!(
+            server_id = %self.server_id,
             adopted = known.len(),
             "reconciled sandbox records with Docker"
         );

@@ -1,0 +1,106 @@
+//! `print(1)` through the sandbox actor and the in-container agent, against
+//! the baseline of a raw `docker exec <container> python3 -c 'print(1)'`
+//! (Engine API) in the same container, in the same run.
+//!
+//! `cargo bench --bench exec [-- --n 500 --baseline-n 100]` (Docker must run;
+//! `scripts/bench` provisions it).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::Docker;
+use common::{arg, header, row, Series};
+use futures_util::StreamExt;
+use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::{Sandboxes, Settings, Work};
+
+const OWNER: &str = "bench";
+
+async fn docker_exec(docker: &Docker, container: &str) -> Duration {
+    let t = Instant::now();
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(vec!["python3", "-c", "print(1)"]),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create exec");
+    if let StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.expect("start exec")
+    {
+        while output.next().await.is_some() {}
+    }
+    let code = docker
+        .inspect_exec(&exec.id)
+        .await
+        .expect("inspect")
+        .exit_code;
+    assert_eq!(code, Some(0));
+    t.elapsed()
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = arg("--n", 500);
+    let baseline_n: usize = arg("--baseline-n", 100);
+    let root = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        sandbox: SandboxConfig::default(),
+        packages: PackagesConfig::default(),
+        uploads: UploadsConfig::default(),
+        state_dir: root.path().join("state"),
+        results_dir: root.path().join("results"),
+        protected: vec![],
+    };
+    let sandboxes = Sandboxes::start(settings)
+        .await
+        .expect("start (is Docker running?)");
+    let id = sandboxes
+        .create(OWNER, Some("bench".into()))
+        .await
+        .unwrap()
+        .sandbox_id;
+    let run = || sandboxes.run(OWNER, id, Work::Python("print(1)".into()), None, None);
+    for _ in 0..20 {
+        run().await.unwrap();
+    }
+    let mut ours = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let out = run().await.unwrap();
+        ours.push(t.elapsed());
+        assert_eq!(out.output.stdout, "1\n");
+    }
+
+    let docker = Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
+    let container = format!("mcp-sandbox-{id}");
+    docker_exec(&docker, &container).await;
+    let mut baseline = Vec::with_capacity(baseline_n);
+    for _ in 0..baseline_n {
+        baseline.push(docker_exec(&docker, &container).await);
+    }
+    sandboxes.delete(OWNER, id).await.unwrap();
+    sandboxes.shutdown().await;
+
+    let ours = Series::new("execute print(1): actor + agent", ours);
+    let base = Series::new("baseline: docker exec python3 -c 'print(1)'", baseline);
+    println!();
+    header();
+    row(&ours);
+    row(&base);
+    println!(
+        "p50 speed-up over docker exec: {:.0}x",
+        base.pct(50.0) / ours.pct(50.0)
+    );
+}
