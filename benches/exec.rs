@@ -32,16 +32,11 @@ async fn docker_exec(docker: &Docker, container: &str) -> Duration {
         )
         .await
         .expect("create exec");
-    if let StartExecResults::Attached { mut output, .. } =
-        docker.start_exec(&exec.id, None).await.expect("start exec")
+    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await.expect("start exec")
     {
         while output.next().await.is_some() {}
     }
-    let code = docker
-        .inspect_exec(&exec.id)
-        .await
-        .expect("inspect")
-        .exit_code;
+    let code = docker.inspect_exec(&exec.id).await.expect("inspect").exit_code;
     assert_eq!(code, Some(0));
     t.elapsed()
 }
@@ -59,11 +54,9 @@ async fn main() {
         results_dir: root.path().join("results"),
         protected: vec![],
     };
-    let sandboxes = Sandboxes::start(settings)
-        .await
-        .expect("start (is Docker running?)");
+    let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let id = sandboxes
-        .create(OWNER, Some("bench".into()))
+        .create(OWNER, Some("bench".into()), sandbox_actors::Quota::UNLIMITED)
         .await
         .unwrap()
         .sandbox_id;
@@ -99,8 +92,5 @@ async fn main() {
     header();
     row(&ours);
     row(&base);
-    println!(
-        "p50 speed-up over docker exec: {:.0}x",
-        base.pct(50.0) / ours.pct(50.0)
-    );
+    println!("p50 speed-up over docker exec: {:.0}x", base.pct(50.0) / ours.pct(50.0));
 }

@@ -85,11 +85,7 @@ impl McpClient {
     }
 
     async fn sse(http: reqwest::Client, base: &str) -> Self {
-        let resp = http
-            .get(format!("{base}/sse"))
-            .send()
-            .await
-            .expect("open /sse");
+        let resp = http.get(format!("{base}/sse")).send().await.expect("open /sse");
         let mut body = resp.bytes_stream();
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
         let mut buf = String::new();
@@ -157,12 +153,7 @@ impl McpClient {
                     .expect("initialized");
             }
             Transport::Sse { post_url, .. } => {
-                self.http
-                    .post(post_url)
-                    .json(&note)
-                    .send()
-                    .await
-                    .expect("initialized");
+                self.http.post(post_url).json(&note).send().await.expect("initialized");
             }
         }
     }
@@ -188,9 +179,7 @@ impl McpClient {
                 }
                 find_response(&text, id).unwrap_or_else(|| panic!("no response in {text:?}"))
             }
-            Transport::Sse {
-                post_url, pending, ..
-            } => {
+            Transport::Sse { post_url, pending, .. } => {
                 let (tx, rx) = oneshot::channel();
                 pending.lock().unwrap().insert(id, tx);
                 let status = self
@@ -239,6 +228,13 @@ impl Server {
             .current_dir(root.path())
             .env("RUST_LOG", "warn")
             .env("MCP_SANDBOX_SANDBOX_MAX_LIFETIME_SECONDS", "3600")
+            // The load generator is one tenant calling far faster than an agent.
+            .env("MCP_SANDBOX_LIMITS_REQUESTS_PER_SECOND", "1000000")
+            .env("MCP_SANDBOX_LIMITS_BURST", "1000000")
+            .env("MCP_SANDBOX_LIMITS_IP_REQUESTS_PER_SECOND", "1000000")
+            .env("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000")
+            .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", "200")
+            .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_TOTAL", "200")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -261,8 +257,7 @@ impl Server {
     }
 
     fn rss_mb(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         let kb: f64 = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -275,9 +270,7 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         // SIGTERM: a clean stop; the sandboxes were deleted by the clients.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
     }
 }
@@ -289,35 +282,21 @@ async fn sequential(client: &McpClient, n: usize) -> Vec<Duration> {
         .to_string();
     let args = json!({"sandbox_id": sid, "code": "print(1)"});
     for _ in 0..20 {
-        client
-            .tool("execute_python_code", args.clone())
-            .await
-            .unwrap();
+        client.tool("execute_python_code", args.clone()).await.unwrap();
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        let r = client
-            .tool("execute_python_code", args.clone())
-            .await
-            .unwrap();
+        let r = client.tool("execute_python_code", args.clone()).await.unwrap();
         out.push(t.elapsed());
         assert_eq!(r["stdout"], "1\n");
     }
-    client
-        .tool("delete_sandbox", json!({"sandbox_id": sid}))
-        .await
-        .unwrap();
+    client.tool("delete_sandbox", json!({"sandbox_id": sid})).await.unwrap();
     out
 }
 
 /// `clients` clients, each with a sandbox, looping `print(1)` for `secs`.
-async fn concurrent(
-    base: &str,
-    sse: bool,
-    clients: usize,
-    secs: u64,
-) -> (Vec<Duration>, usize, f64) {
+async fn concurrent(base: &str, sse: bool, clients: usize, secs: u64) -> (Vec<Duration>, usize, f64) {
     let http = reqwest::Client::new();
     let mut handles = vec![];
     let start = Instant::now() + Duration::from_secs(2);
@@ -345,9 +324,7 @@ async fn concurrent(
                     _ => errors += 1,
                 }
             }
-            c.tool("delete_sandbox", json!({"sandbox_id": sid}))
-                .await
-                .unwrap();
+            c.tool("delete_sandbox", json!({"sandbox_id": sid})).await.unwrap();
             (lat, errors)
         }));
     }
@@ -381,16 +358,10 @@ async fn main() {
         sequential(&McpClient::sse(http.clone(), &server.base).await, n).await,
     );
     let (lat, mcp_errors, mcp_rate) = concurrent(&server.base, false, clients, secs).await;
-    let mcp_load = Series::new(
-        format!("print(1) via /mcp, {clients} clients x {secs} s"),
-        lat,
-    );
+    let mcp_load = Series::new(format!("print(1) via /mcp, {clients} clients x {secs} s"), lat);
     let rss_load = server.rss_mb();
     let (lat, sse_errors, sse_rate) = concurrent(&server.base, true, clients, secs).await;
-    let sse_load = Series::new(
-        format!("print(1) via /sse, {clients} clients x {secs} s"),
-        lat,
-    );
+    let sse_load = Series::new(format!("print(1) via /sse, {clients} clients x {secs} s"), lat);
 
     println!();
     header();

@@ -10,23 +10,31 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use axum::body::Body;
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::caller::Caller;
+use crate::auth::unix_now;
+use crate::caller::{Caller, LOCAL_OWNER};
 use crate::http::AppState;
 
 fn refuse(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
+#[derive(Deserialize)]
+pub struct LinkQuery {
+    token: Option<String>,
+}
+
 pub async fn get(
     State(app): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    caller: Option<Extension<Caller>>,
+    Query(q): Query<LinkQuery>,
     UrlPath((sandbox, path)): UrlPath<(String, String)>,
 ) -> Response {
     let not_found = || refuse(StatusCode::NOT_FOUND, "no such file");
@@ -39,7 +47,29 @@ pub async fn get(
             "the path must not contain empty, '.' or '..' segments",
         );
     };
-    let Ok(root) = app.sandboxes.results_dir(&caller.owner, id) else {
+    // With authentication, a valid link token grants this one file (the
+    // owner's API key does too); without, the tenant's own sandboxes.
+    let owner = match (&app.signer, q.token) {
+        (Some(signer), Some(token)) => match signer.verify(&id.to_string(), &path, &token, unix_now()) {
+            Ok(()) => None,
+            Err(_) => {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "invalid or expired link token; run the code again for a fresh link",
+                )
+            }
+        },
+        (Some(_), None) => match caller {
+            Some(Extension(c)) => Some(c.owner),
+            None => return refuse(StatusCode::UNAUTHORIZED, "this link needs its ?token= (or an API key)"),
+        },
+        (None, _) => Some(
+            caller
+                .map(|Extension(c)| c.owner)
+                .unwrap_or_else(|| LOCAL_OWNER.to_string()),
+        ),
+    };
+    let Ok(root) = app.sandboxes.results_dir(owner.as_deref(), id) else {
         return not_found();
     };
     let opened = tokio::task::spawn_blocking(move || open_beneath(&root, &segments)).await;
@@ -61,27 +91,17 @@ pub async fn get(
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_str(mime.as_ref())
-            .unwrap_or(HeaderValue::from_static("application/octet-stream")),
+        HeaderValue::from_str(mime.as_ref()).unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     h.insert(
         header::CONTENT_DISPOSITION,
         HeaderValue::from_str(&disposition).expect("ASCII"),
     );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     // A sandbox may write HTML: it renders in an opaque origin, without scripts.
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("sandbox"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("private, no-cache"),
-    );
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("sandbox"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, no-cache"));
     response
 }
 
@@ -96,16 +116,9 @@ fn segments(path: &str) -> Option<Vec<String>> {
 }
 
 fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int) -> std::io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(name)
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))?;
+    let c = std::ffi::CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))?;
     // SAFETY: valid directory fd and NUL-terminated name; the result is owned below.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -140,18 +153,13 @@ mod tests {
         std::fs::write(outside.path().join("secret"), "s").unwrap();
         std::fs::create_dir(root.path().join("d")).unwrap();
         std::fs::write(root.path().join("d/ok.txt"), "ok").unwrap();
-        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link"))
-            .unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link")).unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
         let open = |p: &str| segments(p).map(|s| open_beneath(root.path(), &s));
         assert!(open("d/ok.txt").unwrap().is_ok());
         assert!(open("link").unwrap().is_err());
         assert!(open("dirlink/secret").unwrap().is_err());
         assert!(open("d").unwrap().is_err(), "folders are not served");
-        assert!(
-            open("../x").is_none()
-                && open("d/../d/ok.txt").is_none()
-                && open("d//ok.txt").is_none()
-        );
+        assert!(open("../x").is_none() && open("d/../d/ok.txt").is_none() && open("d//ok.txt").is_none());
     }
 }

@@ -3,11 +3,13 @@
 //! The HTTP front end decides it per request and puts it in the request's
 //! extensions; rmcp hands the request's parts to tool handlers.
 
+use std::net::IpAddr;
+
 use axum::http::request::Parts;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 
-/// The tenant of calls when authentication is off.
+/// The tenant of calls from this machine when authentication is off.
 pub const LOCAL_OWNER: &str = "local";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,12 +24,31 @@ impl Caller {
         }
     }
 
+    /// Without authentication the tenant is the client's address; clients on
+    /// this machine are one tenant.
+    pub fn anonymous(ip: IpAddr) -> Self {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        if ip.is_loopback() {
+            Self::local()
+        } else {
+            Self {
+                owner: format!("ip:{ip}"),
+            }
+        }
+    }
+
+    /// The tenant named by an API key (key names cannot contain ':').
+    pub fn tenant(name: &str) -> Self {
+        Self {
+            owner: name.to_string(),
+        }
+    }
+
     /// The caller the HTTP front end attached to this MCP request, if any.
     pub fn of_request(ctx: &RequestContext<RoleServer>) -> Option<Self> {
-        ctx.extensions
-            .get::<Parts>()?
-            .extensions
-            .get::<Caller>()
-            .cloned()
+        ctx.extensions.get::<Parts>()?.extensions.get::<Caller>().cloned()
     }
 }

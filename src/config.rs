@@ -9,6 +9,9 @@ use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
+use crate::auth::{AuthConfig, Keys};
+use crate::limits::LimitsConfig;
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -17,6 +20,8 @@ pub struct Config {
     pub packages: PackagesConfig,
     pub uploads: UploadsConfig,
     pub results: ResultsConfig,
+    pub auth: AuthConfig,
+    pub limits: LimitsConfig,
 }
 
 /// `[server]`
@@ -62,16 +67,13 @@ impl Default for ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 5] = ["server", "sandbox", "packages", "uploads", "results"];
+const SECTIONS: [&str; 7] = ["server", "sandbox", "packages", "uploads", "results", "auth", "limits"];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Invalid(String),
 }
@@ -79,10 +81,7 @@ pub enum ConfigError {
 impl Config {
     /// Loads `path` (a missing file means the defaults; a file named on the
     /// command line must exist) and applies `MCP_SANDBOX_*` variables.
-    pub fn load(
-        path: Option<&Path>,
-        env: impl Iterator<Item = (String, String)>,
-    ) -> Result<Self, ConfigError> {
+    pub fn load(path: Option<&Path>, env: impl Iterator<Item = (String, String)>) -> Result<Self, ConfigError> {
         let (text, source) = match path {
             Some(p) => (
                 std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
@@ -93,9 +92,7 @@ impl Config {
             ),
             None => match std::fs::read_to_string("config.toml") {
                 Ok(t) => (t, "config.toml".to_string()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    (String::new(), "defaults".to_string())
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), "defaults".to_string()),
                 Err(e) => {
                     return Err(ConfigError::Read {
                         path: "config.toml".into(),
@@ -134,14 +131,15 @@ impl Config {
             };
             section_table.insert(key.to_string(), parsed);
         }
-        let config: Config = Config::deserialize(table)
-            .map_err(|e| ConfigError::Invalid(format!("{source}: {e}")))?;
+        let config: Config = Config::deserialize(table).map_err(|e| ConfigError::Invalid(format!("{source}: {e}")))?;
         config.validate()?;
         Ok(config)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
+        self.limits.validate().map_err(ConfigError::Invalid)?;
+        Keys::from_config(&self.auth).map_err(ConfigError::Invalid)?;
         if let Some(url) = &self.server.public_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(ConfigError::Invalid(format!(
@@ -202,10 +200,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, text).unwrap();
-        Config::load(
-            Some(&path),
-            env.iter().map(|(a, b)| (a.to_string(), b.to_string())),
-        )
+        Config::load(Some(&path), env.iter().map(|(a, b)| (a.to_string(), b.to_string())))
     }
 
     #[test]
@@ -233,11 +228,7 @@ mod tests {
             ("", vec![("MCP_SANDBOX_SANDBOX_CPUS", "0")], "sandbox.cpus"),
             ("", vec![("MCP_SANDBOX_SERVER_PORT", "http")], "port"),
             ("", vec![("MCP_SANDBOX_NOPE_X", "1")], "MCP_SANDBOX_NOPE_X"),
-            (
-                "[server]\npublic_url = \"ftp://x\"\n",
-                vec![],
-                "server.public_url",
-            ),
+            ("[server]\npublic_url = \"ftp://x\"\n", vec![], "server.public_url"),
         ] {
             let err = load(text, &env).unwrap_err().to_string();
             assert!(err.contains(key), "{err:?} does not name {key}");

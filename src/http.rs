@@ -1,11 +1,13 @@
 //! The HTTP front end on one port: MCP over Streamable HTTP (`/mcp`) and the
 //! legacy HTTP+SSE transport (`/sse`, `/messages`), artifacts (`/results`),
-//! and `/health`. Handlers only parse, check who asks, and call the domain.
+//! and `/health`. Every request passes one guard (Host and Origin, who is
+//! asking, rate limits); handlers then only parse and call the domain.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,8 +18,10 @@ use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts;
+use crate::auth::{Identified, LinkSigner};
 use crate::caller::Caller;
 use crate::config::Config;
+use crate::limits::Limits;
 use crate::links::Links;
 use crate::sse::{self, SseSessions};
 use crate::tools::{SandboxServer, MAX_CODE_BYTES};
@@ -29,7 +33,10 @@ pub const MAX_BODY_BYTES: usize = 8 * MAX_CODE_BYTES;
 pub struct AppState {
     pub sandboxes: Arc<Sandboxes>,
     pub links: Links,
+    pub limits: Arc<Limits>,
     pub sse: SseSessions,
+    /// Set when authentication is on: artifact links must carry its tokens.
+    pub signer: Option<LinkSigner>,
     guard: Arc<Guard>,
 }
 
@@ -39,6 +46,15 @@ struct Guard {
     /// `None`: any host (the server listens beyond loopback).
     hosts: Option<Vec<String>>,
     origins: Vec<String>,
+    auth: bool,
+}
+
+/// `host:port` → `host` (IPv6 literals keep their brackets).
+fn host_only(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        return authority.split_inclusive(']').next().unwrap_or(authority);
+    }
+    authority.split(':').next().unwrap_or(authority)
 }
 
 impl Guard {
@@ -67,11 +83,15 @@ impl Guard {
             format!("http://localhost:{port}"),
             format!("http://127.0.0.1:{port}"),
         ]);
-        Self { hosts, origins }
+        Self {
+            hosts,
+            origins,
+            auth: config.auth.enabled,
+        }
     }
 
-    fn check(&self, req: &Request) -> Result<(), &'static str> {
-        let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
         if let Some(hosts) = &self.hosts {
             let host = header(header::HOST).map(host_only).unwrap_or("");
             if !hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
@@ -91,23 +111,84 @@ impl Guard {
     }
 }
 
-/// `host:port` → `host` (IPv6 literals keep their brackets).
-fn host_only(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return authority.split_inclusive(']').next().unwrap_or(authority);
-    }
-    authority.split(':').next().unwrap_or(authority)
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
-async fn guard(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
-    if let Err(why) = app.guard.check(&req) {
-        return (
-            StatusCode::FORBIDDEN,
-            Json(serde_json::json!({ "error": why })),
-        )
-            .into_response();
+const HOW_TO_AUTHENTICATE: &str =
+    "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>' \
+     (clients that can only set a URL may add ?api_key=<key> to /sse)";
+
+/// The key a request presents, if any. The query form is accepted on `/sse`
+/// only, where some clients cannot set headers.
+fn presented_key(req: &Request) -> Option<String> {
+    let headers = req.headers();
+    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        return v.strip_prefix("Bearer ").map(|k| k.trim().to_string());
     }
-    req.extensions_mut().insert(Caller::local());
+    if let Some(v) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(v.trim().to_string());
+    }
+    if req.uri().path() == "/sse" {
+        return req.uri().query().and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix("api_key="))
+                .map(|k| percent_encoding::percent_decode_str(k).decode_utf8_lossy().into_owned())
+        });
+    }
+    None
+}
+
+/// Routes a request may reach without a key when authentication is on:
+/// artifacts (their links carry a token), SSE messages (the session id from
+/// the authenticated stream is the capability), and the liveness check.
+fn keyless(path: &str) -> bool {
+    path.starts_with("/results/") || path.starts_with("/messages") || path == "/health"
+}
+
+async fn guard(
+    State(app): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if let Err(why) = app.guard.check_host_and_origin(req.headers()) {
+        return error(StatusCode::FORBIDDEN, why);
+    }
+    let caller = if app.guard.auth {
+        match presented_key(&req) {
+            Some(key) => match app.limits.keys().identify(&key) {
+                Identified::Tenant(t) => Some(Caller::tenant(&t.name)),
+                Identified::Revoked => return error(StatusCode::UNAUTHORIZED, "this API key has been revoked"),
+                Identified::Unknown => return error(StatusCode::UNAUTHORIZED, "unknown API key"),
+            },
+            None if keyless(req.uri().path()) => None,
+            None => {
+                let mut r = error(StatusCode::UNAUTHORIZED, HOW_TO_AUTHENTICATE);
+                r.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return r;
+            }
+        }
+    } else {
+        Some(Caller::anonymous(peer.ip()))
+    };
+    let tenant = caller
+        .as_ref()
+        .map(|c| c.owner.clone())
+        .unwrap_or_else(|| format!("ip:{}", peer.ip()));
+    if let Err(wait) = app.limits.check_request(peer.ip(), &tenant) {
+        let mut r = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("rate limit reached; retry in {} s", wait.seconds()),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait.seconds()));
+        return r;
+    }
+    if let Some(c) = caller {
+        req.extensions_mut().insert(c);
+    }
     next.run(req).await
 }
 
@@ -122,12 +203,20 @@ async fn health(State(app): State<AppState>) -> Response {
     }
 }
 
-pub fn router(config: &Config, sandboxes: Arc<Sandboxes>, shutdown: CancellationToken) -> Router {
-    let links = Links::new(&config.public_url());
+pub fn router(
+    config: &Config,
+    sandboxes: Arc<Sandboxes>,
+    limits: Arc<Limits>,
+    signer: Option<LinkSigner>,
+    shutdown: CancellationToken,
+) -> Router {
+    let links = Links::new(&config.public_url(), signer.clone());
     let state = AppState {
         sandboxes: sandboxes.clone(),
         links: links.clone(),
+        limits: limits.clone(),
         sse: SseSessions::default(),
+        signer,
         guard: Arc::new(Guard::new(config)),
     };
     let mut mcp_config = StreamableHttpServerConfig::default();
@@ -136,7 +225,14 @@ pub fn router(config: &Config, sandboxes: Arc<Sandboxes>, shutdown: Cancellation
     // Host and Origin are checked for every route by `guard`.
     mcp_config.allowed_hosts = vec![];
     let mcp = StreamableHttpService::new(
-        move || Ok(SandboxServer::new(sandboxes.clone(), links.clone(), None)),
+        move || {
+            Ok(SandboxServer::new(
+                sandboxes.clone(),
+                links.clone(),
+                limits.clone(),
+                None,
+            ))
+        },
         Arc::new(LocalSessionManager::default()),
         mcp_config,
     );

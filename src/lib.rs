@@ -1,11 +1,14 @@
 //! mcp-sandbox: an MCP server that gives LLM agents isolated Python
 //! sandboxes in Docker containers. This crate is the front end (HTTP, MCP
-//! tools, configuration); the sandboxes themselves live in `sandbox-actors`.
+//! tools, authentication and limits, configuration); the sandboxes
+//! themselves live in `sandbox-actors`.
 
 pub mod artifacts;
+pub mod auth;
 pub mod caller;
 pub mod config;
 pub mod http;
+pub mod limits;
 pub mod links;
 pub mod results;
 pub mod serve;

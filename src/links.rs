@@ -1,27 +1,28 @@
 //! Artifact links: `{public_url}/results/{sandbox_id}/{relative path}`, each
 //! path segment percent-encoded so names with spaces, `#`, `?` or non-ASCII
-//! characters survive any client.
+//! characters survive any client. With authentication on, a link carries a
+//! signed, expiring token instead of any API key.
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sandbox_actors::agent::RESULTS_IN_CONTAINER;
 use uuid::Uuid;
 
-/// Everything but RFC 3986 unreserved characters is encoded.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+use crate::auth::{unix_now, LinkSigner};
 
-#[derive(Debug, Clone)]
+/// Everything but RFC 3986 unreserved characters is encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+#[derive(Clone)]
 pub struct Links {
     base: String,
+    signer: Option<LinkSigner>,
 }
 
 impl Links {
-    pub fn new(public_url: &str) -> Self {
+    pub fn new(public_url: &str, signer: Option<LinkSigner>) -> Self {
         Self {
             base: public_url.trim_end_matches('/').to_string(),
+            signer,
         }
     }
 
@@ -35,7 +36,11 @@ impl Links {
             .split('/')
             .map(|s| utf8_percent_encode(s, SEGMENT).to_string())
             .collect();
-        format!("{}/results/{sandbox}/{}", self.base, encoded.join("/"))
+        let link = format!("{}/results/{sandbox}/{}", self.base, encoded.join("/"));
+        match &self.signer {
+            Some(s) => format!("{link}?token={}", s.sign(&sandbox.to_string(), relative, unix_now())),
+            None => link,
+        }
     }
 }
 
@@ -46,7 +51,7 @@ mod tests {
     #[test]
     fn segments_are_encoded_and_slashes_kept() {
         let id = Uuid::nil();
-        let links = Links::new("http://h:1/");
+        let links = Links::new("http://h:1/", None);
         assert_eq!(
             links.artifact(id, "/app/results/my plot#1?.png"),
             format!("http://h:1/results/{id}/my%20plot%231%3F.png")

@@ -37,14 +37,33 @@ enum Command {
     Stdio,
     /// Build the sandbox image if it is missing, and print its tag.
     BuildImage,
+    /// API keys.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Print a fresh API key for tenant NAME and the config lines that enable it.
+    New { name: String },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Key {
+        command: KeyCommand::New { name },
+    } = &cli.command
+    {
+        let (key, lines) = mcp_sandbox::auth::new_key(name);
+        println!("API key for {name} (shown once; the server keeps only its hash):\n\n  {key}\n");
+        println!("Add to config.toml (with [auth] enabled = true):\n\n{lines}");
+        return Ok(());
+    }
     // Logs go to stderr: stdout carries the MCP stream under `stdio`.
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -70,5 +89,6 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Stdio => mcp_sandbox::serve::stdio(config, path).await,
         Command::BuildImage => mcp_sandbox::serve::build_image(config, path).await,
+        Command::Key { .. } => unreachable!("handled before the configuration is loaded"),
     }
 }

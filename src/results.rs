@@ -167,11 +167,7 @@ impl PythonResult {
         let o = ran.output;
         Self {
             file_links: o.files.iter().map(|f| links.artifact(sandbox, f)).collect(),
-            output_links: o
-                .output_files
-                .iter()
-                .map(|f| links.artifact(sandbox, f))
-                .collect(),
+            output_links: o.output_files.iter().map(|f| links.artifact(sandbox, f)).collect(),
             files: o.files,
             stdout: o.stdout,
             stderr: o.stderr,
@@ -189,11 +185,7 @@ impl CommandResult {
     pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
         let o = ran.output;
         Self {
-            output_links: o
-                .output_files
-                .iter()
-                .map(|f| links.artifact(sandbox, f))
-                .collect(),
+            output_links: o.output_files.iter().map(|f| links.artifact(sandbox, f)).collect(),
             stdout: o.stdout,
             stderr: o.stderr,
             exit_code: o.exit_code,
@@ -213,8 +205,7 @@ pub fn success<T: Serialize>(
     links: Vec<(String, String)>,
 ) -> CallToolResult {
     let structured = serde_json::to_value(value).expect("results serialise");
-    let text = serde_json::to_string_pretty(text.as_ref().unwrap_or(&structured))
-        .expect("results serialise");
+    let text = serde_json::to_string_pretty(text.as_ref().unwrap_or(&structured)).expect("results serialise");
     let mut content = vec![ContentBlock::text(text)];
     for (uri, name) in links {
         let mime = mime_guess::from_path(&name).first().map(|m| m.to_string());

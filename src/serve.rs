@@ -10,14 +10,14 @@ use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::auth::{Keys, LinkSigner};
+use crate::caller::Caller;
 use crate::config::Config;
+use crate::limits::Limits;
 use crate::links::Links;
 use crate::tools::SandboxServer;
 
-async fn start_sandboxes(
-    config: &Config,
-    config_path: Option<&Path>,
-) -> anyhow::Result<Arc<Sandboxes>> {
+async fn start_sandboxes(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Arc<Sandboxes>> {
     let settings = config.settings(config_path)?;
     let sandboxes = Sandboxes::start(settings)
         .await
@@ -25,10 +25,19 @@ async fn start_sandboxes(
     Ok(Arc::new(sandboxes))
 }
 
+fn limits(config: &Config) -> anyhow::Result<Arc<Limits>> {
+    let keys = Keys::from_config(&config.auth).map_err(anyhow::Error::msg)?;
+    let rates = config
+        .auth
+        .keys
+        .iter()
+        .filter_map(|k| k.requests_per_second.map(|r| (k.name.clone(), r)));
+    Ok(Arc::new(Limits::new(config.limits.clone(), keys, rates)))
+}
+
 /// Resolves on SIGINT or SIGTERM.
 async fn stop_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("signal handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -36,6 +45,14 @@ async fn stop_signal() {
 }
 
 pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
+    let limits = limits(&config)?;
+    let signer = match config.auth.enabled {
+        true => Some(LinkSigner::load(
+            &config.auth,
+            &config.settings(config_path)?.state_dir,
+        )?),
+        false => None,
+    };
     let sandboxes = start_sandboxes(&config, config_path).await?;
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -48,24 +65,30 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         let _ = tcp.set_nodelay(true);
     });
     let shutdown = CancellationToken::new();
-    let app = crate::http::router(&config, sandboxes.clone(), shutdown.clone());
-    info!(%addr, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
+    let app = crate::http::router(&config, sandboxes.clone(), limits, signer, shutdown.clone());
+    info!(%addr, auth = config.auth.enabled, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let stop = shutdown.clone();
-    axum::serve(listener, app.into_make_service())
-        .with_graceful_shutdown(async move {
-            stop_signal().await;
-            stop.cancel();
-        })
-        .await?;
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        stop_signal().await;
+        stop.cancel();
+    })
+    .await?;
     // Containers keep running: the next start adopts them.
     sandboxes.shutdown().await;
     info!("stopped");
     Ok(())
 }
 
+/// MCP over stdio: the client that launched the server is the only caller.
 pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
+    let limits = limits(&config)?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
-    let handler = SandboxServer::new(sandboxes.clone(), Links::new(&config.public_url()), None);
+    let links = Links::new(&config.public_url(), None);
+    let handler = SandboxServer::new(sandboxes.clone(), links, limits, Some(Caller::local()));
     let running = handler.serve(rmcp::transport::stdio()).await?;
     tokio::select! {
         _ = running.waiting() => {}

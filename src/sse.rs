@@ -49,11 +49,7 @@ struct SessionGuard {
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        self.sessions
-            .inner
-            .lock()
-            .expect("sessions lock")
-            .remove(&self.id);
+        self.sessions.inner.lock().expect("sessions lock").remove(&self.id);
         self.stop.cancel();
         debug!(session = %self.id, "SSE session closed");
     }
@@ -75,7 +71,12 @@ pub async fn open(
     );
 
     let stop = CancellationToken::new();
-    let handler = SandboxServer::new(app.sandboxes.clone(), app.links.clone(), Some(caller));
+    let handler = SandboxServer::new(
+        app.sandboxes.clone(),
+        app.links.clone(),
+        app.limits.clone(),
+        Some(caller),
+    );
     let transport = (
         tokio_util::sync::PollSender::new(outbox_tx),
         tokio_stream::wrappers::ReceiverStream::new(inbox_rx),
@@ -104,15 +105,13 @@ pub async fn open(
             .event("endpoint")
             .data(format!("/messages?sessionId={id}")))
     });
-    let messages = tokio_stream::wrappers::ReceiverStream::new(outbox_rx).map(
-        move |msg: rmcp::model::ServerJsonRpcMessage| {
+    let messages =
+        tokio_stream::wrappers::ReceiverStream::new(outbox_rx).map(move |msg: rmcp::model::ServerJsonRpcMessage| {
             let _keep = &guard;
             let data = serde_json::to_string(&msg).unwrap_or_default();
             Ok(Event::default().event("message").data(data))
-        },
-    );
-    Sse::new(endpoint.chain(messages))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        });
+    Sse::new(endpoint.chain(messages)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
 #[derive(Deserialize)]
@@ -123,7 +122,7 @@ pub struct SessionQuery {
 
 pub async fn post(
     State(app): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    caller: Option<Extension<Caller>>,
     Query(q): Query<SessionQuery>,
     body: axum::body::Bytes,
 ) -> Response {
@@ -137,8 +136,10 @@ pub async fn post(
     let inbox = {
         let sessions = app.sse.inner.lock().expect("sessions lock");
         match sessions.get(&id) {
-            // The session is bound to whoever opened it.
-            Some(s) if s.caller == caller => s.inbox.clone(),
+            // The session id (unguessable, given only to whoever opened the
+            // stream) is the capability; a request that names a caller must
+            // name the one that opened it.
+            Some(s) if caller.as_ref().is_none_or(|Extension(c)| *c == s.caller) => s.inbox.clone(),
             _ => {
                 return (
                     StatusCode::NOT_FOUND,

@@ -8,22 +8,21 @@ use std::time::Duration;
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{
-    CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
-};
+use rmcp::model::{CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
-use sandbox_actors::{Ran, SandboxError, Sandboxes, Work};
+use sandbox_actors::{Quota, Ran, SandboxError, Sandboxes, Work};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::caller::Caller;
+use crate::limits::Limits;
 use crate::links::Links;
 use crate::results::{
-    failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox,
-    PythonResult, SandboxList, UploadResult,
+    failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult,
+    SandboxList, UploadResult,
 };
 
 /// Largest `code` and `command` accepted.
@@ -97,6 +96,7 @@ fn default_dest() -> String {
 pub struct SandboxServer {
     sandboxes: Arc<Sandboxes>,
     links: Links,
+    limits: Arc<Limits>,
     /// Who calls when the transport decides it once for the connection
     /// (stdio, a legacy SSE session); Streamable HTTP carries it per request.
     connection_caller: Option<Caller>,
@@ -121,10 +121,16 @@ fn too_long(what: &str, len: usize, max: usize) -> Option<CallToolResult> {
 
 #[tool_router]
 impl SandboxServer {
-    pub fn new(sandboxes: Arc<Sandboxes>, links: Links, connection_caller: Option<Caller>) -> Self {
+    pub fn new(
+        sandboxes: Arc<Sandboxes>,
+        links: Links,
+        limits: Arc<Limits>,
+        connection_caller: Option<Caller>,
+    ) -> Self {
         Self {
             sandboxes,
             links,
+            limits,
             connection_caller,
             tool_router: Self::tool_router(),
         }
@@ -155,8 +161,7 @@ impl SandboxServer {
                     while let Some(p) = rx.recv().await {
                         let text = format!("{}{}", p.stdout, p.stderr);
                         bytes += text.len();
-                        let param = ProgressNotificationParam::new(token.clone(), bytes as f64)
-                            .with_message(text);
+                        let param = ProgressNotificationParam::new(token.clone(), bytes as f64).with_message(text);
                         let _ = peer.notify_progress(param).await;
                     }
                 });
@@ -185,11 +190,18 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<CreateParams>,
     ) -> CallToolResult {
-        match self
-            .sandboxes
-            .create(&self.caller(&ctx).owner, p.name)
-            .await
-        {
+        let owner = self.caller(&ctx).owner;
+        if let Err(wait) = self.limits.check_creation(&owner) {
+            return failure(&SandboxError::Quota(format!(
+                "too many sandboxes created in the last minute; wait {} s, or reuse one from list_sandboxes",
+                wait.seconds()
+            )));
+        }
+        let quota = Quota {
+            per_owner: self.limits.max_sandboxes(&owner),
+            total: self.limits.max_sandboxes_total(),
+        };
+        match self.sandboxes.create(&owner, p.name, quota).await {
             Ok(info) => success(&CreatedSandbox::from(info), None, vec![]),
             Err(e) => failure(&e),
         }
@@ -234,10 +246,7 @@ impl SandboxServer {
         if let Some(e) = too_long("code", p.code.len(), MAX_CODE_BYTES) {
             return e;
         }
-        match self
-            .run(&ctx, id, Work::Python(p.code), p.timeout_seconds)
-            .await
-        {
+        match self.run(&ctx, id, Work::Python(p.code), p.timeout_seconds).await {
             Ok(ran) => {
                 let result = PythonResult::new(ran, &self.links, id);
                 let links = result
@@ -271,10 +280,7 @@ impl SandboxServer {
             return e;
         }
         let argv = vec!["sh".to_string(), "-c".to_string(), p.command];
-        match self
-            .run(&ctx, id, Work::Program(argv), p.timeout_seconds)
-            .await
-        {
+        match self.run(&ctx, id, Work::Program(argv), p.timeout_seconds).await {
             Ok(ran) => success(&CommandResult::new(ran, &self.links, id), None, vec![]),
             Err(e) => failure(&e),
         }
@@ -348,12 +354,7 @@ impl SandboxServer {
         };
         match self
             .sandboxes
-            .upload(
-                &self.caller(&ctx).owner,
-                id,
-                &p.local_file_path,
-                &p.dest_path,
-            )
+            .upload(&self.caller(&ctx).owner, id, &p.local_file_path, &p.dest_path)
             .await
         {
             Ok(up) => success(

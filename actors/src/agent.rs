@@ -97,8 +97,7 @@ impl RunOutput {
     /// folder, `..` components, and more files than the agent reports.
     fn sanitise(mut self) -> Self {
         let inside = |p: &String| {
-            p.starts_with(&format!("{RESULTS_IN_CONTAINER}/"))
-                && !p.split('/').any(|c| c == ".." || c == ".")
+            p.starts_with(&format!("{RESULTS_IN_CONTAINER}/")) && !p.split('/').any(|c| c == ".." || c == ".")
         };
         self.files.retain(inside);
         self.files.truncate(MAX_FILES);
@@ -225,14 +224,14 @@ impl AgentClient {
             match reply.kind.as_str() {
                 "progress" => {
                     if let Some(tx) = progress {
-                        let p: Progress = serde_json::from_value(reply.body)
-                            .map_err(|e| AgentError::Protocol(e.to_string()))?;
+                        let p: Progress =
+                            serde_json::from_value(reply.body).map_err(|e| AgentError::Protocol(e.to_string()))?;
                         let _ = tx.try_send(p);
                     }
                 }
                 "result" => {
-                    let out: RunOutput = serde_json::from_value(reply.body)
-                        .map_err(|e| AgentError::Protocol(e.to_string()))?;
+                    let out: RunOutput =
+                        serde_json::from_value(reply.body).map_err(|e| AgentError::Protocol(e.to_string()))?;
                     return Ok(out.sanitise());
                 }
                 _ => return Err(reply_error(reply)),
@@ -272,8 +271,7 @@ impl AgentClient {
     async fn receive(&mut self, id: u64) -> Result<Reply, AgentError> {
         loop {
             let line = self.read_line().await?;
-            let reply: Reply =
-                serde_json::from_slice(&line).map_err(|e| AgentError::Protocol(e.to_string()))?;
+            let reply: Reply = serde_json::from_slice(&line).map_err(|e| AgentError::Protocol(e.to_string()))?;
             if reply.id == Some(id) || reply.id.is_none() {
                 return Ok(reply);
             }
@@ -326,12 +324,7 @@ fn open_socket_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
     // SAFETY: a valid NUL-terminated path; the returned fd is owned below.
-    let raw = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
+    let raw = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
     if raw < 0 {
         return Err(std::io::Error::last_os_error());
     }

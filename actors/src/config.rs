@@ -31,6 +31,10 @@ pub struct SandboxConfig {
     pub ca_bundle: Option<PathBuf>,
     /// A sandbox is removed this long after creation (0: never).
     pub max_lifetime_seconds: u64,
+    /// A sandbox is removed after this long without calls (0: never).
+    pub idle_timeout_seconds: u64,
+    /// Calls that may wait in one sandbox's queue; more are refused.
+    pub max_queued_calls: usize,
 }
 
 impl Default for SandboxConfig {
@@ -49,6 +53,8 @@ impl Default for SandboxConfig {
             output_cap_bytes: 64 * 1024,
             ca_bundle: None,
             max_lifetime_seconds: 0,
+            idle_timeout_seconds: 0,
+            max_queued_calls: 16,
         }
     }
 }
@@ -108,9 +114,7 @@ impl SandboxConfig {
         if self.tmp_size_mb < 16 {
             return Err("sandbox.tmp_size_mb: at least 16".into());
         }
-        if self.exec_timeout_seconds == 0
-            || self.exec_timeout_seconds > self.max_exec_timeout_seconds
-        {
+        if self.exec_timeout_seconds == 0 || self.exec_timeout_seconds > self.max_exec_timeout_seconds {
             return Err("sandbox.exec_timeout_seconds: at least 1 and at most sandbox.max_exec_timeout_seconds".into());
         }
         if self.install_timeout_seconds == 0 {
@@ -119,12 +123,12 @@ impl SandboxConfig {
         if self.output_cap_bytes < 1024 {
             return Err("sandbox.output_cap_bytes: at least 1024".into());
         }
+        if self.max_queued_calls == 0 {
+            return Err("sandbox.max_queued_calls: at least 1".into());
+        }
         if let Some(path) = &self.ca_bundle {
             if !path.is_file() {
-                return Err(format!(
-                    "sandbox.ca_bundle: {} is not a file",
-                    path.display()
-                ));
+                return Err(format!("sandbox.ca_bundle: {} is not a file", path.display()));
             }
         }
         Ok(())

@@ -11,8 +11,9 @@ pub enum SandboxError {
     InvalidArgument(String),
     #[error("upload refused: {0}")]
     UploadRefused(String),
-    #[error("the sandbox is being deleted")]
-    Deleting,
+    /// A limit was reached; the message says which and what to do.
+    #[error("{0}")]
+    Quota(String),
     #[error("Docker is unavailable: {0}. Try again later; if it persists, the server operator must check the Docker engine.")]
     Docker(String),
     #[error("the sandbox's agent failed: {0}")]

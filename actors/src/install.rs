@@ -45,21 +45,12 @@ impl Actor for InstallTask {
     type State = Option<InstallArgs>;
     type Arguments = InstallArgs;
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<()>,
-        args: InstallArgs,
-    ) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(&self, myself: ActorRef<()>, args: InstallArgs) -> Result<Self::State, ActorProcessingErr> {
         myself.cast(())?;
         Ok(Some(args))
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<()>,
-        _: (),
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn handle(&self, myself: ActorRef<()>, _: (), state: &mut Self::State) -> Result<(), ActorProcessingErr> {
         let Some(InstallArgs {
             mut link,
             package,
@@ -74,19 +65,12 @@ impl Actor for InstallTask {
         let argv = install_argv(&ctx.settings.packages, &specs);
         let timeout = Duration::from_secs(ctx.settings.sandbox.install_timeout_seconds);
         let ran = link
-            .run(
-                &Work::Program(argv),
-                timeout,
-                None,
-                &CancellationToken::new(),
-            )
+            .run(&Work::Program(argv), timeout, None, &CancellationToken::new())
             .await;
         let (status, message, output) = match ran {
-            Ok(ran) if ran.output.exit_code == 0 => (
-                InstallState::Success,
-                format!("Successfully installed {package}"),
-                None,
-            ),
+            Ok(ran) if ran.output.exit_code == 0 => {
+                (InstallState::Success, format!("Successfully installed {package}"), None)
+            }
             Ok(ran) => {
                 let out = ran.output;
                 let text = format!("{}{}", out.stderr, out.stdout).trim().to_string();
@@ -101,11 +85,7 @@ impl Actor for InstallTask {
                     Some(text),
                 )
             }
-            Err(e) => (
-                InstallState::Failed,
-                format!("Failed to install {package}: {e}"),
-                None,
-            ),
+            Err(e) => (InstallState::Failed, format!("Failed to install {package}: {e}"), None),
         };
         let packages = if status == InstallState::Success {
             Link::packages(&ctx, &link.paths).await.ok()
@@ -120,9 +100,7 @@ impl Actor for InstallTask {
             started_at,
             finished_at: Some(OffsetDateTime::now_utc()),
         };
-        let _ = report.send_message(SandboxMsg::Done(Box::new(Finished::install(
-            link, record, packages,
-        ))));
+        let _ = report.send_message(SandboxMsg::Done(Box::new(Finished::install(link, record, packages))));
         myself.stop(None);
         Ok(())
     }

@@ -31,9 +31,6 @@ pub fn for_sandbox(server_id: &str, sandbox: Uuid) -> HashMap<String, String> {
 pub fn server_filter(server_id: &str) -> HashMap<String, Vec<String>> {
     HashMap::from([(
         "label".to_string(),
-        vec![
-            format!("{PROJECT}={PROJECT_VALUE}"),
-            format!("{SERVER}={server_id}"),
-        ],
+        vec![format!("{PROJECT}={PROJECT_VALUE}"), format!("{SERVER}={server_id}")],
     )])
 }

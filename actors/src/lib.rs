@@ -23,4 +23,4 @@ pub use context::Settings;
 pub use error::{Result, SandboxError};
 pub use link::Ran;
 pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
-pub use service::Sandboxes;
+pub use service::{Quota, Sandboxes};

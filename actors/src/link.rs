@@ -41,12 +41,7 @@ pub struct Ran {
 }
 
 impl Link {
-    pub fn new(
-        ctx: Arc<Context>,
-        paths: SandboxPaths,
-        container_id: String,
-        volume: String,
-    ) -> Self {
+    pub fn new(ctx: Arc<Context>, paths: SandboxPaths, container_id: String, volume: String) -> Self {
         Self {
             ctx,
             paths,
@@ -134,19 +129,13 @@ impl Link {
 
     /// Lists the venv's distributions over a short-lived second connection,
     /// so it works while a run holds the main one.
-    pub async fn packages(
-        ctx: &Context,
-        paths: &SandboxPaths,
-    ) -> Result<Vec<crate::agent::Package>> {
+    pub async fn packages(ctx: &Context, paths: &SandboxPaths) -> Result<Vec<crate::agent::Package>> {
         let mut client = ctx
             .runtime
             .connect_agent(paths)
             .await
             .map_err(|e| SandboxError::Agent(format!("the sandbox is not running ({e})")))?;
-        client
-            .packages()
-            .await
-            .map_err(|e| SandboxError::Agent(e.to_string()))
+        client.packages().await.map_err(|e| SandboxError::Agent(e.to_string()))
     }
 
     fn drop_client(&mut self) {
@@ -159,9 +148,7 @@ impl Link {
     async fn died_during_run(&mut self, mut notices: Vec<String>) -> Result<Ran> {
         let state = self.ctx.runtime.state(&self.container_id).await?;
         let (exit_code, why) = match state {
-            ContainerState::Stopped {
-                oom_killed: true, ..
-            } => (137, "it ran out of memory"),
+            ContainerState::Stopped { oom_killed: true, .. } => (137, "it ran out of memory"),
             ContainerState::Stopped { exit_code, .. } => (exit_code.max(1), "it stopped"),
             _ => (137, "it stopped answering"),
         };
@@ -202,10 +189,7 @@ impl Link {
                 runtime.unpause(&self.container_id).await?;
                 None
             }
-            ContainerState::Stopped {
-                exit_code,
-                oom_killed,
-            } => {
+            ContainerState::Stopped { exit_code, oom_killed } => {
                 info!(sandbox = %self.paths.id, exit_code, oom_killed, "restarting a stopped sandbox container");
                 runtime.start(&self.container_id).await?;
                 let why = if oom_killed {
@@ -236,9 +220,7 @@ impl Link {
                 Ok(client) => return Ok(client),
                 Err(e) => last = e.to_string(),
             }
-            if let ContainerState::Stopped { exit_code, .. } =
-                self.ctx.runtime.state(&self.container_id).await?
-            {
+            if let ContainerState::Stopped { exit_code, .. } = self.ctx.runtime.state(&self.container_id).await? {
                 return Err(SandboxError::Agent(format!(
                     "the container exited (code {exit_code}) before its agent started"
                 )));

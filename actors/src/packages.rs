@@ -19,9 +19,7 @@ pub fn parse_specs(spec: &str) -> Result<Vec<String>> {
     }
     let specs: Vec<String> = spec.split_whitespace().map(str::to_string).collect();
     if specs.is_empty() {
-        return bad(
-            "package_name is empty; give a name such as \"numpy\" or \"pandas==2.2.2\"".into(),
-        );
+        return bad("package_name is empty; give a name such as \"numpy\" or \"pandas==2.2.2\"".into());
     }
     if specs.len() > MAX_SPECS {
         return bad(format!("at most {MAX_SPECS} packages at once"));
@@ -71,10 +69,7 @@ pub fn installed_versions(spec: &str, packages: &[Package]) -> Option<Vec<Packag
     spec.split_whitespace()
         .map(|s| {
             let want = dist_name(s);
-            packages
-                .iter()
-                .find(|p| normalise(&p.name) == want)
-                .cloned()
+            packages.iter().find(|p| normalise(&p.name) == want).cloned()
         })
         .collect()
 }

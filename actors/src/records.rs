@@ -80,8 +80,7 @@ impl RecordStore {
     pub async fn put(&self, record: SandboxRecord) -> Result<()> {
         let db = self.db.clone();
         blocking(move || {
-            let bytes =
-                serde_json::to_vec(&record).map_err(|e| SandboxError::Store(e.to_string()))?;
+            let bytes = serde_json::to_vec(&record).map_err(|e| SandboxError::Store(e.to_string()))?;
             let txn = db.begin_write()?;
             txn.open_table(SANDBOXES)?
                 .insert(record.id.to_string().as_str(), bytes.as_slice())?;
@@ -155,10 +154,7 @@ mod tests {
             store.put(a.clone()).await.unwrap();
             store.put(b.clone()).await.unwrap();
             store.delete(b.id).await.unwrap();
-            assert!(
-                RecordStore::open(&path).is_err(),
-                "one server per state folder"
-            );
+            assert!(RecordStore::open(&path).is_err(), "one server per state folder");
         }
         let store = RecordStore::open(&path).unwrap();
         assert_eq!(store.all().await.unwrap(), vec![a]);

@@ -102,7 +102,7 @@ pub enum SandboxMsg {
     Install {
         package: String,
         specs: Vec<String>,
-        reply: RpcReplyPort<watch::Receiver<InstallRecord>>,
+        reply: RpcReplyPort<Result<watch::Receiver<InstallRecord>>>,
     },
     InstallStatus {
         package: String,
@@ -117,6 +117,8 @@ pub enum SandboxMsg {
         reply: RpcReplyPort<Result<()>>,
     },
     Info(RpcReplyPort<SandboxInfo>),
+    /// Deletes the sandbox if its lifetime is over and it is idle.
+    Expire,
     /// A job ended and hands the link back.
     Done(Box<Finished>),
 }
@@ -171,6 +173,8 @@ pub struct SandboxState {
     installs: HashMap<String, watch::Sender<InstallRecord>>,
     notice: Option<String>,
     deleting: bool,
+    /// When the last call ended (or the actor started): idle expiry counts from it.
+    last_used: OffsetDateTime,
 }
 
 impl Actor for SandboxActor {
@@ -221,6 +225,7 @@ impl Actor for SandboxActor {
             installs: HashMap::new(),
             notice,
             deleting: false,
+            last_used: OffsetDateTime::now_utc(),
         })
     }
 
@@ -231,20 +236,21 @@ impl Actor for SandboxActor {
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SandboxMsg::Run(req) => self.enqueue(state, Job::Run(req)),
-            SandboxMsg::Install {
-                package,
-                specs,
-                reply,
-            } => {
+            SandboxMsg::Run(req) => match admit(state) {
+                Ok(()) => state.queue.push_back(Job::Run(req)),
+                Err(e) => {
+                    let _ = req.reply.send(Err(e));
+                }
+            },
+            SandboxMsg::Install { package, specs, reply } => {
                 if let Some(tx) = state
                     .installs
                     .get(&package)
                     .filter(|tx| tx.borrow().status == InstallState::Installing)
                 {
-                    let _ = reply.send(tx.subscribe());
-                } else if state.deleting {
-                    drop(reply);
+                    let _ = reply.send(Ok(tx.subscribe()));
+                } else if let Err(e) = admit(state) {
+                    let _ = reply.send(Err(e));
                 } else {
                     let record = InstallRecord {
                         package: package.clone(),
@@ -258,7 +264,7 @@ impl Actor for SandboxActor {
                     state.installs.insert(package.clone(), tx);
                     state.record.installs.insert(package.clone(), record);
                     state.ctx.store.put(state.record.clone()).await?;
-                    let _ = reply.send(rx);
+                    let _ = reply.send(Ok(rx));
                     state.queue.push_back(Job::Install { package, specs });
                 }
             }
@@ -278,24 +284,28 @@ impl Actor for SandboxActor {
                     });
                 }
             }
-            SandboxMsg::Upload {
-                source,
-                dest,
-                reply,
-            } => self.enqueue(
-                state,
-                Job::Upload {
-                    source,
-                    dest,
-                    reply,
-                },
-            ),
+            SandboxMsg::Upload { source, dest, reply } => match admit(state) {
+                Ok(()) => state.queue.push_back(Job::Upload { source, dest, reply }),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             SandboxMsg::Delete { reply } => {
                 state.deleting = true;
                 state.queue.push_back(Job::Delete { reply });
             }
             SandboxMsg::Info(reply) => {
                 let _ = reply.send(info(state));
+            }
+            SandboxMsg::Expire => {
+                let idle = state.link.is_some() && state.queue.is_empty();
+                let over = expires_at(state).is_some_and(|t| t <= OffsetDateTime::now_utc());
+                if idle && over && !state.deleting {
+                    tracing::info!(sandbox = %state.record.id, "lifetime over: deleting the sandbox");
+                    state.deleting = true;
+                    let (tx, _) = ractor::concurrency::oneshot();
+                    state.queue.push_back(Job::Delete { reply: tx.into() });
+                }
             }
             SandboxMsg::Done(finished) => self.finished(&myself, state, *finished).await?,
         }
@@ -327,10 +337,7 @@ impl Actor for SandboxActor {
                 .map(|(_, tx)| {
                     let mut r = tx.borrow().clone();
                     r.status = InstallState::Failed;
-                    r.message = format!(
-                        "Installation of {} failed inside the server: {err}",
-                        r.package
-                    );
+                    r.message = format!("Installation of {} failed inside the server: {err}", r.package);
                     r.finished_at = Some(OffsetDateTime::now_utc());
                     r
                 });
@@ -349,21 +356,34 @@ impl Actor for SandboxActor {
     }
 }
 
-impl SandboxActor {
-    fn enqueue(&self, state: &mut SandboxState, job: Job) {
-        if state.deleting {
-            // Dropping the reply port tells the caller the sandbox is gone.
-            return;
-        }
-        state.queue.push_back(job);
+/// Whether another call may join the queue.
+fn admit(state: &SandboxState) -> Result<()> {
+    if state.deleting {
+        return Err(SandboxError::NotFound(state.record.id));
     }
+    let max = state.ctx.settings.sandbox.max_queued_calls;
+    if state.queue.len() >= max {
+        return Err(SandboxError::Quota(format!(
+            "sandbox {} already has {max} calls waiting; wait for them to finish before sending more",
+            state.record.id
+        )));
+    }
+    Ok(())
+}
 
+/// The earlier of the end of the sandbox's lifetime and of its idle time.
+fn expires_at(state: &SandboxState) -> Option<OffsetDateTime> {
+    let idle = state.ctx.settings.sandbox.idle_timeout_seconds;
+    let idle_end = (idle > 0).then(|| state.last_used + Duration::from_secs(idle));
+    match (state.record.expires_at, idle_end) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl SandboxActor {
     /// Starts the next job when none is running.
-    async fn pump(
-        &self,
-        myself: &ActorRef<SandboxMsg>,
-        state: &mut SandboxState,
-    ) -> Result<(), ActorProcessingErr> {
+    async fn pump(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         while state.link.is_some() {
             let Some(job) = state.queue.pop_front() else {
                 return Ok(());
@@ -402,11 +422,7 @@ impl SandboxActor {
                     };
                     Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
                 }
-                Job::Upload {
-                    source,
-                    dest,
-                    reply,
-                } => {
+                Job::Upload { source, dest, reply } => {
                     tokio::spawn(async move {
                         let _ = reply.send(upload(&mut link, source, &dest).await);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
@@ -419,8 +435,7 @@ impl SandboxActor {
                 Job::Delete { reply } => {
                     let record = state.record.clone();
                     tokio::spawn(async move {
-                        let result =
-                            remove_everything(link.ctx(), &record, &link.container_id).await;
+                        let result = remove_everything(link.ctx(), &record, &link.container_id).await;
                         let deleted = result.is_ok();
                         let _ = reply.send(result);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
@@ -450,16 +465,14 @@ impl SandboxActor {
             if let Some(tx) = state.installs.get(&install.package) {
                 tx.send_replace(install.clone());
             }
-            state
-                .record
-                .installs
-                .insert(install.package.clone(), install);
+            state.record.installs.insert(install.package.clone(), install);
             if let Some(p) = packages {
                 state.record.packages = p;
             }
             dirty = true;
         }
         state.link = Some(f.link);
+        state.last_used = OffsetDateTime::now_utc();
         if f.deleted {
             state.queue.clear();
             myself.stop(Some("deleted".into()));
@@ -481,14 +494,9 @@ fn info(state: &SandboxState) -> SandboxInfo {
         sandbox_id: r.id,
         name: r.name.clone(),
         owner: r.owner.clone(),
-        status: if state.deleting {
-            "deleting"
-        } else {
-            "running"
-        }
-        .into(),
+        status: if state.deleting { "deleting" } else { "running" }.into(),
         created_at: r.created_at,
-        expires_at: r.expires_at,
+        expires_at: expires_at(state),
         installed_packages: r.packages.clone(),
     }
 }
@@ -526,19 +534,9 @@ async fn upload(link: &mut Link, source: PathBuf, dest: &str) -> Result<Uploaded
         .map_err(|e| SandboxError::Internal(e.to_string()))??;
     // The folder must exist for the archive API; mkdir runs as the sandbox
     // user, inside the sandbox.
-    let mkdir = Work::Program(vec![
-        "mkdir".into(),
-        "-p".into(),
-        "--".into(),
-        dest.to_string(),
-    ]);
+    let mkdir = Work::Program(vec!["mkdir".into(), "-p".into(), "--".into(), dest.to_string()]);
     let ran = link
-        .run(
-            &mkdir,
-            Duration::from_secs(30),
-            None,
-            &CancellationToken::new(),
-        )
+        .run(&mkdir, Duration::from_secs(30), None, &CancellationToken::new())
         .await?;
     if ran.output.exit_code != 0 {
         return Err(SandboxError::UploadRefused(format!(
@@ -546,10 +544,7 @@ async fn upload(link: &mut Link, source: PathBuf, dest: &str) -> Result<Uploaded
             ran.output.stderr.trim()
         )));
     }
-    link.ctx()
-        .runtime
-        .upload(&link.container_id, dest, tar)
-        .await?;
+    link.ctx().runtime.upload(&link.container_id, dest, tar).await?;
     let path = format!("{dest}/{name}");
     Ok(Uploaded {
         message: format!("Uploaded {name} to {dest}"),
@@ -558,14 +553,8 @@ async fn upload(link: &mut Link, source: PathBuf, dest: &str) -> Result<Uploaded
 }
 
 /// Removes the container, its package volume, its results and its record.
-pub async fn remove_everything(
-    ctx: &Context,
-    record: &SandboxRecord,
-    container_id: &str,
-) -> Result<()> {
-    ctx.runtime
-        .remove(container_id, Some(&record.volume))
-        .await?;
+pub async fn remove_everything(ctx: &Context, record: &SandboxRecord, container_id: &str) -> Result<()> {
+    ctx.runtime.remove(container_id, Some(&record.volume)).await?;
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = tokio::fs::remove_dir_all(dir).await {

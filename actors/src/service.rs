@@ -23,15 +23,48 @@ use crate::link::Ran;
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
 use crate::runtime::SANDBOX_UID;
 use crate::runtime::{ContainerRuntime, DockerRuntime};
-use crate::sandbox::{
-    remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded,
-};
+use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
 use crate::{packages, uploads};
+
+/// How many sandboxes one owner, and the server in total, may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Quota {
+    pub per_owner: usize,
+    pub total: usize,
+}
+
+impl Quota {
+    pub const UNLIMITED: Quota = Quota {
+        per_owner: usize::MAX,
+        total: usize::MAX,
+    };
+}
+
+type Pending = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// A place held for a sandbox being created.
+struct Reservation {
+    pending: Pending,
+    owner: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut pending = self.pending.lock().expect("pending lock");
+        if let Some(n) = pending.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                pending.remove(&self.owner);
+            }
+        }
+    }
+}
 
 pub struct Sandboxes {
     ctx: Arc<Context>,
     registry: Registry,
+    pending: Pending,
     supervisor: ActorRef<SupervisorMsg>,
     server_id: String,
 }
@@ -41,10 +74,8 @@ impl Sandboxes {
     /// is missing, and adopts or cleans up what an earlier run left.
     pub async fn start(settings: Settings) -> Result<Self> {
         let io = |what: &str, e: std::io::Error| SandboxError::Internal(format!("{what}: {e}"));
-        std::fs::create_dir_all(settings.state_dir.join("agents"))
-            .map_err(|e| io("creating the state folder", e))?;
-        std::fs::create_dir_all(&settings.results_dir)
-            .map_err(|e| io("creating the results folder", e))?;
+        std::fs::create_dir_all(settings.state_dir.join("agents")).map_err(|e| io("creating the state folder", e))?;
+        std::fs::create_dir_all(&settings.results_dir).map_err(|e| io("creating the results folder", e))?;
         let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
         let server_id = server_id(&settings.state_dir)?;
         let runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
@@ -78,6 +109,7 @@ impl Sandboxes {
         let me = Self {
             ctx,
             registry,
+            pending: Pending::default(),
             supervisor,
             server_id,
         };
@@ -123,8 +155,7 @@ impl Sandboxes {
                 continue;
             };
             for entry in entries.flatten() {
-                let orphan = Uuid::parse_str(&entry.file_name().to_string_lossy())
-                    .is_ok_and(|id| !known.contains(&id));
+                let orphan = Uuid::parse_str(&entry.file_name().to_string_lossy()).is_ok_and(|id| !known.contains(&id));
                 if orphan {
                     let _ = std::fs::remove_dir_all(entry.path());
                 }
@@ -139,12 +170,9 @@ impl Sandboxes {
     }
 
     async fn spawn(&self, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
-        ractor::call!(self.supervisor, |reply| SupervisorMsg::Spawn {
-            record,
-            reply
-        })
-        .map_err(|e| SandboxError::Internal(e.to_string()))?
-        .map_err(SandboxError::Internal)
+        ractor::call!(self.supervisor, |reply| SupervisorMsg::Spawn { record, reply })
+            .map_err(|e| SandboxError::Internal(e.to_string()))?
+            .map_err(SandboxError::Internal)
     }
 
     fn actor(&self, owner: &str, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
@@ -175,13 +203,48 @@ impl Sandboxes {
         self.ctx.runtime.ping().await
     }
 
-    /// The host folder holding a sandbox's `/app/results`.
-    pub fn results_dir(&self, owner: &str, id: Uuid) -> Result<std::path::PathBuf> {
-        self.actor(owner, id)?;
-        Ok(self.ctx.paths(id).results)
+    /// The host folder holding a sandbox's `/app/results`; `owner` `None`
+    /// when the caller proved access otherwise (a signed link).
+    pub fn results_dir(&self, owner: Option<&str>, id: Uuid) -> Result<std::path::PathBuf> {
+        let known = self
+            .registry
+            .read()
+            .expect("registry lock")
+            .get(&id)
+            .map(|e| e.owner.clone());
+        match known {
+            Some(o) if owner.is_none_or(|want| want == o) => Ok(self.ctx.paths(id).results),
+            _ => Err(SandboxError::NotFound(id)),
+        }
     }
 
-    pub async fn create(&self, owner: &str, name: Option<String>) -> Result<SandboxInfo> {
+    /// Counts `owner`'s sandboxes (and those being created) against `quota`
+    /// and holds a place until the returned guard is dropped, so concurrent
+    /// creations cannot exceed it.
+    fn reserve(&self, owner: &str, quota: Quota) -> Result<Reservation> {
+        let mut pending = self.pending.lock().expect("pending lock");
+        let registry = self.registry.read().expect("registry lock");
+        let mine = registry.values().filter(|e| e.owner == owner).count() + pending.get(owner).copied().unwrap_or(0);
+        let total = registry.len() + pending.values().sum::<usize>();
+        if mine >= quota.per_owner {
+            return Err(SandboxError::Quota(format!(
+                "you already have {mine} sandboxes, the most allowed: reuse one (list_sandboxes) or delete one with delete_sandbox, then create again"
+            )));
+        }
+        if total >= quota.total {
+            return Err(SandboxError::Quota(format!(
+                "the server holds its maximum of {} sandboxes; try again later",
+                quota.total
+            )));
+        }
+        *pending.entry(owner.to_string()).or_default() += 1;
+        Ok(Reservation {
+            pending: self.pending.clone(),
+            owner: owner.to_string(),
+        })
+    }
+
+    pub async fn create(&self, owner: &str, name: Option<String>, quota: Quota) -> Result<SandboxInfo> {
         let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
             Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {
                 return Err(SandboxError::InvalidArgument(
@@ -191,11 +254,11 @@ impl Sandboxes {
             Some(n) => n,
             None => format!("Sandbox {}", self.list(owner).await.len() + 1),
         };
+        let _reservation = self.reserve(owner, quota)?;
         let id = Uuid::new_v4();
         let paths = self.ctx.paths(id);
         for dir in [&paths.results, &paths.agent] {
-            prepare_dir(dir)
-                .map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
+            prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
         }
         let created = match self.ctx.runtime.create(&paths, None).await {
             Ok(c) => c,
@@ -281,24 +344,16 @@ impl Sandboxes {
             Some(0) => Err(SandboxError::InvalidArgument(
                 "timeout_seconds must be at least 1".into(),
             )),
-            Some(t) if t > s.max_exec_timeout_seconds => {
-                Err(SandboxError::InvalidArgument(format!(
-                    "timeout_seconds is at most {} on this server",
-                    s.max_exec_timeout_seconds
-                )))
-            }
+            Some(t) if t > s.max_exec_timeout_seconds => Err(SandboxError::InvalidArgument(format!(
+                "timeout_seconds is at most {} on this server",
+                s.max_exec_timeout_seconds
+            ))),
             Some(t) => Ok(Duration::from_secs(t)),
         }
     }
 
     /// Queues an install and waits up to `wait` for it to finish.
-    pub async fn install(
-        &self,
-        owner: &str,
-        id: Uuid,
-        package: &str,
-        wait: Duration,
-    ) -> Result<InstallStatus> {
+    pub async fn install(&self, owner: &str, id: Uuid, package: &str, wait: Duration) -> Result<InstallStatus> {
         let specs = packages::parse_specs(package)?;
         let package = specs.join(" ");
         let mut rx: watch::Receiver<InstallRecord> = self
@@ -307,48 +362,28 @@ impl Sandboxes {
                 specs,
                 reply,
             })
-            .await?;
-        let _ =
-            tokio::time::timeout(wait, rx.wait_for(|r| r.status != InstallState::Installing)).await;
+            .await??;
+        let _ = tokio::time::timeout(wait, rx.wait_for(|r| r.status != InstallState::Installing)).await;
         let record = rx.borrow().clone();
         Ok((&record).into())
     }
 
-    pub async fn install_status(
-        &self,
-        owner: &str,
-        id: Uuid,
-        package: &str,
-    ) -> Result<InstallStatus> {
+    pub async fn install_status(&self, owner: &str, id: Uuid, package: &str) -> Result<InstallStatus> {
         let package = packages::parse_specs(package)?.join(" ");
-        self.ask(owner, id, |reply| SandboxMsg::InstallStatus {
-            package,
-            reply,
-        })
-        .await?
+        self.ask(owner, id, |reply| SandboxMsg::InstallStatus { package, reply })
+            .await?
     }
 
-    pub async fn upload(
-        &self,
-        owner: &str,
-        id: Uuid,
-        local_path: &str,
-        dest: &str,
-    ) -> Result<Uploaded> {
+    pub async fn upload(&self, owner: &str, id: Uuid, local_path: &str, dest: &str) -> Result<Uploaded> {
         self.actor(owner, id)?;
         let dest = uploads::resolve_dest(dest)?;
         let source = uploads::resolve_source(&self.ctx.settings, local_path)?;
-        self.ask(owner, id, |reply| SandboxMsg::Upload {
-            source,
-            dest,
-            reply,
-        })
-        .await?
+        self.ask(owner, id, |reply| SandboxMsg::Upload { source, dest, reply })
+            .await?
     }
 
     pub async fn delete(&self, owner: &str, id: Uuid) -> Result<()> {
-        self.ask(owner, id, |reply| SandboxMsg::Delete { reply })
-            .await?
+        self.ask(owner, id, |reply| SandboxMsg::Delete { reply }).await?
     }
 
     /// Stops the actors; containers keep running and the next start adopts them.

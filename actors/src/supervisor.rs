@@ -8,21 +8,19 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use time::OffsetDateTime;
-use tracing::{info, warn};
+use tracing::warn;
 use uuid::Uuid;
 
 use crate::context::Context;
 use crate::records::SandboxRecord;
 use crate::sandbox::{SandboxActor, SandboxArgs, SandboxMsg};
 
-/// How often expired sandboxes are looked for.
-const REAP_EVERY: Duration = Duration::from_secs(10);
+/// How often sandboxes are asked whether their lifetime is over.
+const REAP_EVERY: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct Entry {
     pub owner: String,
-    pub expires_at: Option<OffsetDateTime>,
     pub actor: ActorRef<SandboxMsg>,
 }
 
@@ -52,7 +50,7 @@ impl Supervisor {
         record: SandboxRecord,
         notice: Option<String>,
     ) -> Result<ActorRef<SandboxMsg>, String> {
-        let (id, owner, expires_at) = (record.id, record.owner.clone(), record.expires_at);
+        let (id, owner) = (record.id, record.owner.clone());
         let args = SandboxArgs {
             ctx: state.ctx.clone(),
             record,
@@ -66,7 +64,6 @@ impl Supervisor {
             id,
             Entry {
                 owner,
-                expires_at,
                 actor: actor.clone(),
             },
         );
@@ -103,20 +100,16 @@ impl Actor for Supervisor {
                 let _ = reply.send(Self::spawn_child(&myself, state, record, None).await);
             }
             SupervisorMsg::Reap => {
-                let now = OffsetDateTime::now_utc();
-                let expired: Vec<(Uuid, ActorRef<SandboxMsg>)> = state
+                // Each actor knows its own lifetime and whether it is idle.
+                let actors: Vec<ActorRef<SandboxMsg>> = state
                     .registry
                     .read()
                     .expect("registry lock")
-                    .iter()
-                    .filter(|(_, e)| e.expires_at.is_some_and(|t| t <= now))
-                    .map(|(id, e)| (*id, e.actor.clone()))
+                    .values()
+                    .map(|e| e.actor.clone())
                     .collect();
-                for (id, actor) in expired {
-                    info!(sandbox = %id, "lifetime over: deleting the sandbox");
-                    let _ = actor.cast(SandboxMsg::Delete {
-                        reply: ractor::concurrency::oneshot().0.into(),
-                    });
+                for actor in actors {
+                    let _ = actor.cast(SandboxMsg::Expire);
                 }
             }
         }
@@ -143,13 +136,7 @@ impl Actor for Supervisor {
         state.registry.write().expect("registry lock").remove(&id);
         let Some(why) = failure else { return Ok(()) };
         warn!(sandbox = %id, error = %why, "sandbox actor failed; restarting it");
-        let record = state
-            .ctx
-            .store
-            .all()
-            .await?
-            .into_iter()
-            .find(|r| r.id == id);
+        let record = state.ctx.store.all().await?.into_iter().find(|r| r.id == id);
         if let Some(record) = record {
             let notice = Some("The sandbox was restarted inside the server after an internal error; if a call was in flight, run it again.".to_string());
             if let Err(e) = Self::spawn_child(&myself, state, record, notice).await {

@@ -17,9 +17,7 @@ pub const MAX_UPLOAD_BYTES: u64 = 256 * 1024 * 1024;
 pub fn resolve_source(settings: &Settings, local: &str) -> Result<PathBuf> {
     let refuse = |why: String| Err(SandboxError::UploadRefused(why));
     if settings.uploads.allowed_dirs.is_empty() {
-        return refuse(
-            "no upload folders are configured on this server ([uploads] allowed_dirs)".into(),
-        );
+        return refuse("no upload folders are configured on this server ([uploads] allowed_dirs)".into());
     }
     let path = Path::new(local);
     if !path.is_absolute() {
@@ -52,9 +50,7 @@ pub fn resolve_source(settings: &Settings, local: &str) -> Result<PathBuf> {
     protected.extend(settings.protected.iter().cloned());
     for p in protected.iter().filter_map(|p| p.canonicalize().ok()) {
         if real.starts_with(&p) || p.starts_with(&real) {
-            return refuse(format!(
-                "{local} holds the server's own state or configuration"
-            ));
+            return refuse(format!("{local} holds the server's own state or configuration"));
         }
     }
     Ok(real)
@@ -78,8 +74,7 @@ pub fn resolve_dest(dest: &str) -> Result<String> {
     }
     let normal = format!("/{}", parts.join("/"));
     if !path.is_absolute()
-        || !(normal == RESULTS_IN_CONTAINER
-            || normal.starts_with(&format!("{RESULTS_IN_CONTAINER}/")))
+        || !(normal == RESULTS_IN_CONTAINER || normal.starts_with(&format!("{RESULTS_IN_CONTAINER}/")))
     {
         return Err(SandboxError::InvalidArgument(format!(
             "dest_path must be {RESULTS_IN_CONTAINER} or a folder below it, got {dest:?}"
@@ -95,9 +90,7 @@ pub fn pack(source: &Path) -> Result<(Vec<u8>, String)> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .ok_or_else(|| SandboxError::UploadRefused("the path has no file name".into()))?;
-    let io = |e: std::io::Error| {
-        SandboxError::UploadRefused(format!("reading {}: {e}", source.display()))
-    };
+    let io = |e: std::io::Error| SandboxError::UploadRefused(format!("reading {}: {e}", source.display()));
     let mut total = 0u64;
     let mut tar = tar::Builder::new(Vec::new());
     tar.follow_symlinks(false);
@@ -109,8 +102,7 @@ pub fn pack(source: &Path) -> Result<(Vec<u8>, String)> {
         header.set_uid(SANDBOX_UID.into());
         header.set_gid(SANDBOX_UID.into());
         if meta.is_dir() {
-            tar.append_data(&mut header, &inner, std::io::empty())
-                .map_err(io)?;
+            tar.append_data(&mut header, &inner, std::io::empty()).map_err(io)?;
             for entry in std::fs::read_dir(&path).map_err(io)? {
                 let entry = entry.map_err(io)?;
                 stack.push((entry.path(), inner.join(entry.file_name())));
@@ -168,10 +160,7 @@ mod tests {
             allowed.join("../secret"),
             PathBuf::from("/etc/passwd"),
         ] {
-            assert!(
-                resolve_source(&s, bad.to_str().unwrap()).is_err(),
-                "{bad:?} accepted"
-            );
+            assert!(resolve_source(&s, bad.to_str().unwrap()).is_err(), "{bad:?} accepted");
         }
         assert!(resolve_source(&s, "relative.txt").is_err());
         // The state folder is refused even when an allowed folder holds it.
@@ -183,17 +172,8 @@ mod tests {
     #[test]
     fn destinations_stay_under_results() {
         assert_eq!(resolve_dest("/app/results").unwrap(), "/app/results");
-        assert_eq!(
-            resolve_dest("/app/results/data/").unwrap(),
-            "/app/results/data"
-        );
-        for bad in [
-            "/app/results/../../etc",
-            "/tmp",
-            "app/results",
-            "/app/resultsx",
-            "/",
-        ] {
+        assert_eq!(resolve_dest("/app/results/data/").unwrap(), "/app/results/data");
+        for bad in ["/app/results/../../etc", "/tmp", "app/results", "/app/resultsx", "/"] {
             assert!(resolve_dest(bad).is_err(), "{bad} accepted");
         }
     }

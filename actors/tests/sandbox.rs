@@ -19,65 +19,39 @@ async fn python_state_output_and_exit_codes() {
     assert_eq!(r.stdout, "{\"x\": 42}\n", "variables and imports persist");
 
     let r = h
-        .py(
-            id,
-            "import sys\nprint('out')\nprint('err', file=sys.stderr)",
-        )
+        .py(id, "import sys\nprint('out')\nprint('err', file=sys.stderr)")
         .await
         .output;
     assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("out\n", "err\n"));
 
-    let r = h
-        .py(id, "def f():\n    raise ValueError('boom')\nf()")
-        .await
-        .output;
+    let r = h.py(id, "def f():\n    raise ValueError('boom')\nf()").await.output;
     assert_eq!(r.exit_code, 1);
     assert!(
         r.stderr.contains("Traceback") && r.stderr.contains("ValueError: boom"),
         "{}",
         r.stderr
     );
-    assert!(
-        !r.stderr.contains("agent.py"),
-        "agent frames leak: {}",
-        r.stderr
-    );
+    assert!(!r.stderr.contains("agent.py"), "agent frames leak: {}", r.stderr);
 
-    assert_eq!(
-        h.py(id, "import sys; sys.exit(3)").await.output.exit_code,
-        3
-    );
+    assert_eq!(h.py(id, "import sys; sys.exit(3)").await.output.exit_code, 3);
     assert_eq!(h.py(id, "raise SystemExit").await.output.exit_code, 0);
     let r = h.py(id, "print(1").await.output;
-    assert!(
-        r.exit_code == 1 && r.stderr.contains("SyntaxError"),
-        "{r:?}"
-    );
+    assert!(r.exit_code == 1 && r.stderr.contains("SyntaxError"), "{r:?}");
 
     // Output of child processes and C code is captured too.
-    let r = h
-        .py(id, "import os; os.system('echo from-child')")
-        .await
-        .output;
+    let r = h.py(id, "import os; os.system('echo from-child')").await.output;
     assert_eq!(r.stdout, "from-child\n");
 
     // Files created or changed by a run are reported; untouched ones are not.
     let r = h.py(id, "open('a.txt','w').write('1')\nimport os; os.makedirs('d/e', exist_ok=True)\nopen('d/e/b b.txt','w').write('2')").await.output;
-    assert_eq!(
-        r.files,
-        vec!["/app/results/a.txt", "/app/results/d/e/b b.txt"]
-    );
+    assert_eq!(r.files, vec!["/app/results/a.txt", "/app/results/d/e/b b.txt"]);
     let r = h.py(id, "print(open('a.txt').read())").await.output;
     assert!(r.files.is_empty(), "{:?}", r.files);
     let r = h.py(id, "open('a.txt','a').write('more')").await.output;
     assert_eq!(r.files, vec!["/app/results/a.txt"]);
 
     h.sb().delete(OWNER, id).await.unwrap();
-    assert_eq!(
-        h.own_objects(),
-        (0, 0),
-        "delete removes the container and its volume"
-    );
+    assert_eq!(h.own_objects(), (0, 0), "delete removes the container and its volume");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -120,14 +94,16 @@ async fn timeouts_interrupt_and_keep_state() {
     assert_eq!(h.py(id, "print(kept)").await.output.stdout, "yes\n");
 
     // Code that swallows the interrupt gets its worker replaced.
-    let r = h.py_t(id, "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass", Some(1)).await.output;
-    assert!(r.timed_out && r.state_lost, "{r:?}");
-    assert!(h
-        .py(id, "print(kept)")
+    let r = h
+        .py_t(
+            id,
+            "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass",
+            Some(1),
+        )
         .await
-        .output
-        .stderr
-        .contains("NameError"));
+        .output;
+    assert!(r.timed_out && r.state_lost, "{r:?}");
+    assert!(h.py(id, "print(kept)").await.output.stderr.contains("NameError"));
     assert_eq!(h.py(id, "print('ok')").await.output.stdout, "ok\n");
 
     let r = h.sh(id, "sleep 100", Some(1)).await.output;
@@ -148,22 +124,20 @@ async fn memory_and_pid_limits_hold_and_the_sandbox_recovers() {
     h.py(id, "open('keep.txt','w').write('k')").await;
 
     let r = h
-        .py(
-            id,
-            "b = bytearray(2 * 1024**3)\nb[::4096] = b'x' * len(b[::4096])",
-        )
+        .py(id, "b = bytearray(2 * 1024**3)\nb[::4096] = b'x' * len(b[::4096])")
         .await;
     assert_ne!(r.output.exit_code, 0, "{r:?}");
     assert!(r.output.state_lost, "{r:?}");
-    assert_eq!(
-        h.py(id, "print(open('keep.txt').read())")
-            .await
-            .output
-            .stdout,
-        "k\n"
-    );
+    assert_eq!(h.py(id, "print(open('keep.txt').read())").await.output.stdout, "k\n");
 
-    let r = h.py_t(id, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", Some(3)).await.output;
+    let r = h
+        .py_t(
+            id,
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            Some(3),
+        )
+        .await
+        .output;
     assert!(r.timed_out || r.exit_code != 0, "{r:?}");
     let r = h.py(id, "print('after')").await.output;
     assert_eq!(r.stdout, "after\n");
@@ -211,11 +185,7 @@ async fn installs_are_ordered_before_later_runs() {
     let h = Harness::new().await;
     let id = h.create().await;
     // Queue the install and a run right behind it, without waiting.
-    let first = h
-        .sb()
-        .install(OWNER, id, "six", Duration::ZERO)
-        .await
-        .unwrap();
+    let first = h.sb().install(OWNER, id, "six", Duration::ZERO).await.unwrap();
     assert_eq!(first.status, InstallStatusKind::Installing);
     let r = h.py(id, "import six; print(six.__name__)").await.output;
     assert_eq!(r.stdout, "six\n", "{}", r.stderr);
@@ -236,37 +206,21 @@ async fn installs_are_ordered_before_later_runs() {
         .unwrap();
     assert_eq!(bad.status, InstallStatusKind::Failed);
     assert!(
-        bad.message
-            .contains("surely-no-such-package-mcp-sandbox-xyz")
-            && bad.output.is_some(),
+        bad.message.contains("surely-no-such-package-mcp-sandbox-xyz") && bad.output.is_some(),
         "{bad:?}"
     );
 
     // Installed from the shell: found by the status check all the same.
-    let r = h
-        .sh(id, "uv pip install -q tomli 2>&1", Some(120))
-        .await
-        .output;
+    let r = h.sh(id, "uv pip install -q tomli 2>&1", Some(120)).await.output;
     assert_eq!(r.exit_code, 0, "{}", r.stdout);
     let st = h.sb().install_status(OWNER, id, "tomli").await.unwrap();
     assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
-    let st = h
-        .sb()
-        .install_status(OWNER, id, "never-installed-pkg")
-        .await
-        .unwrap();
+    let st = h.sb().install_status(OWNER, id, "never-installed-pkg").await.unwrap();
     assert_eq!(st.status, InstallStatusKind::NotFound);
 
     for bad in ["--index-url http://x six", "-r /etc/passwd", "six; id"] {
-        let err = h
-            .sb()
-            .install(OWNER, id, bad, Duration::ZERO)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(err, SandboxError::InvalidArgument(_)),
-            "{bad}: {err}"
-        );
+        let err = h.sb().install(OWNER, id, bad, Duration::ZERO).await.unwrap_err();
+        assert!(matches!(err, SandboxError::InvalidArgument(_)), "{bad}: {err}");
     }
 }
 
@@ -305,12 +259,7 @@ async fn uploads_only_from_allowed_folders_and_tenants_are_separate() {
         .unwrap();
     assert_eq!(up.path, "/app/results/data/in put.txt");
     h.sb()
-        .upload(
-            OWNER,
-            id,
-            uploads.join("folder").to_str().unwrap(),
-            "/app/results",
-        )
+        .upload(OWNER, id, uploads.join("folder").to_str().unwrap(), "/app/results")
         .await
         .unwrap();
     let r = h
@@ -321,10 +270,7 @@ async fn uploads_only_from_allowed_folders_and_tenants_are_separate() {
         .await
         .output;
     assert_eq!(r.stdout, "payload x\n", "{}", r.stderr);
-    let r = h
-        .sh(id, "echo more >> 'data/in put.txt' && echo ok", None)
-        .await
-        .output;
+    let r = h.sh(id, "echo more >> 'data/in put.txt' && echo ok", None).await.output;
     assert_eq!(
         r.stdout, "ok\n",
         "uploaded files belong to the sandbox user: {}",
@@ -337,22 +283,13 @@ async fn uploads_only_from_allowed_folders_and_tenants_are_separate() {
             h.root.path().join("state/records.redb").to_str().unwrap(),
             "/app/results",
         ),
-        (
-            uploads.join("../state/records.redb").to_str().unwrap(),
-            "/app/results",
-        ),
+        (uploads.join("../state/records.redb").to_str().unwrap(), "/app/results"),
         (uploads.join("in put.txt").to_str().unwrap(), "/etc"),
-        (
-            uploads.join("in put.txt").to_str().unwrap(),
-            "/app/results/../../etc",
-        ),
+        (uploads.join("in put.txt").to_str().unwrap(), "/app/results/../../etc"),
     ] {
         let err = h.sb().upload(OWNER, id, src, dest).await.unwrap_err();
         assert!(
-            matches!(
-                err,
-                SandboxError::UploadRefused(_) | SandboxError::InvalidArgument(_)
-            ),
+            matches!(err, SandboxError::UploadRefused(_) | SandboxError::InvalidArgument(_)),
             "{src} -> {dest}: {err}"
         );
     }
@@ -370,4 +307,56 @@ async fn uploads_only_from_allowed_folders_and_tenants_are_separate() {
         SandboxError::NotFound(_)
     ));
     assert_eq!(h.sb().list(OWNER).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quotas_queues_and_lifetimes_are_enforced() {
+    use sandbox_actors::Quota;
+    let h = Harness::with(|s| {
+        s.sandbox.idle_timeout_seconds = 3;
+        s.sandbox.max_queued_calls = 2;
+    })
+    .await;
+    let quota = Quota {
+        per_owner: 1,
+        total: 10,
+    };
+    let id = h.sb().create(OWNER, None, quota).await.unwrap().sandbox_id;
+    let err = h.sb().create(OWNER, None, quota).await.unwrap_err();
+    assert!(
+        matches!(&err, SandboxError::Quota(m) if m.contains("delete_sandbox")),
+        "{err}"
+    );
+    assert_eq!(h.own_objects(), (1, 1), "nothing was created past the quota");
+    // Another owner has its own count; the total counts everyone.
+    let total = Quota { per_owner: 5, total: 1 };
+    assert!(matches!(
+        h.sb().create("other", None, total).await.unwrap_err(),
+        SandboxError::Quota(_)
+    ));
+
+    // One run in flight and two queued: the fourth call is refused.
+    let listed = h.sb().list(OWNER).await;
+    assert!(listed[0].expires_at.is_some(), "an idle timeout gives an expiry");
+    let sb = h.sb();
+    let slow = || sb.run(OWNER, id, Work::Python("import time; time.sleep(2)".into()), None, None);
+    let (a, b, c, d) = tokio::join!(slow(), slow(), slow(), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sb.run(OWNER, id, Work::Python("1".into()), None, None).await
+    });
+    assert!(a.is_ok() && b.is_ok() && c.is_ok());
+    assert!(matches!(d.unwrap_err(), SandboxError::Quota(m) if m.contains("waiting")));
+
+    // Idle past its timeout, the sandbox is removed with its data.
+    let results = h.root.path().join("results").join(id.to_string());
+    assert!(results.exists());
+    for _ in 0..100 {
+        if h.sb().list(OWNER).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(h.sb().list(OWNER).await.is_empty(), "the idle sandbox was reaped");
+    common::eventually("its container and volume are removed", || h.own_objects() == (0, 0)).await;
+    assert!(!results.exists(), "its results are removed");
 }

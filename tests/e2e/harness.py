@@ -41,6 +41,12 @@ class Server:
             "MCP_SANDBOX_SERVER_STATE_DIR": str(self.root / "state"),
             "MCP_SANDBOX_RESULTS_DIR": str(self.root / "results"),
             "MCP_SANDBOX_UPLOADS_ALLOWED_DIRS": json.dumps([str(self.uploads)]),
+            # Tests call faster than any agent; the security tests set their own limits.
+            "MCP_SANDBOX_LIMITS_REQUESTS_PER_SECOND": "1000",
+            "MCP_SANDBOX_LIMITS_BURST": "2000",
+            "MCP_SANDBOX_LIMITS_IP_REQUESTS_PER_SECOND": "10000",
+            "MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE": "1000",
+            "MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT": "20",
             **{k: str(v) for k, v in env.items()},
         }
         self.proc = None

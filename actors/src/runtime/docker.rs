@@ -35,9 +35,7 @@ impl DockerRuntime {
     /// Connects to the local engine and agrees on an API version (bollard
     /// does not put one in request paths otherwise).
     pub async fn connect(server_id: &str, config: SandboxConfig) -> Result<Self> {
-        let docker = Docker::connect_with_local_defaults()?
-            .negotiate_version()
-            .await?;
+        let docker = Docker::connect_with_local_defaults()?.negotiate_version().await?;
         docker.ping().await?;
         let image = super::image::tag(&config);
         Ok(Self {
@@ -110,18 +108,13 @@ impl DockerRuntime {
 }
 
 fn labelled_sandbox(labels: Option<&HashMap<String, String>>) -> Option<Uuid> {
-    labels?
-        .get(labels::SANDBOX)
-        .and_then(|v| Uuid::parse_str(v).ok())
+    labels?.get(labels::SANDBOX).and_then(|v| Uuid::parse_str(v).ok())
 }
 
 fn is_not_found(e: &bollard::errors::Error) -> bool {
     matches!(
         e,
-        bollard::errors::Error::DockerResponseServerError {
-            status_code: 404,
-            ..
-        }
+        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }
     )
 }
 
@@ -157,11 +150,7 @@ impl ContainerRuntime for DockerRuntime {
             container_id: created.id,
             volume,
         };
-        if let Err(e) = self
-            .docker
-            .start_container(&container.container_id, None)
-            .await
-        {
+        if let Err(e) = self.docker.start_container(&container.container_id, None).await {
             let _ = self.remove(&container.container_id, None).await;
             return Err(e.into());
         }
@@ -197,22 +186,12 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn restart(&self, container_id: &str) -> Result<()> {
         let options = RestartContainerOptionsBuilder::default().t(0).build();
-        Ok(self
-            .docker
-            .restart_container(container_id, Some(options))
-            .await?)
+        Ok(self.docker.restart_container(container_id, Some(options)).await?)
     }
 
     async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()> {
-        let options = RemoveContainerOptionsBuilder::default()
-            .force(true)
-            .v(true)
-            .build();
-        match self
-            .docker
-            .remove_container(container_id, Some(options))
-            .await
-        {
+        let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        match self.docker.remove_container(container_id, Some(options)).await {
             Ok(()) => {}
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(e.into()),
@@ -222,11 +201,7 @@ impl ContainerRuntime for DockerRuntime {
             // Removal of a container is asynchronous inside the engine for a
             // moment; a volume still "in use" is retried briefly.
             for attempt in 0..20 {
-                match self
-                    .docker
-                    .remove_volume(volume, Some(options.clone()))
-                    .await
-                {
+                match self.docker.remove_volume(volume, Some(options.clone())).await {
                     Ok(()) => break,
                     Err(e) if is_not_found(&e) => break,
                     Err(e) if attempt == 19 => return Err(e.into()),
@@ -255,9 +230,7 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn list_volumes(&self) -> Result<Vec<Labelled>> {
         let filters = labels::server_filter(&self.server_id);
-        let options = ListVolumesOptionsBuilder::default()
-            .filters(&filters)
-            .build();
+        let options = ListVolumesOptionsBuilder::default().filters(&filters).build();
         let list = self.docker.list_volumes(Some(options)).await?;
         Ok(list
             .volumes
@@ -271,9 +244,7 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()> {
-        let options = UploadToContainerOptionsBuilder::default()
-            .path(dest_dir)
-            .build();
+        let options = UploadToContainerOptionsBuilder::default().path(dest_dir).build();
         self.docker
             .upload_to_container(container_id, Some(options), bollard::body_full(tar.into()))
             .await?;

@@ -47,12 +47,7 @@ async fn exists(docker: &Docker, image: &str) -> bool {
 
 /// Builds `image` unless present. `scratch` is a folder for the bootstrap
 /// script (it is compiled in, so the binary needs no checkout).
-pub async fn ensure(
-    docker: &Docker,
-    config: &SandboxConfig,
-    image: &str,
-    scratch: &Path,
-) -> Result<()> {
+pub async fn ensure(docker: &Docker, config: &SandboxConfig, image: &str, scratch: &Path) -> Result<()> {
     if exists(docker, image).await {
         return Ok(());
     }
@@ -77,9 +72,8 @@ pub async fn ensure(
 
 fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
     let ca = match &config.ca_bundle {
-        Some(path) => std::fs::read(path).map_err(|e| {
-            SandboxError::Image(format!("reading sandbox.ca_bundle {}: {e}", path.display()))
-        })?,
+        Some(path) => std::fs::read(path)
+            .map_err(|e| SandboxError::Image(format!("reading sandbox.ca_bundle {}: {e}", path.display())))?,
         None => Vec::new(),
     };
     let mut tar = tar::Builder::new(Vec::new());
@@ -95,16 +89,12 @@ fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
         tar.append_data(&mut header, name, data)
             .map_err(|e| SandboxError::Image(e.to_string()))?;
     }
-    tar.into_inner()
-        .map_err(|e| SandboxError::Image(e.to_string()))
+    tar.into_inner().map_err(|e| SandboxError::Image(e.to_string()))
 }
 
 async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str) -> Result<()> {
     let buildargs = HashMap::from([("BASE".to_string(), base.to_string())]);
-    let labels = HashMap::from([(
-        labels::PROJECT.to_string(),
-        labels::PROJECT_VALUE.to_string(),
-    )]);
+    let labels = HashMap::from([(labels::PROJECT.to_string(), labels::PROJECT_VALUE.to_string())]);
     let options = BuildImageOptionsBuilder::default()
         .dockerfile("Dockerfile")
         .t(image)
@@ -113,11 +103,7 @@ async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str)
         .buildargs(&buildargs)
         .labels(&labels)
         .build();
-    let mut stream = docker.build_image(
-        options,
-        None,
-        Some(bollard::body_full(context(config)?.into())),
-    );
+    let mut stream = docker.build_image(options, None, Some(bollard::body_full(context(config)?.into())));
     while let Some(item) = stream.next().await {
         let info = item.map_err(|e| SandboxError::Image(format!("build on {base}: {e}")))?;
         if let Some(detail) = info.error_detail {
@@ -126,12 +112,7 @@ async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str)
                 detail.message.unwrap_or_default()
             )));
         }
-        if let Some(line) = info
-            .stream
-            .as_deref()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-        {
+        if let Some(line) = info.stream.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
             info!(target: "mcp_sandbox::image", "{line}");
         }
     }
@@ -161,11 +142,7 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
         .from_src("-")
         .repo(repo)
         .tag(tag)
-        .changes(vec![format!(
-            "LABEL {}={}",
-            labels::PROJECT,
-            labels::PROJECT_VALUE
-        )])
+        .changes(vec![format!("LABEL {}={}", labels::PROJECT, labels::PROJECT_VALUE)])
         .build();
     let body = bollard::body_try_stream(ReaderStream::new(stdout));
     let mut stream = docker.create_image(Some(options), Some(body), None);
@@ -180,20 +157,12 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
             Err(e) => failure = Some(e.to_string()),
         }
     }
-    let status = child
-        .wait()
-        .await
-        .map_err(|e| SandboxError::Image(e.to_string()))?;
+    let status = child.wait().await.map_err(|e| SandboxError::Image(e.to_string()))?;
     if !status.success() {
-        return Err(SandboxError::Image(format!(
-            "{} failed ({status})",
-            script.display()
-        )));
+        return Err(SandboxError::Image(format!("{} failed ({status})", script.display())));
     }
     if let Some(f) = failure {
-        return Err(SandboxError::Image(format!(
-            "importing the root file system: {f}"
-        )));
+        return Err(SandboxError::Image(format!("importing the root file system: {f}")));
     }
     info!(%base, "offline base image imported");
     Ok(())

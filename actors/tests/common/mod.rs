@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
-use sandbox_actors::{labels, Ran, Sandboxes, Settings, Work};
+use sandbox_actors::{labels, Quota, Ran, Sandboxes, Settings, Work};
 use uuid::Uuid;
 
 pub const OWNER: &str = "tester";
@@ -50,9 +50,7 @@ impl Harness {
         let root = tempfile::tempdir().unwrap();
         let mut s = settings(root.path());
         tweak(&mut s);
-        let sandboxes = Sandboxes::start(s)
-            .await
-            .expect("start (is Docker running?)");
+        let sandboxes = Sandboxes::start(s).await.expect("start (is Docker running?)");
         let server_id = sandboxes.server_id().to_string();
         Self {
             sandboxes: Some(sandboxes),
@@ -76,7 +74,11 @@ impl Harness {
     }
 
     pub async fn create(&self) -> Uuid {
-        self.sb().create(OWNER, None).await.unwrap().sandbox_id
+        self.sb()
+            .create(OWNER, None, Quota::UNLIMITED)
+            .await
+            .unwrap()
+            .sandbox_id
     }
 
     pub async fn py(&self, id: Uuid, code: &str) -> Ran {
@@ -99,22 +101,15 @@ impl Harness {
     }
 
     pub fn container_of(&self, id: Uuid) -> String {
-        docker(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label={}={id}", labels::SANDBOX),
-        ])
-        .trim()
-        .to_string()
+        docker(&["ps", "-aq", "--filter", &format!("label={}={id}", labels::SANDBOX)])
+            .trim()
+            .to_string()
     }
 
     pub fn own_objects(&self) -> (usize, usize) {
         let filter = format!("label={}={}", labels::SERVER, self.server_id);
         let c = docker(&["ps", "-aq", "--filter", &filter]).lines().count();
-        let v = docker(&["volume", "ls", "-q", "--filter", &filter])
-            .lines()
-            .count();
+        let v = docker(&["volume", "ls", "-q", "--filter", &filter]).lines().count();
         (c, v)
     }
 }
@@ -132,10 +127,7 @@ impl Drop for Harness {
 }
 
 pub fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .expect("docker CLI");
+    let out = Command::new("docker").args(args).output().expect("docker CLI");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

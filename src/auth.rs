@@ -1,0 +1,381 @@
+//! API keys and signed artifact links.
+//!
+//! With `[auth] enabled = true` every request names a key (Bearer,
+//! `X-API-Key`, or `?api_key=` for clients that can only set a URL); each key
+//! is a tenant, and the tenant is the owner of the sandboxes it creates. Keys
+//! are compared as SHA-256 digests in constant time and never logged.
+//! Artifact links carry an expiring HMAC token instead of any key, so they
+//! work in a plain browser and leak nothing that grants more.
+
+use std::path::Path;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use hmac::{Hmac, KeyInit, Mac};
+use rand::RngCore;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// `[auth]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    pub enabled: bool,
+    pub keys: Vec<KeyConfig>,
+    /// Secret for artifact link tokens; generated once and kept in the state
+    /// folder when not set.
+    pub link_secret: Option<String>,
+    /// How long an artifact link works.
+    pub link_ttl_seconds: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            keys: vec![],
+            link_secret: None,
+            link_ttl_seconds: 24 * 3600,
+        }
+    }
+}
+
+/// `[[auth.keys]]`: one tenant.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeyConfig {
+    pub name: String,
+    /// The key in clear, for local use.
+    pub key: Option<String>,
+    /// Hex SHA-256 of the key, so the configuration holds no secret.
+    pub key_sha256: Option<String>,
+    /// A revoked key is refused (401) with a message saying so.
+    pub revoked: bool,
+    /// Per-key overrides of `[limits]`.
+    pub max_sandboxes: Option<usize>,
+    pub requests_per_second: Option<u32>,
+}
+
+/// A key as the server holds it.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    digest: [u8; 32],
+    pub revoked: bool,
+    pub max_sandboxes: Option<usize>,
+    pub requests_per_second: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Identified<'a> {
+    Tenant(&'a Tenant),
+    Revoked,
+    Unknown,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Keys {
+    tenants: Vec<Tenant>,
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+/// Equal in time independent of where the inputs differ.
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Keys {
+    pub fn from_config(config: &AuthConfig) -> Result<Self, String> {
+        let mut tenants: Vec<Tenant> = Vec::new();
+        for (i, k) in config.keys.iter().enumerate() {
+            let at = format!("auth.keys[{i}]");
+            if k.name.trim().is_empty()
+                || k.name.len() > 64
+                || !k.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+            {
+                return Err(format!("{at}.name: 1-64 characters of letters, digits, - _ . @"));
+            }
+            let digest = match (&k.key, &k.key_sha256) {
+                (Some(key), None) if key.len() >= 16 => sha256(key.as_bytes()),
+                (Some(_), None) => return Err(format!("{at}.key: at least 16 characters (use `mcp-sandbox key new`)")),
+                (None, Some(hex)) => parse_hex(hex).ok_or_else(|| format!("{at}.key_sha256: 64 hexadecimal digits"))?,
+                _ => return Err(format!("{at}: exactly one of key or key_sha256")),
+            };
+            if tenants.iter().any(|t| t.name == k.name) {
+                return Err(format!("{at}.name: {:?} is used twice", k.name));
+            }
+            if k.max_sandboxes == Some(0) || k.requests_per_second == Some(0) {
+                return Err(format!("{at}: limits must be at least 1"));
+            }
+            tenants.push(Tenant {
+                name: k.name.clone(),
+                digest,
+                revoked: k.revoked,
+                max_sandboxes: k.max_sandboxes,
+                requests_per_second: k.requests_per_second,
+            });
+        }
+        if config.enabled && !tenants.iter().any(|t| !t.revoked) {
+            return Err("auth.keys: authentication is enabled but no usable key is configured".into());
+        }
+        Ok(Self { tenants })
+    }
+
+    /// Looks `presented` up, comparing against every key.
+    pub fn identify(&self, presented: &str) -> Identified<'_> {
+        let digest = sha256(presented.as_bytes());
+        let mut found = None;
+        for t in &self.tenants {
+            if ct_eq(&t.digest, &digest) {
+                found = Some(t);
+            }
+        }
+        match found {
+            Some(t) if t.revoked => Identified::Revoked,
+            Some(t) => Identified::Tenant(t),
+            None => Identified::Unknown,
+        }
+    }
+
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+}
+
+fn parse_hex(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A fresh key and the configuration lines that enable it.
+pub fn new_key(name: &str) -> (String, String) {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let key = format!("msk_{}", URL_SAFE_NO_PAD.encode(bytes));
+    let digest: String = sha256(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let config = format!("[[auth.keys]]\nname = {name:?}\nkey_sha256 = \"{digest}\"\n# max_sandboxes = 3\n");
+    (key, config)
+}
+
+/// Signs and checks artifact link tokens: `{expiry}.{HMAC(sandbox, path, expiry)}`.
+#[derive(Clone)]
+pub struct LinkSigner {
+    secret: Vec<u8>,
+    ttl_seconds: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum TokenError {
+    Malformed,
+    Expired,
+    BadSignature,
+}
+
+impl LinkSigner {
+    /// The configured secret, or one generated once and kept (0600) in the
+    /// state folder so that links survive a restart.
+    pub fn load(config: &AuthConfig, state_dir: &Path) -> std::io::Result<Self> {
+        let secret = match &config.link_secret {
+            Some(s) => s.as_bytes().to_vec(),
+            None => {
+                let path = state_dir.join("link-secret");
+                match std::fs::read(&path) {
+                    Ok(s) if s.len() >= 32 => s,
+                    _ => {
+                        std::fs::create_dir_all(state_dir)?;
+                        let mut s = vec![0u8; 32];
+                        rand::rng().fill_bytes(&mut s);
+                        let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
+                        write_private(&path, hex.as_bytes())?;
+                        hex.into_bytes()
+                    }
+                }
+            }
+        };
+        Ok(Self {
+            secret,
+            ttl_seconds: config.link_ttl_seconds.max(1),
+        })
+    }
+
+    fn mac(&self, sandbox: &str, path: &str, expiry: u64) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        mac.update(format!("{sandbox}\n{path}\n{expiry}").as_bytes());
+        mac
+    }
+
+    pub fn sign(&self, sandbox: &str, path: &str, now: u64) -> String {
+        let expiry = now + self.ttl_seconds;
+        let sig = self.mac(sandbox, path, expiry).finalize().into_bytes();
+        format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(sig))
+    }
+
+    pub fn verify(&self, sandbox: &str, path: &str, token: &str, now: u64) -> Result<(), TokenError> {
+        let (expiry, sig) = token.split_once('.').ok_or(TokenError::Malformed)?;
+        let expiry: u64 = expiry.parse().map_err(|_| TokenError::Malformed)?;
+        let sig = URL_SAFE_NO_PAD.decode(sig).map_err(|_| TokenError::Malformed)?;
+        self.mac(sandbox, path, expiry)
+            .verify_slice(&sig)
+            .map_err(|_| TokenError::BadSignature)?;
+        if now > expiry {
+            return Err(TokenError::Expired);
+        }
+        Ok(())
+    }
+}
+
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(data)
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(keys: Vec<KeyConfig>) -> AuthConfig {
+        AuthConfig {
+            enabled: true,
+            keys,
+            link_secret: Some("s".repeat(32)),
+            link_ttl_seconds: 60,
+        }
+    }
+
+    #[test]
+    fn keys_identify_tenants_in_clear_and_hashed_form() {
+        let (key, lines) = new_key("bob");
+        let digest = lines.split('"').nth(3).unwrap().to_string();
+        let keys = Keys::from_config(&config(vec![
+            KeyConfig {
+                name: "alice".into(),
+                key: Some("alice-key-0123456789".into()),
+                ..Default::default()
+            },
+            KeyConfig {
+                name: "bob".into(),
+                key_sha256: Some(digest),
+                ..Default::default()
+            },
+            KeyConfig {
+                name: "old".into(),
+                key: Some("old-key-0123456789ab".into()),
+                revoked: true,
+                ..Default::default()
+            },
+        ]))
+        .unwrap();
+        assert!(matches!(keys.identify("alice-key-0123456789"), Identified::Tenant(t) if t.name == "alice"));
+        assert!(matches!(keys.identify(&key), Identified::Tenant(t) if t.name == "bob"));
+        assert!(matches!(keys.identify("old-key-0123456789ab"), Identified::Revoked));
+        assert!(matches!(keys.identify("alice-key-012345678"), Identified::Unknown));
+    }
+
+    #[test]
+    fn bad_key_entries_name_their_key() {
+        for (k, want) in [
+            (
+                KeyConfig {
+                    name: "a".into(),
+                    key: Some("short".into()),
+                    ..Default::default()
+                },
+                "auth.keys[0].key",
+            ),
+            (
+                KeyConfig {
+                    name: "a".into(),
+                    key_sha256: Some("xyz".into()),
+                    ..Default::default()
+                },
+                "key_sha256",
+            ),
+            (
+                KeyConfig {
+                    name: "a b".into(),
+                    key: Some("k".repeat(20)),
+                    ..Default::default()
+                },
+                "name",
+            ),
+            (
+                KeyConfig {
+                    name: "a".into(),
+                    ..Default::default()
+                },
+                "exactly one",
+            ),
+        ] {
+            let err = Keys::from_config(&config(vec![k])).unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
+    }
+
+    #[test]
+    fn link_tokens_expire_and_bind_their_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = LinkSigner::load(
+            &AuthConfig {
+                link_ttl_seconds: 60,
+                ..Default::default()
+            },
+            dir.path(),
+        )
+        .unwrap();
+        let token = signer.sign("sb", "a.png", 1000);
+        assert_eq!(signer.verify("sb", "a.png", &token, 1030), Ok(()));
+        assert_eq!(signer.verify("sb", "a.png", &token, 1061), Err(TokenError::Expired));
+        assert_eq!(
+            signer.verify("sb", "b.png", &token, 1030),
+            Err(TokenError::BadSignature)
+        );
+        assert_eq!(
+            signer.verify("other", "a.png", &token, 1030),
+            Err(TokenError::BadSignature)
+        );
+        let (exp, sig) = token.split_once('.').unwrap();
+        let extended = format!("{}.{sig}", exp.parse::<u64>().unwrap() + 1000);
+        assert_eq!(
+            signer.verify("sb", "a.png", &extended, 1030),
+            Err(TokenError::BadSignature)
+        );
+        assert_eq!(
+            signer.verify("sb", "a.png", "garbage", 1030),
+            Err(TokenError::Malformed)
+        );
+        // The generated secret is kept: a restarted server accepts old links.
+        let again = LinkSigner::load(
+            &AuthConfig {
+                link_ttl_seconds: 60,
+                ..Default::default()
+            },
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(again.verify("sb", "a.png", &token, 1030), Ok(()));
+    }
+}
