@@ -220,6 +220,13 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_config_states_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
+        let shipped = Config::load(Some(&path), std::iter::empty()).unwrap();
+        assert_eq!(format!("{shipped:?}"), format!("{:?}", Config::default()));
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         for (text, env, key) in [
             ("[sandbox]\nmemory_mb = \"lots\"\n", vec![], "memory_mb"),

@@ -2,7 +2,7 @@
 //! method checks who asks, finds the sandbox's actor and sends it a message;
 //! only creation and start-up reconciliation talk to the runtime directly.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -126,27 +126,29 @@ impl Sandboxes {
     /// labelled containers, volumes and folders that no record explains.
     async fn reconcile(&self) -> Result<()> {
         let now = OffsetDateTime::now_utc();
-        let mut known = HashSet::new();
+        // Sandbox → its current container; anything else labelled is a
+        // leftover (an installer, a container replaced by a re-creation).
+        let mut known: HashMap<Uuid, String> = HashMap::new();
         for record in self.ctx.store.all().await? {
             if record.expires_at.is_some_and(|t| t <= now) {
                 info!(sandbox = %record.id, "removing an expired sandbox");
                 remove_everything(&self.ctx, &record, &record.container_id).await?;
                 continue;
             }
-            known.insert(record.id);
+            known.insert(record.id, record.container_id.clone());
             self.spawn(record).await?;
         }
         let runtime = &self.ctx.runtime;
         for c in runtime.list_containers().await? {
-            if !c.sandbox.is_some_and(|id| known.contains(&id)) {
+            if !c.sandbox.is_some_and(|id| known.get(&id) == Some(&c.id)) {
                 info!(container = %c.id, "removing a container no record explains");
                 runtime.remove(&c.id, None).await?;
             }
         }
         for v in runtime.list_volumes().await? {
-            if !v.sandbox.is_some_and(|id| known.contains(&id)) {
+            if !v.sandbox.is_some_and(|id| known.contains_key(&id)) {
                 info!(volume = %v.id, "removing a volume no record explains");
-                runtime.remove("", Some(&v.id)).await?;
+                runtime.remove_volume(&v.id).await?;
             }
         }
         let s = &self.ctx.settings;
@@ -155,7 +157,8 @@ impl Sandboxes {
                 continue;
             };
             for entry in entries.flatten() {
-                let orphan = Uuid::parse_str(&entry.file_name().to_string_lossy()).is_ok_and(|id| !known.contains(&id));
+                let orphan =
+                    Uuid::parse_str(&entry.file_name().to_string_lossy()).is_ok_and(|id| !known.contains_key(&id));
                 if orphan {
                     let _ = std::fs::remove_dir_all(entry.path());
                 }

@@ -7,14 +7,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder,
     UploadToContainerOptionsBuilder,
 };
 use bollard::Docker;
+use futures_util::StreamExt;
 use uuid::Uuid;
 
-use super::{ContainerRef, ContainerRuntime, ContainerState, Labelled, SandboxPaths, SANDBOX_UID};
+use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, SANDBOX_UID};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::SandboxConfig;
 use crate::error::Result;
@@ -60,13 +61,11 @@ impl DockerRuntime {
         format!("mcp-sandbox-{id}")
     }
 
-    fn body(&self, paths: &SandboxPaths, volume: &str) -> ContainerCreateBody {
+    /// A hardened container of the sandbox image: all capabilities dropped,
+    /// no new privileges, read-only root, size-capped `/tmp`, memory (no
+    /// swap), CPU and PID limits, the sandbox user, this server's labels.
+    fn hardened(&self, sandbox: Uuid, mut binds: Vec<String>, network: &str, runtime: &str) -> ContainerCreateBody {
         let c = &self.config;
-        let mut binds = vec![
-            format!("{}:{RESULTS_IN_CONTAINER}:rw", paths.results.display()),
-            format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
-            format!("{volume}:{VENV_IN_CONTAINER}:rw"),
-        ];
         let mut env = vec![];
         if let Some(ca) = &c.ca_bundle {
             binds.push(format!("{}:{CA_IN_CONTAINER}:ro", ca.display()));
@@ -75,35 +74,58 @@ impl DockerRuntime {
             }
         }
         let memory = (c.memory_mb * 1024 * 1024) as i64;
+        let tmpfs = format!(
+            "rw,nosuid,nodev,size={}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777",
+            c.tmp_size_mb
+        );
         let host = HostConfig {
             binds: Some(binds),
             init: Some(true),
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
             readonly_rootfs: Some(true),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_string(),
-                format!(
-                    "rw,nosuid,nodev,size={}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777",
-                    c.tmp_size_mb
-                ),
-            )])),
+            tmpfs: Some(HashMap::from([("/tmp".to_string(), tmpfs)])),
             memory: Some(memory),
             memory_swap: Some(memory),
             nano_cpus: Some((c.cpus * 1e9) as i64),
             pids_limit: Some(c.pids_limit),
-            network_mode: Some(c.network.as_docker().to_string()),
-            runtime: Some(c.runtime.clone()),
+            network_mode: Some(network.to_string()),
+            runtime: Some(runtime.to_string()),
             ..Default::default()
         };
         ContainerCreateBody {
             image: Some(self.image.clone()),
             user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
-            labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
+            labels: Some(labels::for_sandbox(&self.server_id, sandbox)),
             env: Some(env),
             host_config: Some(host),
             ..Default::default()
         }
+    }
+
+    fn sandbox_body(&self, paths: &SandboxPaths, volume: &str) -> ContainerCreateBody {
+        let binds = vec![
+            format!("{}:{RESULTS_IN_CONTAINER}:rw", paths.results.display()),
+            format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
+            format!("{volume}:{VENV_IN_CONTAINER}:rw"),
+        ];
+        self.hardened(paths.id, binds, self.config.network.as_docker(), &self.config.runtime)
+    }
+
+    /// A finished container's stdout and stderr, the last `MAX_LOG` bytes.
+    async fn output(&self, id: &str) -> String {
+        const MAX_LOG: usize = 64 * 1024;
+        let options = LogsOptionsBuilder::default().stdout(true).stderr(true).build();
+        let mut logs = self.docker.logs(id, Some(options));
+        let mut out: Vec<u8> = Vec::new();
+        while let Some(Ok(chunk)) = logs.next().await {
+            out.extend_from_slice(&chunk.into_bytes());
+            if out.len() > 2 * MAX_LOG {
+                out.drain(..out.len() - MAX_LOG);
+            }
+        }
+        let start = out.len().saturating_sub(MAX_LOG);
+        String::from_utf8_lossy(&out[start..]).into_owned()
     }
 }
 
@@ -144,7 +166,7 @@ impl ContainerRuntime for DockerRuntime {
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = self
             .docker
-            .create_container(Some(options), self.body(paths, &volume))
+            .create_container(Some(options), self.sandbox_body(paths, &volume))
             .await?;
         let container = ContainerRef {
             container_id: created.id,
@@ -197,16 +219,21 @@ impl ContainerRuntime for DockerRuntime {
             Err(e) => return Err(e.into()),
         }
         if let Some(volume) = volume {
-            let options = RemoveVolumeOptionsBuilder::default().force(true).build();
-            // Removal of a container is asynchronous inside the engine for a
-            // moment; a volume still "in use" is retried briefly.
-            for attempt in 0..20 {
-                match self.docker.remove_volume(volume, Some(options.clone())).await {
-                    Ok(()) => break,
-                    Err(e) if is_not_found(&e) => break,
-                    Err(e) if attempt == 19 => return Err(e.into()),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
+            self.remove_volume(volume).await?;
+        }
+        Ok(())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<()> {
+        let options = RemoveVolumeOptionsBuilder::default().force(true).build();
+        // Removal of a container is asynchronous inside the engine for a
+        // moment; a volume still "in use" is retried briefly.
+        for attempt in 0..20 {
+            match self.docker.remove_volume(name, Some(options.clone())).await {
+                Ok(()) => return Ok(()),
+                Err(e) if is_not_found(&e) => return Ok(()),
+                Err(e) if attempt == 19 => return Err(e.into()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
         Ok(())
@@ -249,6 +276,56 @@ impl ContainerRuntime for DockerRuntime {
             .upload_to_container(container_id, Some(options), bollard::body_full(tar.into()))
             .await?;
         Ok(())
+    }
+
+    async fn run_installer(
+        &self,
+        paths: &SandboxPaths,
+        volume: &str,
+        argv: Vec<String>,
+        timeout: Duration,
+    ) -> Result<Installed> {
+        // The installer runs no user code, so it may have the network the
+        // sandbox lacks; it always runs with runc.
+        let mut body = self.hardened(
+            paths.id,
+            vec![format!("{volume}:{VENV_IN_CONTAINER}:rw")],
+            "bridge",
+            "runc",
+        );
+        body.cmd = Some(argv);
+        body.working_dir = Some("/tmp".into());
+        body.env
+            .get_or_insert_with(Vec::new)
+            .push("UV_CACHE_DIR=/tmp/uv-cache".into());
+        let name = format!(
+            "mcp-sandbox-{}-installer-{}",
+            paths.id,
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        let id = self.docker.create_container(Some(options), body).await?.id;
+        let result = async {
+            self.docker.start_container(&id, None).await?;
+            let mut wait = self.docker.wait_container(&id, None);
+            // A non-zero exit arrives as an error; the state tells the code.
+            let timed_out = tokio::time::timeout(timeout, wait.next()).await.is_err();
+            if timed_out {
+                let _ = self.docker.kill_container(&id, None).await;
+            }
+            let exit_code = match self.state(&id).await? {
+                ContainerState::Stopped { exit_code, .. } => exit_code,
+                _ => -1,
+            };
+            Ok(Installed {
+                exit_code,
+                output: self.output(&id).await,
+                timed_out,
+            })
+        }
+        .await;
+        self.remove(&id, None).await?;
+        result
     }
 
     async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient> {

@@ -5,6 +5,7 @@ mod docker;
 mod image;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
@@ -46,6 +47,15 @@ pub enum ContainerState {
     Missing,
 }
 
+/// What an installer container did.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub exit_code: i64,
+    /// Its stdout and stderr, interleaved, the last 64 KiB.
+    pub output: String,
+    pub timed_out: bool,
+}
+
 /// A container or volume carrying this server's labels.
 #[derive(Debug, Clone)]
 pub struct Labelled {
@@ -66,12 +76,23 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     async fn unpause(&self, container_id: &str) -> Result<()>;
     /// Kills and starts a container whose agent stopped answering.
     async fn restart(&self, container_id: &str) -> Result<()>;
+    async fn remove_volume(&self, name: &str) -> Result<()>;
     /// Removes a container (if present); `volume` too when given.
     async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()>;
     async fn list_containers(&self) -> Result<Vec<Labelled>>;
     async fn list_volumes(&self) -> Result<Vec<Labelled>>;
     /// Extracts a tar archive into `dest_dir` inside the container.
     async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()>;
+    /// Runs `argv` (a package installer) in a short-lived container of the
+    /// sandbox image that mounts the sandbox's package volume and has network,
+    /// for sandboxes that have none.
+    async fn run_installer(
+        &self,
+        paths: &SandboxPaths,
+        volume: &str,
+        argv: Vec<String>,
+        timeout: Duration,
+    ) -> Result<Installed>;
     /// Opens a connection to the sandbox's agent.
     async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient>;
 }
