@@ -4,11 +4,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{docker, Harness, OWNER};
 use sandbox_actors::config::NetworkMode;
-use sandbox_actors::InstallStatusKind;
 
 const CONNECT: &str = "import socket\ntry:\n    socket.create_connection(('pypi.org', 443), timeout=5)\n    print('connected')\nexcept OSError as e:\n    print('blocked', type(e).__name__)";
 
@@ -19,36 +16,14 @@ async fn an_offline_sandbox_has_no_network_but_installs_packages() {
     let r = h.py(id, CONNECT).await.output;
     assert!(r.stdout.starts_with("blocked"), "{r:?}");
 
-    let st = h
-        .sb()
-        .install(OWNER, id, "six", Duration::from_secs(180))
-        .await
-        .unwrap();
-    assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
+    h.install_ok(id, "six").await;
     let r = h.py(id, "import six; print(six.__name__)").await.output;
     assert_eq!(r.stdout, "six\n", "{}", r.stderr);
     assert!(
         h.py(id, CONNECT).await.output.stdout.starts_with("blocked"),
         "still offline after the install"
     );
-    let listed = &h.sb().list(OWNER).await[0].installed_packages;
-    assert!(listed.iter().any(|p| p.name == "six"), "{listed:?}");
-
-    let bad = h
-        .sb()
-        .install(
-            OWNER,
-            id,
-            "surely-no-such-package-mcp-sandbox-xyz",
-            Duration::from_secs(180),
-        )
-        .await
-        .unwrap();
-    assert_eq!(bad.status, InstallStatusKind::Failed);
-    assert!(bad
-        .output
-        .unwrap_or_default()
-        .contains("surely-no-such-package-mcp-sandbox-xyz"));
+    h.install_of_a_missing_package_fails(id).await;
     // Installer containers are gone; only the sandbox's own remains.
     assert_eq!(h.own_objects(), (1, 1));
 }
@@ -86,12 +61,7 @@ async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
         "42\n",
         "state persists under gVisor"
     );
-    let st = h
-        .sb()
-        .install(OWNER, id, "six", Duration::from_secs(180))
-        .await
-        .unwrap();
-    assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
+    h.install_ok(id, "six").await;
     assert_eq!(h.py(id, "import six; print('ok')").await.output.stdout, "ok\n");
     h.sb().delete(OWNER, id).await.unwrap();
     assert_eq!(h.own_objects(), (0, 0));

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
-use sandbox_actors::{labels, Quota, Ran, Sandboxes, Settings, Work};
+use sandbox_actors::{labels, InstallStatus, InstallStatusKind, Quota, Ran, Sandboxes, Settings, Work};
 use uuid::Uuid;
 
 pub const OWNER: &str = "tester";
@@ -98,6 +98,41 @@ impl Harness {
             .run(OWNER, id, Work::Program(argv), timeout, None)
             .await
             .unwrap()
+    }
+
+    /// Installs `package`, waiting for the outcome.
+    pub async fn install(&self, id: Uuid, package: &str) -> InstallStatus {
+        self.sb()
+            .install(OWNER, id, package, Duration::from_secs(180))
+            .await
+            .unwrap()
+    }
+
+    /// Installs `package` successfully and finds it listed with the sandbox.
+    pub async fn install_ok(&self, id: Uuid, package: &str) {
+        let st = self.install(id, package).await;
+        assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
+        let listed = self
+            .sb()
+            .list(OWNER)
+            .await
+            .into_iter()
+            .find(|s| s.sandbox_id == id)
+            .unwrap()
+            .installed_packages;
+        assert!(listed.iter().any(|p| p.name == package), "{listed:?}");
+    }
+
+    /// A package that does not exist fails with the installer's message.
+    pub async fn install_of_a_missing_package_fails(&self, id: Uuid) {
+        let name = "surely-no-such-package-mcp-sandbox-xyz";
+        let st = self.install(id, name).await;
+        assert_eq!(st.status, InstallStatusKind::Failed);
+        assert!(
+            st.message.contains(name) && st.output.unwrap_or_default().contains(name),
+            "{}",
+            st.message
+        );
     }
 
     pub fn container_of(&self, id: Uuid) -> String {
