@@ -35,6 +35,9 @@ pub struct SandboxConfig {
     pub idle_timeout_seconds: u64,
     /// Calls that may wait in one sandbox's queue; more are refused.
     pub max_queued_calls: usize,
+    /// Bridged sandboxes get the server's own network, and host firewall
+    /// rules keep them from the host's services and link-local addresses.
+    pub isolate_host: bool,
 }
 
 impl Default for SandboxConfig {
@@ -55,6 +58,7 @@ impl Default for SandboxConfig {
             max_lifetime_seconds: 0,
             idle_timeout_seconds: 0,
             max_queued_calls: 16,
+            isolate_host: true,
         }
     }
 }

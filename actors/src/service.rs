@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
+use crate::config::NetworkMode;
 use crate::context::{Context, Settings};
 use crate::error::{Result, SandboxError};
 use crate::link::Ran;
@@ -78,8 +79,11 @@ impl Sandboxes {
         std::fs::create_dir_all(&settings.results_dir).map_err(|e| io("creating the results folder", e))?;
         let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
         let server_id = server_id(&settings.state_dir)?;
-        let runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
+        let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
+        if settings.sandbox.network == NetworkMode::Bridge && settings.sandbox.isolate_host {
+            runtime.isolate_network().await?;
+        }
         Self::with_runtime(settings, store, server_id, Arc::new(runtime)).await
     }
 
@@ -389,8 +393,11 @@ impl Sandboxes {
         self.ask(owner, id, |reply| SandboxMsg::Delete { reply }).await?
     }
 
-    /// Stops the actors; containers keep running and the next start adopts them.
+    /// Stops the actors; containers keep running and the next start adopts
+    /// them. With no sandbox left, the server's network and firewall rules
+    /// are removed too, so a stopped server leaves nothing behind.
     pub async fn shutdown(&self) {
+        let none_left = self.registry.read().expect("registry lock").is_empty();
         self.supervisor
             .stop_children_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
             .await;
@@ -398,6 +405,11 @@ impl Sandboxes {
             .supervisor
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
             .await;
+        if none_left {
+            if let Err(e) = self.ctx.runtime.release().await {
+                warn!(error = %e, "could not remove the sandbox network");
+            }
+        }
     }
 }
 

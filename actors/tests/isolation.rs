@@ -28,6 +28,40 @@ async fn an_offline_sandbox_has_no_network_but_installs_packages() {
     assert_eq!(h.own_objects(), (1, 1));
 }
 
+/// Connects from the sandbox to a listener on the host's side of its
+/// network (the default gateway): "reached" or "blocked".
+fn reach_host(port: u16) -> String {
+    format!(
+        "import socket, struct\n\
+         gw = next(socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) for f in (l.split() for l in open('/proc/net/route').read().splitlines()[1:]) if f[1] == '00000000')\n\
+         try:\n    s = socket.create_connection((gw, {port}), timeout=3)\n    print('reached', s.recv(5).decode())\n\
+         except OSError as e:\n    print('blocked', type(e).__name__)"
+    )
+}
+
+async fn host_reachability(isolate: bool) -> String {
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for mut s in listener.incoming().flatten().take(1) {
+            let _ = s.write_all(b"hello");
+        }
+    });
+    let h = Harness::with(|s| s.sandbox.isolate_host = isolate).await;
+    let id = h.create().await;
+    let out = h.py(id, &reach_host(port)).await.output;
+    assert_eq!(out.exit_code, 0, "{}", out.stderr);
+    out.stdout
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bridged_sandboxes_cannot_reach_the_hosts_services() {
+    // The control: without the rules, the host's listener answers.
+    assert_eq!(host_reachability(false).await.trim(), "reached hello");
+    assert!(host_reachability(true).await.starts_with("blocked"));
+}
+
 fn runsc_registered() -> bool {
     docker(&["info", "--format", "{{json .Runtimes}}"]).contains("\"runsc\"")
 }
@@ -37,7 +71,7 @@ async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
     if !runsc_registered() {
         // scripts/test registers runsc and sets this, so CI always covers it.
         assert!(
-            std::env::var_os("MCP_SANDBOX_REQUIRE_RUNSC").is_none(),
+            std::env::var_os("SANDBOX_TEST_REQUIRE_RUNSC").is_none(),
             "runsc is not registered with Docker"
         );
         eprintln!("skipped: runsc is not registered with Docker (scripts/test registers it)");

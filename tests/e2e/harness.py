@@ -4,6 +4,7 @@ id), and removes exactly the Docker objects labelled with that id."""
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -14,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BINARY = Path(os.environ.get("MCP_SANDBOX_BIN", ROOT / "target" / "debug" / "mcp-sandbox"))
+BINARY = Path(os.environ.get("SANDBOX_TEST_BIN", ROOT / "target" / "debug" / "mcp-sandbox"))
 SERVER_LABEL = "io.mcp-sandbox.server"
 
 
@@ -111,6 +112,14 @@ class Server:
                 docker("rm", "-f", "-v", *containers)
             if volumes:
                 docker("volume", "rm", "-f", *volumes)
+            for network in docker("network", "ls", "-q", "--filter", f"label={SERVER_LABEL}={self.server_id}").split():
+                docker("network", "rm", network)
+            tag = f"mcp-sandbox:{self.server_id}"
+            for chain in ("INPUT", "DOCKER-USER"):
+                rules = subprocess.run(["iptables", "-w", "-S", chain], capture_output=True, text=True).stdout
+                for line in rules.splitlines():
+                    if tag in line:
+                        subprocess.run(["iptables", "-w", "-D", *shlex.split(line)[1:]], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

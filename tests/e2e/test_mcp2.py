@@ -11,7 +11,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 
-from harness import BINARY, Server, get
+from harness import BINARY, Server, docker, get
 
 TOOLS = {
     "create_sandbox",
@@ -281,6 +281,9 @@ def test_a_killed_server_is_restarted_and_adopts_its_sandboxes():
 
         run(check())
         assert server.own_objects() == ([], [])
+        server.stop()
+        networks = docker("network", "ls", "-q", "--filter", f"label=io.mcp-sandbox.server={server.server_id}").split()
+        assert networks == [], "a server stopped with no sandboxes removes its network"
     finally:
         server.cleanup()
 

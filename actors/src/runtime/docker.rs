@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, VolumeCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder,
@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, SANDBOX_UID};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
-use crate::config::SandboxConfig;
+use crate::config::{NetworkMode, SandboxConfig};
 use crate::error::Result;
 use crate::labels;
 
@@ -30,6 +30,8 @@ pub struct DockerRuntime {
     server_id: String,
     config: SandboxConfig,
     image: String,
+    /// The server's own bridge network, once [`Self::isolate_network`] made it.
+    network: Option<String>,
 }
 
 impl DockerRuntime {
@@ -44,11 +46,38 @@ impl DockerRuntime {
             server_id: server_id.to_string(),
             config,
             image,
+            network: None,
         })
     }
 
-    pub fn docker(&self) -> &Docker {
-        &self.docker
+    /// Puts bridged sandboxes on this server's own labelled bridge network
+    /// and applies host firewall rules for its subnet. Without rules (no
+    /// iptables, not root) sandboxes still run; the warning says what is lost.
+    pub async fn isolate_network(&mut self) -> Result<()> {
+        let name = format!("mcp-sandbox-{}", self.server_id);
+        if self.docker.inspect_network(&name, None).await.is_err() {
+            let request = NetworkCreateRequest {
+                name: name.clone(),
+                driver: Some("bridge".into()),
+                labels: Some(labels::for_server(&self.server_id)),
+                ..Default::default()
+            };
+            self.docker.create_network(request).await?;
+        }
+        let inspect = self.docker.inspect_network(&name, None).await?;
+        let subnet = inspect
+            .ipam
+            .and_then(|i| i.config)
+            .and_then(|c| c.into_iter().find_map(|c| c.subnet));
+        match subnet.map(|s| super::firewall::apply(&self.server_id, &s)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "host firewall rules not applied: bridged sandboxes can reach the host's services")
+            }
+            None => tracing::warn!(network = %name, "the sandbox network has no subnet; no firewall rules applied"),
+        }
+        self.network = Some(name);
+        Ok(())
     }
 
     /// Builds the sandbox image unless it is present (see [`super::image`]).
@@ -109,7 +138,11 @@ impl DockerRuntime {
             format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
             format!("{volume}:{VENV_IN_CONTAINER}:rw"),
         ];
-        self.hardened(paths.id, binds, self.config.network.as_docker(), &self.config.runtime)
+        let network = match self.config.network {
+            NetworkMode::Bridge => self.network.as_deref().unwrap_or("bridge"),
+            NetworkMode::None => "none",
+        };
+        self.hardened(paths.id, binds, network, &self.config.runtime)
     }
 
     /// A finished container's stdout and stderr, the last `MAX_LOG` bytes.
@@ -326,6 +359,20 @@ impl ContainerRuntime for DockerRuntime {
         .await;
         self.remove(&id, None).await?;
         result
+    }
+
+    async fn release(&self) -> Result<()> {
+        if let Some(network) = &self.network {
+            if let Err(e) = super::firewall::remove(&self.server_id) {
+                tracing::warn!(error = %e, "could not remove host firewall rules");
+            }
+            match self.docker.remove_network(network).await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient> {

@@ -2,6 +2,7 @@
 //! a trait so that unit tests of actor logic can replace it.
 
 mod docker;
+pub mod firewall;
 mod image;
 
 use std::path::PathBuf;
@@ -93,6 +94,9 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         argv: Vec<String>,
         timeout: Duration,
     ) -> Result<Installed>;
+    /// Removes what the runtime set up for this server's sandboxes (their
+    /// network, firewall rules), once no sandbox is left.
+    async fn release(&self) -> Result<()>;
     /// Opens a connection to the sandbox's agent.
     async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient>;
 }

@@ -158,6 +158,10 @@ impl Drop for Harness {
         for v in docker(&["volume", "ls", "-q", "--filter", &filter]).lines() {
             docker(&["volume", "rm", "-f", v]);
         }
+        for n in docker(&["network", "ls", "-q", "--filter", &filter]).lines() {
+            docker(&["network", "rm", n]);
+        }
+        let _ = sandbox_actors::runtime::firewall::remove(&self.server_id);
     }
 }
 
