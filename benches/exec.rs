@@ -13,7 +13,7 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::Docker;
 use common::{arg, header, row, Series};
 use futures_util::StreamExt;
-use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::{Sandboxes, Settings, Work};
 
 const OWNER: &str = "bench";
@@ -50,6 +50,7 @@ async fn main() {
         sandbox: SandboxConfig::default(),
         packages: PackagesConfig::default(),
         uploads: UploadsConfig::default(),
+        pool: PoolConfig { size: 0 },
         state_dir: root.path().join("state"),
         results_dir: root.path().join("results"),
         protected: vec![],

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
@@ -22,6 +22,7 @@ pub struct Config {
     pub results: ResultsConfig,
     pub auth: AuthConfig,
     pub limits: LimitsConfig,
+    pub pool: PoolConfig,
 }
 
 /// `[server]`
@@ -67,7 +68,9 @@ impl Default for ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 7] = ["server", "sandbox", "packages", "uploads", "results", "auth", "limits"];
+const SECTIONS: [&str; 8] = [
+    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool",
+];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +184,7 @@ impl Config {
             sandbox: self.sandbox.clone(),
             packages: self.packages.clone(),
             uploads: self.uploads.clone(),
+            pool: self.pool.clone(),
             state_dir: abs(&self.server.state_dir),
             results_dir: abs(&self.results.dir),
             protected: config_path

@@ -35,6 +35,9 @@ pub struct SandboxConfig {
     pub idle_timeout_seconds: u64,
     /// Calls that may wait in one sandbox's queue; more are refused.
     pub max_queued_calls: usize,
+    /// An idle sandbox is paused (frozen: memory kept, no CPU) after this
+    /// long without calls, and unpaused by the next call (0: never).
+    pub pause_after_seconds: u64,
     /// Bridged sandboxes get the server's own network, and host firewall
     /// rules keep them from the host's services and link-local addresses.
     pub isolate_host: bool,
@@ -59,6 +62,7 @@ impl Default for SandboxConfig {
             idle_timeout_seconds: 0,
             max_queued_calls: 16,
             isolate_host: true,
+            pause_after_seconds: 60,
         }
     }
 }
@@ -85,6 +89,19 @@ impl NetworkMode {
 pub struct PackagesConfig {
     pub index_url: Option<String>,
     pub extra_index_url: Option<String>,
+}
+
+/// `[pool]`: sandboxes kept ready for `create_sandbox`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    pub size: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self { size: 2 }
+    }
 }
 
 /// `[uploads]`: host folders `upload_file_to_sandbox` may copy from.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use crate::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use crate::records::RecordStore;
 use crate::runtime::{ContainerRuntime, SandboxPaths};
 
@@ -16,6 +16,7 @@ pub struct Settings {
     pub sandbox: SandboxConfig,
     pub packages: PackagesConfig,
     pub uploads: UploadsConfig,
+    pub pool: PoolConfig,
     /// The server's own folder: records and agent sockets. Never uploadable.
     pub state_dir: PathBuf,
     /// Host folder holding each sandbox's `/app/results`.

@@ -11,6 +11,7 @@ mod install;
 pub mod labels;
 mod link;
 pub mod packages;
+mod pool;
 pub mod records;
 pub mod runtime;
 mod sandbox;

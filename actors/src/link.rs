@@ -31,6 +31,8 @@ pub struct Link {
     /// Whether this link has talked to the agent: losing a connection after
     /// that means the Python state went with it.
     connected_before: bool,
+    /// The container is frozen (idle parking); the next call thaws it.
+    paused: bool,
 }
 
 /// A run's output and what happened to the sandbox on the way.
@@ -49,7 +51,35 @@ impl Link {
             volume,
             client: None,
             connected_before: false,
+            paused: false,
         }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Freezes the idle container: memory stays, CPU use drops to zero.
+    pub async fn pause(&mut self) -> Result<()> {
+        if !self.paused {
+            self.ctx.runtime.pause(&self.container_id).await?;
+            self.paused = true;
+        }
+        Ok(())
+    }
+
+    /// Thaws the container if this link froze it (or found it frozen).
+    pub async fn wake(&mut self) -> Result<()> {
+        if self.paused {
+            self.ctx.runtime.unpause(&self.container_id).await?;
+            self.paused = false;
+        }
+        Ok(())
+    }
+
+    /// Records that the container was found frozen (by an earlier server).
+    pub fn found_paused(&mut self) {
+        self.paused = true;
     }
 
     pub fn ctx(&self) -> &Arc<Context> {
@@ -69,6 +99,7 @@ impl Link {
         let mut notices: Vec<String> = Vec::new();
         let mut resent = false;
         let busy_until = tokio::time::Instant::now() + BUSY_WAIT;
+        self.wake().await?;
         loop {
             if let Some(n) = self.connect().await? {
                 notices.push(n);
@@ -208,29 +239,30 @@ impl Link {
                 Some("The sandbox's container had been removed and was re-created. Files in /app/results and installed packages are kept; Python variables were lost.".to_string())
             }
         };
-        self.client = Some(self.wait_for_agent().await?);
+        self.client = Some(wait_for_agent(&self.ctx, &self.paths, &self.container_id).await?);
         Ok(notice)
     }
+}
 
-    async fn wait_for_agent(&self) -> Result<AgentClient> {
-        let deadline = tokio::time::Instant::now() + AGENT_START;
-        let mut last = String::new();
-        while tokio::time::Instant::now() < deadline {
-            match self.ctx.runtime.connect_agent(&self.paths).await {
-                Ok(client) => return Ok(client),
-                Err(e) => last = e.to_string(),
-            }
-            if let ContainerState::Stopped { exit_code, .. } = self.ctx.runtime.state(&self.container_id).await? {
-                return Err(SandboxError::Agent(format!(
-                    "the container exited (code {exit_code}) before its agent started"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+/// Waits until a (re)started container's agent accepts a connection.
+pub async fn wait_for_agent(ctx: &Context, paths: &SandboxPaths, container_id: &str) -> Result<AgentClient> {
+    let deadline = tokio::time::Instant::now() + AGENT_START;
+    let mut last = String::new();
+    while tokio::time::Instant::now() < deadline {
+        match ctx.runtime.connect_agent(paths).await {
+            Ok(client) => return Ok(client),
+            Err(e) => last = e.to_string(),
         }
-        Err(SandboxError::Agent(format!(
-            "the agent did not start within {AGENT_START:?}: {last}"
-        )))
+        if let ContainerState::Stopped { exit_code, .. } = ctx.runtime.state(container_id).await? {
+            return Err(SandboxError::Agent(format!(
+                "the container exited (code {exit_code}) before its agent started"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    Err(SandboxError::Agent(format!(
+        "the agent did not start within {AGENT_START:?}: {last}"
+    )))
 }
 
 fn join(notices: Vec<String>) -> Option<String> {

@@ -26,6 +26,7 @@ use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
+use crate::runtime::ContainerState;
 use crate::uploads;
 
 /// A run of Python code or of a shell command.
@@ -117,8 +118,9 @@ pub enum SandboxMsg {
         reply: RpcReplyPort<Result<()>>,
     },
     Info(RpcReplyPort<SandboxInfo>),
-    /// Deletes the sandbox if its lifetime is over and it is idle.
-    Expire,
+    /// Periodic: deletes the sandbox if its lifetime is over, or pauses it
+    /// if it has been idle long enough.
+    Tick,
     /// A job ended and hands the link back.
     Done(Box<Finished>),
 }
@@ -211,12 +213,16 @@ impl Actor for SandboxActor {
         if changed {
             ctx.store.put(record.clone()).await?;
         }
-        let link = Link::new(
+        let mut link = Link::new(
             ctx.clone(),
             ctx.paths(record.id),
             record.container_id.clone(),
             record.volume.clone(),
         );
+        // An adopted sandbox may have been paused by the previous server.
+        if let Ok(ContainerState::Paused) = ctx.runtime.state(&record.container_id).await {
+            link.found_paused();
+        }
         Ok(SandboxState {
             ctx,
             record,
@@ -269,6 +275,10 @@ impl Actor for SandboxActor {
                 }
             }
             SandboxMsg::InstallStatus { package, reply } => {
+                if let Some(link) = state.link.as_mut() {
+                    // The fallback below asks the agent, which must be awake.
+                    link.wake().await?;
+                }
                 if let Some(record) = state.record.installs.get(&package) {
                     let _ = reply.send(Ok(record.into()));
                 } else {
@@ -297,14 +307,22 @@ impl Actor for SandboxActor {
             SandboxMsg::Info(reply) => {
                 let _ = reply.send(info(state));
             }
-            SandboxMsg::Expire => {
-                let idle = state.link.is_some() && state.queue.is_empty();
-                let over = expires_at(state).is_some_and(|t| t <= OffsetDateTime::now_utc());
-                if idle && over && !state.deleting {
+            SandboxMsg::Tick => {
+                let idle = state.link.is_some() && state.queue.is_empty() && !state.deleting;
+                let now = OffsetDateTime::now_utc();
+                let pause_after = state.ctx.settings.sandbox.pause_after_seconds;
+                if idle && expires_at(state).is_some_and(|t| t <= now) {
                     tracing::info!(sandbox = %state.record.id, "lifetime over: deleting the sandbox");
                     state.deleting = true;
                     let (tx, _) = ractor::concurrency::oneshot();
                     state.queue.push_back(Job::Delete { reply: tx.into() });
+                } else if idle && pause_after > 0 && now - state.last_used >= Duration::from_secs(pause_after) {
+                    let link = state.link.as_mut().expect("idle");
+                    if !link.is_paused() {
+                        if let Err(e) = link.pause().await {
+                            tracing::warn!(sandbox = %state.record.id, error = %e, "could not pause an idle sandbox");
+                        }
+                    }
                 }
             }
             SandboxMsg::Done(finished) => self.finished(&myself, state, *finished).await?,
@@ -494,7 +512,12 @@ fn info(state: &SandboxState) -> SandboxInfo {
         sandbox_id: r.id,
         name: r.name.clone(),
         owner: r.owner.clone(),
-        status: if state.deleting { "deleting" } else { "running" }.into(),
+        status: match (&state.link, state.deleting) {
+            (_, true) => "deleting",
+            (Some(link), _) if link.is_paused() => "paused",
+            _ => "running",
+        }
+        .into(),
         created_at: r.created_at,
         expires_at: expires_at(state),
         installed_packages: r.packages.clone(),

@@ -3,7 +3,6 @@
 //! only creation and start-up reconciliation talk to the runtime directly.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +20,8 @@ use crate::config::NetworkMode;
 use crate::context::{Context, Settings};
 use crate::error::{Result, SandboxError};
 use crate::link::Ran;
+use crate::pool::{self, Pool};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
-use crate::runtime::SANDBOX_UID;
 use crate::runtime::{ContainerRuntime, DockerRuntime};
 use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
@@ -66,6 +65,7 @@ pub struct Sandboxes {
     ctx: Arc<Context>,
     registry: Registry,
     pending: Pending,
+    pool: Arc<Pool>,
     supervisor: ActorRef<SupervisorMsg>,
     server_id: String,
 }
@@ -111,6 +111,7 @@ impl Sandboxes {
             .await
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
         let me = Self {
+            pool: Pool::start(ctx.clone(), 0),
             ctx,
             registry,
             pending: Pending::default(),
@@ -118,6 +119,12 @@ impl Sandboxes {
             server_id,
         };
         me.reconcile().await?;
+        // Filled only now: reconciling would remove pooled sandboxes, which
+        // have no record.
+        let me = Self {
+            pool: Pool::start(me.ctx.clone(), me.ctx.settings.pool.size),
+            ..me
+        };
         Ok(me)
     }
 
@@ -262,19 +269,11 @@ impl Sandboxes {
             None => format!("Sandbox {}", self.list(owner).await.len() + 1),
         };
         let _reservation = self.reserve(owner, quota)?;
-        let id = Uuid::new_v4();
-        let paths = self.ctx.paths(id);
-        for dir in [&paths.results, &paths.agent] {
-            prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
-        }
-        let created = match self.ctx.runtime.create(&paths, None).await {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&paths.results);
-                let _ = std::fs::remove_dir_all(&paths.agent);
-                return Err(e);
-            }
+        let provisioned = match self.pool.take() {
+            Some(p) => p,
+            None => pool::provision(&self.ctx).await?,
         };
+        let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
         let lifetime = self.ctx.settings.sandbox.max_lifetime_seconds;
         let record = SandboxRecord {
@@ -397,6 +396,7 @@ impl Sandboxes {
     /// them. With no sandbox left, the server's network and firewall rules
     /// are removed too, so a stopped server leaves nothing behind.
     pub async fn shutdown(&self) {
+        self.pool.drain().await;
         let none_left = self.registry.read().expect("registry lock").is_empty();
         self.supervisor
             .stop_children_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
@@ -427,14 +427,4 @@ fn server_id(state_dir: &Path) -> Result<String> {
             Ok(id)
         }
     }
-}
-
-/// Creates a host folder that the sandbox user (not root) must write.
-fn prepare_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    if let Err(e) = std::os::unix::fs::chown(dir, Some(SANDBOX_UID), Some(SANDBOX_UID)) {
-        warn!(dir = %dir.display(), error = %e, "cannot hand a sandbox folder to the sandbox user (is the server root?)");
-    }
-    Ok(())
 }

@@ -100,7 +100,7 @@ impl Actor for Supervisor {
                 let _ = reply.send(Self::spawn_child(&myself, state, record, None).await);
             }
             SupervisorMsg::Reap => {
-                // Each actor knows its own lifetime and whether it is idle.
+                // Each actor knows its own lifetime and how long it has idled.
                 let actors: Vec<ActorRef<SandboxMsg>> = state
                     .registry
                     .read()
@@ -109,7 +109,7 @@ impl Actor for Supervisor {
                     .map(|e| e.actor.clone())
                     .collect();
                 for actor in actors {
-                    let _ = actor.cast(SandboxMsg::Expire);
+                    let _ = actor.cast(SandboxMsg::Tick);
                 }
             }
         }

@@ -136,6 +136,7 @@ mod tests {
             uploads: UploadsConfig {
                 allowed_dirs: vec![allowed.to_path_buf()],
             },
+            pool: Default::default(),
             state_dir: state.to_path_buf(),
             results_dir: state.join("results"),
             protected: vec![],

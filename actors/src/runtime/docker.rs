@@ -235,6 +235,10 @@ impl ContainerRuntime for DockerRuntime {
         })
     }
 
+    async fn pause(&self, container_id: &str) -> Result<()> {
+        Ok(self.docker.pause_container(container_id).await?)
+    }
+
     async fn unpause(&self, container_id: &str) -> Result<()> {
         Ok(self.docker.unpause_container(container_id).await?)
     }

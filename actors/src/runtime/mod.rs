@@ -74,6 +74,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef>;
     async fn start(&self, container_id: &str) -> Result<()>;
     async fn state(&self, container_id: &str) -> Result<ContainerState>;
+    async fn pause(&self, container_id: &str) -> Result<()>;
     async fn unpause(&self, container_id: &str) -> Result<()>;
     /// Kills and starts a container whose agent stopped answering.
     async fn restart(&self, container_id: &str) -> Result<()>;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use sandbox_actors::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::{labels, InstallStatus, InstallStatusKind, Quota, Ran, Sandboxes, Settings, Work};
 use uuid::Uuid;
 
@@ -29,6 +29,8 @@ pub fn settings(root: &Path) -> Settings {
         uploads: UploadsConfig {
             allowed_dirs: vec![uploads],
         },
+        // Tests count their own objects; the pool has tests of its own.
+        pool: PoolConfig { size: 0 },
         state_dir: root.join("state"),
         results_dir: root.join("results"),
         protected: vec![],

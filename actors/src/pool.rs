@@ -1,0 +1,175 @@
+//! Making sandboxes, and keeping a few made ahead of demand.
+//!
+//! [`provision`] makes the container of a new sandbox (folders, package
+//! volume, container). The warm [`Pool`] keeps `[pool] size` of them with the
+//! agent answering and the Python worker started, owned by nobody;
+//! `create_sandbox` claims one (recording owner and name only then: Docker
+//! cannot relabel a container) and the pool refills in the background.
+//! Pooled sandboxes have no record, so a restarted server removes them like
+//! any unexplained container, and a stopped server removes them itself.
+
+use std::collections::VecDeque;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::agent::Work;
+use crate::context::Context;
+use crate::error::{Result, SandboxError};
+use crate::link::wait_for_agent;
+use crate::runtime::{ContainerRef, SANDBOX_UID};
+
+/// A sandbox's container before it has an owner.
+pub struct Provisioned {
+    pub id: Uuid,
+    pub container: ContainerRef,
+}
+
+/// Creates a host folder that the sandbox user (not root) must write.
+fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    if let Err(e) = std::os::unix::fs::chown(dir, Some(SANDBOX_UID), Some(SANDBOX_UID)) {
+        warn!(dir = %dir.display(), error = %e, "cannot hand a sandbox folder to the sandbox user (is the server root?)");
+    }
+    Ok(())
+}
+
+/// Makes the folders, package volume and running container of a new sandbox.
+pub async fn provision(ctx: &Context) -> Result<Provisioned> {
+    let id = Uuid::new_v4();
+    let paths = ctx.paths(id);
+    let cleanup = || {
+        let _ = std::fs::remove_dir_all(&paths.results);
+        let _ = std::fs::remove_dir_all(&paths.agent);
+    };
+    for dir in [&paths.results, &paths.agent] {
+        if let Err(e) = prepare_dir(dir) {
+            cleanup();
+            return Err(SandboxError::Internal(format!("preparing {}: {e}", dir.display())));
+        }
+    }
+    match ctx.runtime.create(&paths, None).await {
+        Ok(container) => Ok(Provisioned { id, container }),
+        Err(e) => {
+            cleanup();
+            Err(e)
+        }
+    }
+}
+
+/// Removes a provisioned sandbox that was never handed out.
+pub async fn discard(ctx: &Context, p: &Provisioned) {
+    let paths = ctx.paths(p.id);
+    if let Err(e) = ctx
+        .runtime
+        .remove(&p.container.container_id, Some(&p.container.volume))
+        .await
+    {
+        warn!(sandbox = %p.id, error = %e, "could not remove a pooled sandbox");
+    }
+    let _ = std::fs::remove_dir_all(&paths.results);
+    let _ = std::fs::remove_dir_all(&paths.agent);
+}
+
+/// Provisions a sandbox and waits until its worker is up, so that the first
+/// call of its owner costs what any later call costs.
+async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
+    let p = provision(ctx).await?;
+    let warmed = async {
+        let mut client = wait_for_agent(ctx, &ctx.paths(p.id), &p.container.container_id).await?;
+        client
+            .run(&Work::Python("pass".into()), 30.0, 1024, None)
+            .await
+            .map_err(|e| SandboxError::Agent(e.to_string()))
+    };
+    match warmed.await {
+        Ok(_) => Ok(p),
+        Err(e) => {
+            discard(ctx, &p).await;
+            Err(e)
+        }
+    }
+}
+
+pub struct Pool {
+    ctx: Arc<Context>,
+    size: usize,
+    ready: Mutex<VecDeque<Provisioned>>,
+    wake: Notify,
+    stop: CancellationToken,
+    filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Pool {
+    pub fn start(ctx: Arc<Context>, size: usize) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            ctx,
+            size,
+            ready: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+            filler: Mutex::new(None),
+        });
+        if size > 0 {
+            let handle = tokio::spawn(pool.clone().fill());
+            *pool.filler.lock().expect("pool lock") = Some(handle);
+        }
+        pool
+    }
+
+    /// Takes a ready sandbox, if any, and asks for a replacement.
+    pub fn take(&self) -> Option<Provisioned> {
+        let taken = self.ready.lock().expect("pool lock").pop_front();
+        self.wake.notify_one();
+        taken
+    }
+
+    pub fn ready(&self) -> usize {
+        self.ready.lock().expect("pool lock").len()
+    }
+
+    async fn fill(self: Arc<Self>) {
+        loop {
+            while self.ready() < self.size && !self.stop.is_cancelled() {
+                match provision_warm(&self.ctx).await {
+                    Ok(p) if self.stop.is_cancelled() => discard(&self.ctx, &p).await,
+                    Ok(p) => self.ready.lock().expect("pool lock").push_back(p),
+                    Err(e) => {
+                        warn!(error = %e, "could not fill the warm pool; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                            _ = self.stop.cancelled() => return,
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = self.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Stops refilling and removes the sandboxes nobody claimed.
+    pub async fn drain(&self) {
+        self.stop.cancel();
+        let filler = self.filler.lock().expect("pool lock").take();
+        if let Some(handle) = filler {
+            let _ = handle.await;
+        }
+        let left: Vec<Provisioned> = self.ready.lock().expect("pool lock").drain(..).collect();
+        if !left.is_empty() {
+            info!(count = left.len(), "removing unclaimed pooled sandboxes");
+        }
+        for p in &left {
+            discard(&self.ctx, p).await;
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! The warm pool and idle parking against the real engine.
+
+mod common;
+
+use common::{docker, eventually, Harness, OWNER};
+use sandbox_actors::{Quota, Work};
+
+fn paused(container: &str) -> bool {
+    docker(&["inspect", "-f", "{{.State.Paused}}", container]).trim() == "true"
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_come_from_the_warm_pool_which_refills() {
+    let mut h = Harness::with(|s| s.pool.size = 2).await;
+    eventually("the pool fills", || h.own_objects() == (2, 2)).await;
+    // Pooled sandboxes belong to nobody and count against no quota.
+    assert!(h.sb().list(OWNER).await.is_empty());
+    let quota = Quota { per_owner: 1, total: 1 };
+    let id = h
+        .sb()
+        .create(OWNER, Some("pooled".into()), quota)
+        .await
+        .unwrap()
+        .sandbox_id;
+    let r = h.py(id, "print('warm')").await.output;
+    assert_eq!(r.stdout, "warm\n");
+    eventually("the pool refills", || h.own_objects() == (3, 3)).await;
+    assert_eq!(h.sb().list(OWNER).await.len(), 1);
+    assert!(
+        h.sb().list("someone-else").await.is_empty(),
+        "a claimed sandbox is its owner's alone"
+    );
+
+    // A stopped server removes what it pooled and keeps what it handed out.
+    h.sandboxes.take().unwrap().shutdown().await;
+    assert_eq!(h.own_objects(), (1, 1));
+    h.restart().await;
+    assert_eq!(h.sb().list(OWNER).await[0].sandbox_id, id);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
+    let h = Harness::with(|s| s.sandbox.pause_after_seconds = 1).await;
+    let id = h.create().await;
+    h.py(id, "kept = 'state'").await;
+    let container = h.container_of(id);
+    eventually("the idle sandbox is paused", || paused(&container)).await;
+    assert_eq!(h.sb().list(OWNER).await[0].status, "paused");
+    let r = h
+        .sb()
+        .run(OWNER, id, Work::Python("print(kept)".into()), None, None)
+        .await
+        .unwrap();
+    assert_eq!(r.output.stdout, "state\n", "memory survived the pause");
+    assert!(r.notice.is_none(), "a pause is not a restart: {:?}", r.notice);
+    let st = h.sb().install_status(OWNER, id, "never-installed").await.unwrap();
+    assert_eq!(
+        st.status,
+        sandbox_actors::InstallStatusKind::NotFound,
+        "queries wake it too"
+    );
+}
