@@ -7,39 +7,14 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::Docker;
-use common::{arg, header, row, Series};
-use futures_util::StreamExt;
+use common::{arg, docker_exec, header, row, Series};
 use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::{Sandboxes, Settings, Work};
 
 const OWNER: &str = "bench";
-
-async fn docker_exec(docker: &Docker, container: &str) -> Duration {
-    let t = Instant::now();
-    let exec = docker
-        .create_exec(
-            container,
-            CreateExecOptions {
-                cmd: Some(vec!["python3", "-c", "print(1)"]),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("create exec");
-    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await.expect("start exec")
-    {
-        while output.next().await.is_some() {}
-    }
-    let code = docker.inspect_exec(&exec.id).await.expect("inspect").exit_code;
-    assert_eq!(code, Some(0));
-    t.elapsed()
-}
 
 #[tokio::main]
 async fn main() {

@@ -35,6 +35,8 @@ pub struct AppState {
     pub links: Links,
     pub limits: Arc<Limits>,
     pub sse: SseSessions,
+    /// Cancelled when the server stops: long-lived streams end with it.
+    pub shutdown: CancellationToken,
     /// Set when authentication is on: artifact links must carry its tokens.
     pub signer: Option<LinkSigner>,
     guard: Arc<Guard>,
@@ -216,6 +218,7 @@ pub fn router(
         links: links.clone(),
         limits: limits.clone(),
         sse: SseSessions::default(),
+        shutdown: shutdown.clone(),
         signer,
         guard: Arc::new(Guard::new(config)),
     };

@@ -35,6 +35,9 @@ fn limits(config: &Config) -> anyhow::Result<Arc<Limits>> {
     Ok(Arc::new(Limits::new(config.limits.clone(), keys, rates)))
 }
 
+/// How long requests in flight may finish after a stop signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Resolves on SIGINT or SIGTERM.
 async fn stop_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
@@ -68,15 +71,23 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let app = crate::http::router(&config, sandboxes.clone(), limits, signer, shutdown.clone());
     info!(%addr, auth = config.auth.enabled, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let stop = shutdown.clone();
-    axum::serve(
+    let serving = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
     .with_graceful_shutdown(async move {
         stop_signal().await;
         stop.cancel();
-    })
-    .await?;
+    });
+    // Requests in flight get a grace period; then the server stops anyway.
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        served = serving => served?,
+        _ = deadline => tracing::warn!("connections still open {SHUTDOWN_GRACE:?} after the stop signal; stopping anyway"),
+    }
     // Containers keep running: the next start adopts them.
     sandboxes.shutdown().await;
     info!("stopped");

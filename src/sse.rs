@@ -111,7 +111,12 @@ pub async fn open(
             let data = serde_json::to_string(&msg).unwrap_or_default();
             Ok(Event::default().event("message").data(data))
         });
-    Sse::new(endpoint.chain(messages)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    // The stream ends when the server shuts down, or a graceful shutdown
+    // would wait for it forever.
+    let events = endpoint
+        .chain(messages)
+        .take_until(app.shutdown.clone().cancelled_owned());
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
 #[derive(Deserialize)]

@@ -2,7 +2,13 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
+pub mod mcp;
+
+use std::time::{Duration, Instant};
+
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::Docker;
+use futures_util::StreamExt;
 
 /// Latencies of one measured series.
 pub struct Series {
@@ -59,4 +65,24 @@ pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The baseline of an exec: `docker exec <container> python3 -c 'print(1)'`
+/// through the Engine API.
+pub async fn docker_exec(docker: &Docker, container: &str) -> Duration {
+    let t = Instant::now();
+    let options = CreateExecOptions {
+        cmd: Some(vec!["python3", "-c", "print(1)"]),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        ..Default::default()
+    };
+    let exec = docker.create_exec(container, options).await.expect("create exec");
+    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await.expect("start exec")
+    {
+        while output.next().await.is_some() {}
+    }
+    let code = docker.inspect_exec(&exec.id).await.expect("inspect").exit_code;
+    assert_eq!(code, Some(0));
+    t.elapsed()
 }

@@ -3,6 +3,7 @@ and the real Docker engine: every transport, the whole workflow, artifacts,
 progress, cancellation, output budget and recovery after a server kill."""
 
 import asyncio
+import signal
 import base64
 import hashlib
 import urllib.parse
@@ -304,3 +305,27 @@ def test_http_guards(server):
         except __import__("urllib.error").error.HTTPError as e:
             code = e.code
         assert code == expected, (query, code)
+
+
+def test_a_server_with_open_sse_sessions_stops_on_sigterm():
+    server = Server().start()
+    try:
+        async def hold_session_open_while_stopping():
+            async with Client(sse_client(server.url + "/sse"), mode="legacy") as c:
+                await ok_list(c)
+                server.proc.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(server.proc.wait, 60)
+
+        try:
+            run(hold_session_open_while_stopping())
+        except Exception:  # noqa: BLE001 - the stream ends under the client; either outcome is fine
+            pass
+        assert server.proc.returncode == 0, "stopped cleanly rather than killed"
+        assert server.own_objects() == ([], [])
+    finally:
+        server.cleanup()
+
+
+async def ok_list(c):
+    r = await c.call_tool("list_sandboxes", {})
+    assert not r.is_error

@@ -1,34 +1,26 @@
-//! Load generator: starts the release server, then drives it with MCP
-//! clients speaking raw JSON-RPC over HTTP, so the figures are the server's
-//! and not a client library's:
-//!
-//! 1. one client, `print(1)` in a loop, over `/mcp` (session-based
-//!    Streamable HTTP, 2025-06-18) and over the legacy `/sse` transport;
-//! 2. N concurrent clients, each with its own sandbox: create, `print(1)` for
-//!    S seconds, delete; calls per second, p50/p95/p99 and errors.
-//!
-//! `cargo build --release && cargo bench --bench load [-- --clients 10 --seconds 10 --n 300]`
+//! A raw JSON-RPC MCP client (Streamable HTTP with a session, and legacy
+//! SSE) and a launcher for the release server, so benchmarks measure the
+//! server and not a client library.
 
-mod common;
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{arg, header, row, Series};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 const PROTOCOL: &str = "2025-06-18";
 
-fn rpc(id: u64, method: &str, params: Value) -> Value {
+pub fn rpc(id: u64, method: &str, params: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
-fn init_params() -> Value {
+pub fn init_params() -> Value {
     json!({"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "mcp-sandbox-load", "version": "1"}})
 }
 
@@ -40,7 +32,7 @@ fn find_response(body: &str, id: u64) -> Option<Value> {
         .find(|v| v.get("id").and_then(Value::as_u64) == Some(id))
 }
 
-enum Transport {
+pub enum Transport {
     /// Streamable HTTP with a session.
     Http { url: String, session: String },
     /// Legacy SSE: POSTs to `post_url`, answers through the event stream.
@@ -51,14 +43,14 @@ enum Transport {
     },
 }
 
-struct McpClient {
+pub struct McpClient {
     http: reqwest::Client,
     transport: Transport,
     next: AtomicU64,
 }
 
 impl McpClient {
-    async fn http(http: reqwest::Client, base: &str) -> Self {
+    pub async fn http(http: reqwest::Client, base: &str) -> Self {
         let url = format!("{base}/mcp");
         let resp = http
             .post(&url)
@@ -84,7 +76,7 @@ impl McpClient {
         me
     }
 
-    async fn sse(http: reqwest::Client, base: &str) -> Self {
+    pub async fn sse(http: reqwest::Client, base: &str) -> Self {
         let resp = http.get(format!("{base}/sse")).send().await.expect("open /sse");
         let mut body = resp.bytes_stream();
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
@@ -197,7 +189,7 @@ impl McpClient {
     }
 
     /// Calls a tool; `Err` for a protocol or tool error.
-    async fn tool(&self, name: &str, args: Value) -> Result<Value, String> {
+    pub async fn tool(&self, name: &str, args: Value) -> Result<Value, String> {
         let v = self
             .request("tools/call", json!({"name": name, "arguments": args}))
             .await;
@@ -209,20 +201,21 @@ impl McpClient {
     }
 }
 
-struct Server {
+pub struct Server {
     child: Child,
-    base: String,
+    pub base: String,
     _root: tempfile::TempDir,
 }
 
 impl Server {
-    async fn start(bin: &str) -> Self {
+    pub async fn start(bin: &str, env: &[(&str, String)]) -> Self {
         let root = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
+        let bin = std::fs::canonicalize(bin).expect("the release binary (cargo build --release)");
         let child = Command::new(bin)
             .args(["serve", "--port", &port.to_string()])
             .current_dir(root.path())
@@ -235,6 +228,7 @@ impl Server {
             .env("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", "200")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_TOTAL", "200")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -256,7 +250,7 @@ impl Server {
         panic!("server did not start");
     }
 
-    fn rss_mb(&self) -> f64 {
+    pub fn rss_mb(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         let kb: f64 = status
             .lines()
@@ -273,102 +267,4 @@ impl Drop for Server {
         let _ = Command::new("kill").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
     }
-}
-
-async fn sequential(client: &McpClient, n: usize) -> Vec<Duration> {
-    let sid = client.tool("create_sandbox", json!({})).await.unwrap()["sandbox_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let args = json!({"sandbox_id": sid, "code": "print(1)"});
-    for _ in 0..20 {
-        client.tool("execute_python_code", args.clone()).await.unwrap();
-    }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = client.tool("execute_python_code", args.clone()).await.unwrap();
-        out.push(t.elapsed());
-        assert_eq!(r["stdout"], "1\n");
-    }
-    client.tool("delete_sandbox", json!({"sandbox_id": sid})).await.unwrap();
-    out
-}
-
-/// `clients` clients, each with a sandbox, looping `print(1)` for `secs`.
-async fn concurrent(base: &str, sse: bool, clients: usize, secs: u64) -> (Vec<Duration>, usize, f64) {
-    let http = reqwest::Client::new();
-    let mut handles = vec![];
-    let start = Instant::now() + Duration::from_secs(2);
-    for _ in 0..clients {
-        let (http, base) = (http.clone(), base.to_string());
-        handles.push(tokio::spawn(async move {
-            let c = if sse {
-                McpClient::sse(http, &base).await
-            } else {
-                McpClient::http(http, &base).await
-            };
-            let sid = c.tool("create_sandbox", json!({})).await.unwrap()["sandbox_id"]
-                .as_str()
-                .unwrap()
-                .to_string();
-            let args = json!({"sandbox_id": sid, "code": "print(1)"});
-            c.tool("execute_python_code", args.clone()).await.unwrap();
-            tokio::time::sleep_until(start.into()).await;
-            let end = start + Duration::from_secs(secs);
-            let (mut lat, mut errors) = (vec![], 0usize);
-            while Instant::now() < end {
-                let t = Instant::now();
-                match c.tool("execute_python_code", args.clone()).await {
-                    Ok(r) if r["stdout"] == "1\n" => lat.push(t.elapsed()),
-                    _ => errors += 1,
-                }
-            }
-            c.tool("delete_sandbox", json!({"sandbox_id": sid})).await.unwrap();
-            (lat, errors)
-        }));
-    }
-    let (mut all, mut errors) = (vec![], 0);
-    for h in handles {
-        let (lat, e) = h.await.unwrap();
-        all.extend(lat);
-        errors += e;
-    }
-    let rate = all.len() as f64 / secs as f64;
-    (all, errors, rate)
-}
-
-#[tokio::main]
-async fn main() {
-    let bin: String = arg("--bin", "target/release/mcp-sandbox".to_string());
-    let n: usize = arg("--n", 300);
-    let clients: usize = arg("--clients", 10);
-    let secs: u64 = arg("--seconds", 10);
-    let bin = std::fs::canonicalize(&bin).expect("the release binary (cargo build --release)");
-    let server = Server::start(bin.to_str().unwrap()).await;
-    let rss_idle = server.rss_mb();
-    let http = reqwest::Client::new();
-
-    let mcp = Series::new(
-        "print(1) via /mcp, 1 client",
-        sequential(&McpClient::http(http.clone(), &server.base).await, n).await,
-    );
-    let sse = Series::new(
-        "print(1) via /sse, 1 client",
-        sequential(&McpClient::sse(http.clone(), &server.base).await, n).await,
-    );
-    let (lat, mcp_errors, mcp_rate) = concurrent(&server.base, false, clients, secs).await;
-    let mcp_load = Series::new(format!("print(1) via /mcp, {clients} clients x {secs} s"), lat);
-    let rss_load = server.rss_mb();
-    let (lat, sse_errors, sse_rate) = concurrent(&server.base, true, clients, secs).await;
-    let sse_load = Series::new(format!("print(1) via /sse, {clients} clients x {secs} s"), lat);
-
-    println!();
-    header();
-    for s in [&mcp, &sse, &mcp_load, &sse_load] {
-        row(s);
-    }
-    println!("/mcp with {clients} clients: {mcp_rate:.0} calls/s, {mcp_errors} errors");
-    println!("/sse with {clients} clients: {sse_rate:.0} calls/s, {sse_errors} errors");
-    println!("server RSS: {rss_idle:.1} MB idle, {rss_load:.1} MB after {clients} sandboxes");
 }

@@ -1,0 +1,298 @@
+//! The benchmark suite: one table of figures, each baseline measured in the
+//! same run, against the release server over real HTTP (raw JSON-RPC clients,
+//! so the figures are the server's).
+//!
+//! `cargo build --release && cargo bench --bench suite [-- --n 500 --clients 50 --seconds 30 --idle 100 --creates 10]`
+//! (`scripts/bench` provisions Docker and runs it.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::RemoveContainerOptionsBuilder;
+use bollard::Docker;
+use common::mcp::{McpClient, Server};
+use common::{arg, docker_exec, Series};
+use serde_json::json;
+
+const PRINT: &str = "print(1)";
+
+async fn create(c: &McpClient) -> (String, Duration) {
+    let t = Instant::now();
+    let r = c.tool("create_sandbox", json!({})).await.expect("create_sandbox");
+    (r["sandbox_id"].as_str().unwrap().to_string(), t.elapsed())
+}
+
+async fn delete_all(c: &McpClient, ids: &[String]) {
+    for id in ids {
+        c.tool("delete_sandbox", json!({"sandbox_id": id}))
+            .await
+            .expect("delete_sandbox");
+    }
+}
+
+async fn exec_series(c: &McpClient, sid: &str, n: usize) -> Vec<Duration> {
+    let args = json!({"sandbox_id": sid, "code": PRINT});
+    for _ in 0..20 {
+        c.tool("execute_python_code", args.clone()).await.unwrap();
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = c.tool("execute_python_code", args.clone()).await.unwrap();
+        out.push(t.elapsed());
+        assert_eq!(r["stdout"], "1\n");
+    }
+    out
+}
+
+/// Engine API create + start of the sandbox image, then removal.
+async fn baseline_create(docker: &Docker, image: &str, n: usize) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            cmd: Some(vec!["sleep".into(), "60".into()]),
+            labels: Some([("io.mcp-sandbox.project".to_string(), "mcp-sandbox-bench".to_string())].into()),
+            host_config: Some(HostConfig {
+                network_mode: Some("bridge".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let name = format!("mcp-sandbox-bench-baseline-{}-{i}", std::process::id());
+        let options = bollard::query_parameters::CreateContainerOptionsBuilder::default()
+            .name(&name)
+            .build();
+        let t = Instant::now();
+        let id = docker.create_container(Some(options), body).await.unwrap().id;
+        docker.start_container(&id, None).await.unwrap();
+        out.push(t.elapsed());
+        let rm = RemoveContainerOptionsBuilder::default().force(true).build();
+        docker.remove_container(&id, Some(rm)).await.unwrap();
+    }
+    out
+}
+
+/// N clients, each with its own sandbox, looping `print(1)` for `secs`.
+async fn looping(base: &str, clients: usize, secs: u64) -> (Vec<Duration>, usize, Vec<String>) {
+    let http = reqwest::Client::new();
+    let start = Instant::now() + Duration::from_secs(5);
+    let mut handles = vec![];
+    for _ in 0..clients {
+        let (http, base) = (http.clone(), base.to_string());
+        handles.push(tokio::spawn(async move {
+            let c = McpClient::http(http, &base).await;
+            let (sid, _) = create(&c).await;
+            let args = json!({"sandbox_id": sid, "code": PRINT});
+            c.tool("execute_python_code", args.clone()).await.unwrap();
+            tokio::time::sleep_until(start.into()).await;
+            let end = start + Duration::from_secs(secs);
+            let (mut lat, mut errors) = (vec![], 0usize);
+            while Instant::now() < end {
+                let t = Instant::now();
+                match c.tool("execute_python_code", args.clone()).await {
+                    Ok(r) if r["stdout"] == "1\n" => lat.push(t.elapsed()),
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors, sid)
+        }));
+    }
+    let (mut all, mut errors, mut ids) = (vec![], 0, vec![]);
+    for h in handles {
+        let (lat, e, sid) = h.await.unwrap();
+        all.extend(lat);
+        errors += e;
+        ids.push(sid);
+    }
+    (all, errors, ids)
+}
+
+/// Memory charged to a container's cgroup (cgroup v1 or v2), in MB.
+async fn container_memory_mb(docker: &Docker, sandbox: &str) -> Option<f64> {
+    let id = docker
+        .inspect_container(&format!("mcp-sandbox-{sandbox}"), None)
+        .await
+        .ok()?
+        .id?;
+    let paths = [
+        format!("/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes"),
+        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current"),
+    ];
+    let bytes: f64 = paths
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(bytes / 1024.0 / 1024.0)
+}
+
+async fn install_time(c: &McpClient, sid: &str) -> Duration {
+    let t = Instant::now();
+    let r = c
+        .tool(
+            "install_package_in_sandbox",
+            json!({"sandbox_id": sid, "package_name": "six"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "success", "{r}");
+    t.elapsed()
+}
+
+fn line(name: &str, s: &Series, note: &str) {
+    println!(
+        "| {name} | {} | {:.2} | {:.2} | {note} |",
+        s.n(),
+        s.pct(50.0),
+        s.pct(99.0)
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let bin: String = arg("--bin", "target/release/mcp-sandbox".to_string());
+    let n: usize = arg("--n", 500);
+    let clients: usize = arg("--clients", 50);
+    let secs: u64 = arg("--seconds", 30);
+    let idle: usize = arg("--idle", 100);
+    let creates: usize = arg("--creates", 10);
+    let docker = Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let ca = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+    let mut env = vec![
+        ("MCP_SANDBOX_POOL_SIZE", "2".to_string()),
+        ("MCP_SANDBOX_SANDBOX_PAUSE_AFTER_SECONDS", "0".to_string()),
+    ];
+    if ca.is_file() {
+        env.push(("MCP_SANDBOX_SANDBOX_CA_BUNDLE", ca.display().to_string()));
+    }
+
+    // create_sandbox from the pool (waiting for it to refill between calls).
+    let server = Server::start(&bin, &env).await;
+    let rss_idle = server.rss_mb();
+    let c = McpClient::http(http.clone(), &server.base).await;
+    let mut pooled = vec![];
+    let mut ids = vec![];
+    for _ in 0..creates {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (id, t) = create(&c).await;
+        pooled.push(t);
+        ids.push(id);
+    }
+    let image = docker
+        .inspect_container(&format!("mcp-sandbox-{}", ids[0]), None)
+        .await
+        .unwrap()
+        .config
+        .unwrap()
+        .image
+        .unwrap();
+
+    // Executions, and the docker exec baseline in the same container.
+    let mcp = exec_series(&c, &ids[0], n).await;
+    let sse_client = McpClient::sse(http.clone(), &server.base).await;
+    let sse = exec_series(&sse_client, &ids[0], n).await;
+    let container = format!("mcp-sandbox-{}", ids[0]);
+    docker_exec(&docker, &container).await;
+    let mut dexec = vec![];
+    for _ in 0..(n / 10).max(20) {
+        dexec.push(docker_exec(&docker, &container).await);
+    }
+
+    // Installs: the first, the same package in a second sandbox, and again.
+    let first = install_time(&c, &ids[0]).await;
+    let other = install_time(&c, &ids[1]).await;
+    let again = install_time(&c, &ids[0]).await;
+    delete_all(&c, &ids).await;
+
+    // Clients looping, then idle sandboxes up to `idle`.
+    let (lat, errors, mut loop_ids) = looping(&server.base, clients, secs).await;
+    let rate = lat.len() as f64 / secs as f64;
+    let looped = Series::new("", lat);
+    while loop_ids.len() < idle {
+        loop_ids.push(create(&c).await.0);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_full = server.rss_mb();
+    let mut mem = vec![];
+    for id in &loop_ids {
+        if let Some(m) = container_memory_mb(&docker, id).await {
+            mem.push(m);
+        }
+    }
+    delete_all(&c, &loop_ids).await;
+    drop(server);
+
+    // Cold create_sandbox (no pool), and the Engine API baseline.
+    let env_cold: Vec<(&str, String)> = vec![("MCP_SANDBOX_POOL_SIZE", "0".to_string())];
+    let cold_server = Server::start(&bin, &env_cold).await;
+    let cc = McpClient::http(http.clone(), &cold_server.base).await;
+    let mut cold = vec![];
+    let mut cold_ids = vec![];
+    for _ in 0..creates {
+        let (id, t) = create(&cc).await;
+        cold.push(t);
+        cold_ids.push(id);
+    }
+    delete_all(&cc, &cold_ids).await;
+    drop(cold_server);
+    let baseline = Series::new("", baseline_create(&docker, &image, creates).await);
+
+    let pooled = Series::new("", pooled);
+    let cold = Series::new("", cold);
+    let mcp = Series::new("", mcp);
+    let sse = Series::new("", sse);
+    let dexec = Series::new("", dexec);
+    println!();
+    println!("| figure | n | p50 ms | p99 ms | notes |");
+    println!("|---|---|---|---|---|");
+    line("create_sandbox from the warm pool", &pooled, "");
+    line(
+        "create_sandbox cold (pool off)",
+        &cold,
+        &format!("{:.2} x baseline p50", cold.pct(50.0) / baseline.pct(50.0)),
+    );
+    line("baseline: Engine API create + start", &baseline, "");
+    line(
+        "execute_python_code print(1) via /mcp",
+        &mcp,
+        &format!("{:.0} x faster than docker exec (p50)", dexec.pct(50.0) / mcp.pct(50.0)),
+    );
+    line("execute_python_code print(1) via /sse", &sse, "");
+    line("baseline: docker exec python3 -c 'print(1)'", &dexec, "");
+    line(
+        &format!("{clients} clients looping print(1), {secs} s"),
+        &looped,
+        &format!("{rate:.0} calls/s, {errors} errors"),
+    );
+    println!(
+        "| install six, first time | 1 | {:.0} | | |",
+        first.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| install six in a second sandbox | 1 | {:.0} | | no cache shared between tenants |",
+        other.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| install six again, same sandbox | 1 | {:.0} | | already installed |",
+        again.as_secs_f64() * 1000.0
+    );
+    let per_sandbox = mem.iter().sum::<f64>() / mem.len().max(1) as f64;
+    println!();
+    println!(
+        "server RSS: {rss_idle:.1} MB idle, {rss_full:.1} MB with {} sandboxes",
+        loop_ids.len()
+    );
+    println!(
+        "host memory per idle sandbox (container cgroup): {per_sandbox:.1} MB (mean of {})",
+        mem.len()
+    );
+}
