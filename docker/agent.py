@@ -20,6 +20,8 @@ import json
 import os
 import selectors
 import shutil
+import stat
+import struct
 import signal
 import socket
 import subprocess
@@ -217,6 +219,99 @@ def kill_session(sid, include_leader):
 # --------------------------------------------------------------------------
 
 
+class Watcher:
+    """Files created or changed under the results folder, from inotify, so a
+    run costs O(files it touched) rather than a scan of every file. Reports
+    `None` when it cannot be sure (no inotify, the watch limit reached, the
+    event queue overflowed); the caller then scans."""
+
+    IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+    IN_MOVED_TO, IN_CREATE = 0x80, 0x100
+    IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_ISDIR = 0x4000, 0x8000, 0x1000000, 0x40000000
+    IN_DONT_FOLLOW = 0x2000000
+    MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+    HEADER = struct.Struct("iIII")
+
+    def __init__(self):
+        import ctypes
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = -1
+        self.reset()
+
+    def reset(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.dirs = {}
+        self.changed = set()
+        self.sure = self.fd >= 0
+        if self.sure:
+            self.watch_tree(RESULTS, record=False)
+
+    def watch_tree(self, top, record):
+        for root, dirs, files in os.walk(top):
+            if root == RESULTS and PRIVATE in dirs:
+                dirs.remove(PRIVATE)
+            wd = self.libc.inotify_add_watch(self.fd, root.encode(), self.MASK | self.IN_ONLYDIR | self.IN_DONT_FOLLOW)
+            if wd < 0:
+                self.sure = False
+                return
+            self.dirs[wd] = root
+            if record:
+                # A folder made during the run: what it holds is new.
+                self.changed.update(os.path.join(root, f) for f in files)
+
+    def drain(self):
+        while self.sure:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            offset = 0
+            while offset < len(data):
+                wd, mask, _cookie, size = self.HEADER.unpack_from(data, offset)
+                name = data[offset + 16 : offset + 16 + size].rstrip(b"\0").decode("utf-8", "surrogateescape")
+                offset += 16 + size
+                if mask & self.IN_Q_OVERFLOW:
+                    self.sure = False
+                    return
+                if mask & self.IN_IGNORED:
+                    self.dirs.pop(wd, None)
+                    continue
+                parent = self.dirs.get(wd)
+                if parent is None or not name:
+                    continue
+                path = os.path.join(parent, name)
+                if mask & self.IN_ISDIR:
+                    if mask & (self.IN_CREATE | self.IN_MOVED_TO) and not (parent == RESULTS and name == PRIVATE):
+                        self.watch_tree(path, record=True)
+                else:
+                    self.changed.add(path)
+
+    def begin(self):
+        """A run starts: forget changes made before it."""
+        if not self.sure:
+            self.reset()
+        self.drain()
+        self.changed.clear()
+
+    def changes(self):
+        """Regular files the run created or changed, or None if unsure."""
+        self.drain()
+        if not self.sure:
+            return None
+        found = []
+        for path in self.changed:
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    found.append(path)
+            except OSError:
+                pass
+        found.sort()
+        return found[:MAX_FILES]
+
+
 class Job:
     """One request in flight: a Python exec in the worker or a process run."""
 
@@ -270,6 +365,10 @@ class Agent:
         # (path, ctime_ns) of files reported recently: a file written in the same
         # clock tick as the end of one run is not reported again by the next.
         self.recent = set()
+        try:
+            self.watcher = Watcher()
+        except (OSError, AttributeError):  # no inotify here: scan instead
+            self.watcher = None
 
     # ---- connections ----------------------------------------------------
     # Several may be open: the server's request stream and short-lived ones
@@ -359,6 +458,8 @@ class Agent:
         self.seq += 1
         job = Job(req, conn, self.seq)
         if job.kind == "exec":
+            if self.watcher is not None:
+                self.watcher.begin()
             self.worker.ensure()
             self.sel.register(self.worker.replies, selectors.EVENT_READ, "worker")
             msg = {"code": req["code"], "stdout": job.out, "stderr": job.err}
@@ -483,11 +584,14 @@ class Agent:
             "duration_ms": round((time.monotonic() - job.started) * 1000, 3),
         }
         if job.kind == "exec":
-            result["files"] = self.changed_files(job.started_ns)
+            watched = self.watcher.changes() if self.watcher is not None else None
+            result["files"] = watched if watched is not None else self.changed_files(job.started_ns)
         self.job = None
         self.send(job.conn, result)
 
     def changed_files(self, since_ns):
+        """The fallback to inotify: every file whose change time is not
+        older than the run."""
         found = []
         recent = set()
         stack = [RESULTS]

@@ -95,6 +95,12 @@ async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
         "42\n",
         "state persists under gVisor"
     );
+    let made = h.py(id, "open('g.txt', 'w').write('1')").await.output;
+    assert_eq!(
+        made.files,
+        vec!["/app/results/g.txt"],
+        "changed files are reported under gVisor too"
+    );
     h.install_ok(id, "six").await;
     assert_eq!(h.py(id, "import six; print('ok')").await.output.stdout, "ok\n");
     h.sb().delete(OWNER, id).await.unwrap();

@@ -104,15 +104,24 @@ async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str)
         .labels(&labels)
         .build();
     let mut stream = docker.build_image(options, None, Some(bollard::body_full(context(config)?.into())));
+    let mut tls_failed = false;
+    let hint = |tls_failed: bool| {
+        match tls_failed {
+        true => " (TLS verification failed inside the build: behind a TLS-intercepting proxy, set sandbox.ca_bundle to the host's CA bundle)",
+        false => "",
+    }
+    };
     while let Some(item) = stream.next().await {
-        let info = item.map_err(|e| SandboxError::Image(format!("build on {base}: {e}")))?;
+        let info = item.map_err(|e| SandboxError::Image(format!("build on {base}: {e}{}", hint(tls_failed))))?;
         if let Some(detail) = info.error_detail {
+            let message = detail.message.unwrap_or_default();
             return Err(SandboxError::Image(format!(
-                "build on {base}: {}",
-                detail.message.unwrap_or_default()
+                "build on {base}: {message}{}",
+                hint(tls_failed)
             )));
         }
         if let Some(line) = info.stream.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
+            tls_failed |= line.contains("CERTIFICATE_VERIFY_FAILED");
             info!(target: "mcp_sandbox::image", "{line}");
         }
     }
