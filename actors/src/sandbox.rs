@@ -276,8 +276,9 @@ impl Actor for SandboxActor {
             }
             SandboxMsg::InstallStatus { package, reply } => {
                 if let Some(link) = state.link.as_mut() {
-                    // The fallback below asks the agent, which must be awake.
-                    link.wake().await?;
+                    // The fallback below asks the agent, which must be awake;
+                    // if it cannot be woken, that query reports the failure.
+                    let _ = link.wake().await;
                 }
                 if let Some(record) = state.record.installs.get(&package) {
                     let _ = reply.send(Ok(record.into()));
