@@ -389,7 +389,10 @@ impl Sandboxes {
     }
 
     pub async fn delete(&self, owner: &str, id: Uuid) -> Result<()> {
-        self.ask(owner, id, |reply| SandboxMsg::Delete { reply }).await?
+        self.ask(owner, id, |reply| SandboxMsg::Delete { reply }).await??;
+        // Gone now, not when the supervisor hears that the actor stopped.
+        self.registry.write().expect("registry lock").remove(&id);
+        Ok(())
     }
 
     /// Stops the actors; containers keep running and the next start adopts

@@ -52,6 +52,15 @@ async fn python_state_output_and_exit_codes() {
 
     h.sb().delete(OWNER, id).await.unwrap();
     assert_eq!(h.own_objects(), (0, 0), "delete removes the container and its volume");
+    assert!(h.sb().list(OWNER).await.is_empty());
+    let mut h = h;
+    h.sandboxes.take().unwrap().shutdown().await;
+    let filter = format!("label=io.mcp-sandbox.server={}", h.server_id);
+    assert_eq!(
+        docker(&["network", "ls", "-q", "--filter", &filter]).trim(),
+        "",
+        "a stopped server with no sandboxes leaves no network"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
