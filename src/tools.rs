@@ -103,20 +103,27 @@ pub struct SandboxServer {
     tool_router: ToolRouter<Self>,
 }
 
-fn parse_id(raw: &str) -> Result<Uuid, CallToolResult> {
+fn parse_id(raw: &str) -> Result<Uuid, SandboxError> {
     Uuid::parse_str(raw.trim()).map_err(|_| {
-        failure(&SandboxError::InvalidArgument(format!(
+        SandboxError::InvalidArgument(format!(
             "sandbox_id {raw:?} is not a sandbox id; use the sandbox_id from create_sandbox or list_sandboxes"
-        )))
+        ))
     })
 }
 
-fn too_long(what: &str, len: usize, max: usize) -> Option<CallToolResult> {
-    (len > max).then(|| {
-        failure(&SandboxError::InvalidArgument(format!(
+fn check_len(what: &str, value: &str, max: usize) -> Result<(), SandboxError> {
+    match value.len() {
+        len if len > max => Err(SandboxError::InvalidArgument(format!(
             "{what} is {len} bytes; at most {max} are accepted"
-        )))
-    })
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A tool's outcome as the model reads it: a failure of the tool itself
+/// becomes an `isError` result with the error's message.
+fn reply(outcome: Result<CallToolResult, SandboxError>) -> CallToolResult {
+    outcome.unwrap_or_else(|e| failure(&e))
 }
 
 #[tool_router]
@@ -190,21 +197,24 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<CreateParams>,
     ) -> CallToolResult {
-        let owner = self.caller(&ctx).owner;
-        if let Err(wait) = self.limits.check_creation(&owner) {
-            return failure(&SandboxError::Quota(format!(
-                "too many sandboxes created in the last minute; wait {} s, or reuse one from list_sandboxes",
-                wait.seconds()
-            )));
-        }
-        let quota = Quota {
-            per_owner: self.limits.max_sandboxes(&owner),
-            total: self.limits.max_sandboxes_total(),
-        };
-        match self.sandboxes.create(&owner, p.name, quota).await {
-            Ok(info) => success(&CreatedSandbox::from(info), None, vec![]),
-            Err(e) => failure(&e),
-        }
+        reply(
+            async {
+                let owner = self.caller(&ctx).owner;
+                if let Err(wait) = self.limits.check_creation(&owner) {
+                    return Err(SandboxError::Quota(format!(
+                        "too many sandboxes created in the last minute; wait {} s, or reuse one from list_sandboxes",
+                        wait.seconds()
+                    )));
+                }
+                let quota = Quota {
+                    per_owner: self.limits.max_sandboxes(&owner),
+                    total: self.limits.max_sandboxes_total(),
+                };
+                let info = self.sandboxes.create(&owner, p.name, quota).await?;
+                Ok(success(&CreatedSandbox::from(info), None, vec![]))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -239,15 +249,11 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<ExecParams>,
     ) -> CallToolResult {
-        let id = match parse_id(&p.sandbox_id) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        if let Some(e) = too_long("code", p.code.len(), MAX_CODE_BYTES) {
-            return e;
-        }
-        match self.run(&ctx, id, Work::Python(p.code), p.timeout_seconds).await {
-            Ok(ran) => {
+        reply(
+            async {
+                let id = parse_id(&p.sandbox_id)?;
+                check_len("code", &p.code, MAX_CODE_BYTES)?;
+                let ran = self.run(&ctx, id, Work::Python(p.code), p.timeout_seconds).await?;
                 let result = PythonResult::new(ran, &self.links, id);
                 let links = result
                     .file_links
@@ -255,10 +261,10 @@ impl SandboxServer {
                     .cloned()
                     .zip(result.files.iter().map(|f| file_name(f)))
                     .collect();
-                success(&result, None, links)
+                Ok(success(&result, None, links))
             }
-            Err(e) => failure(&e),
-        }
+            .await,
+        )
     }
 
     #[tool(
@@ -272,18 +278,16 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<TerminalParams>,
     ) -> CallToolResult {
-        let id = match parse_id(&p.sandbox_id) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        if let Some(e) = too_long("command", p.command.len(), MAX_COMMAND_BYTES) {
-            return e;
-        }
-        let argv = vec!["sh".to_string(), "-c".to_string(), p.command];
-        match self.run(&ctx, id, Work::Program(argv), p.timeout_seconds).await {
-            Ok(ran) => success(&CommandResult::new(ran, &self.links, id), None, vec![]),
-            Err(e) => failure(&e),
-        }
+        reply(
+            async {
+                let id = parse_id(&p.sandbox_id)?;
+                check_len("command", &p.command, MAX_COMMAND_BYTES)?;
+                let argv = vec!["sh".to_string(), "-c".to_string(), p.command];
+                let ran = self.run(&ctx, id, Work::Program(argv), p.timeout_seconds).await?;
+                Ok(success(&CommandResult::new(ran, &self.links, id), None, vec![]))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -298,18 +302,18 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<PackageParams>,
     ) -> CallToolResult {
-        let id = match parse_id(&p.sandbox_id) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        match self
-            .sandboxes
-            .install(&self.caller(&ctx).owner, id, &p.package_name, INSTALL_WAIT)
-            .await
-        {
-            Ok(status) => success(&InstallResult::from(status), None, vec![]),
-            Err(e) => failure(&e),
-        }
+        reply(
+            async {
+                let id = parse_id(&p.sandbox_id)?;
+                let owner = self.caller(&ctx).owner;
+                let status = self
+                    .sandboxes
+                    .install(&owner, id, &p.package_name, INSTALL_WAIT)
+                    .await?;
+                Ok(success(&InstallResult::from(status), None, vec![]))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -323,18 +327,17 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<PackageParams>,
     ) -> CallToolResult {
-        let id = match parse_id(&p.sandbox_id) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        match self
-            .sandboxes
-            .install_status(&self.caller(&ctx).owner, id, &p.package_name)
-            .await
-        {
-            Ok(status) => success(&InstallResult::from(status), None, vec![]),
-            Err(e) => failure(&e),
-        }
+        reply(
+            async {
+                let id = parse_id(&p.sandbox_id)?;
+                let status = self
+                    .sandboxes
+                    .install_status(&self.caller(&ctx).owner, id, &p.package_name)
+                    .await?;
+                Ok(success(&InstallResult::from(status), None, vec![]))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -348,26 +351,27 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<UploadParams>,
     ) -> CallToolResult {
-        let id = match parse_id(&p.sandbox_id) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        match self
-            .sandboxes
-            .upload(&self.caller(&ctx).owner, id, &p.local_file_path, &p.dest_path)
-            .await
-        {
-            Ok(up) => success(
-                &UploadResult {
-                    success: true,
-                    message: format!("{} in sandbox {id}", up.message),
-                    path: up.path,
-                },
-                None,
-                vec![],
-            ),
-            Err(e) => failure(&e),
-        }
+        reply(
+            async {
+                let id = parse_id(&p.sandbox_id)?;
+                let owner = self.caller(&ctx).owner;
+                let up = self
+                    .sandboxes
+                    .upload(&owner, id, &p.local_file_path, &p.dest_path)
+                    .await?;
+                let message = format!("{} in sandbox {id}", up.message);
+                Ok(success(
+                    &UploadResult {
+                        success: true,
+                        message,
+                        path: up.path,
+                    },
+                    None,
+                    vec![],
+                ))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -380,22 +384,23 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<SandboxParams>,
     ) -> CallToolResult {
-        let id = match parse_id(&p.sandbox_id) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        match self.sandboxes.delete(&self.caller(&ctx).owner, id).await {
-            Ok(()) => success(
-                &DeleteResult {
-                    success: true,
-                    sandbox_id: id.to_string(),
-                    message: format!("Sandbox {id} deleted"),
-                },
-                None,
-                vec![],
-            ),
-            Err(e) => failure(&e),
-        }
+        reply(
+            async {
+                let id = parse_id(&p.sandbox_id)?;
+                self.sandboxes.delete(&self.caller(&ctx).owner, id).await?;
+                let message = format!("Sandbox {id} deleted");
+                Ok(success(
+                    &DeleteResult {
+                        success: true,
+                        sandbox_id: id.to_string(),
+                        message,
+                    },
+                    None,
+                    vec![],
+                ))
+            }
+            .await,
+        )
     }
 }
 
