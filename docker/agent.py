@@ -82,6 +82,7 @@ def worker_main(reply_fd, request_fd):
         if not line:
             os._exit(0)
         req = json.loads(line)
+        reap_children()
         out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(out, 1)
@@ -185,33 +186,54 @@ class Worker:
         self.proc = None
 
 
+def session_members(sid, include_leader):
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == sid and not include_leader:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat_line = f.read()
+            fields = stat_line[stat_line.rindex(b")") + 2 :].split()
+            # Zombies (state Z) are already dead; their parent reaps them.
+            if int(fields[3]) == sid and fields[0] != b"Z":
+                members.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
 def kill_session(sid, include_leader):
     """SIGKILL every process in session `sid` (what a run started, a fork bomb
-    included). Repeated because processes may still be forking."""
-    for _ in range(20):
-        victims = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            if pid == sid and not include_leader:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    stat = f.read()
-                fields = stat[stat.rindex(b")") + 2 :].split()
-                if int(fields[3]) == sid:
-                    victims.append(pid)
-            except (OSError, ValueError, IndexError):
-                continue
+    included). Each round freezes the processes it finds before killing them,
+    so none can fork meanwhile; rounds repeat until none is left."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        victims = session_members(sid, include_leader)
         if not victims:
             return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.02)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in victims:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        time.sleep(0.005)
+
+
+def reap_children():
+    """Collects children that ended (killed with the previous run's session):
+    a zombie keeps its PID, and PIDs are limited."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 # --------------------------------------------------------------------------

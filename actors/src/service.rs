@@ -408,6 +408,15 @@ impl Sandboxes {
             .supervisor
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
             .await;
+        // Work still finishing (a run's task, a status query) holds the
+        // context and with it the record store; let it end, briefly. What
+        // remains is this value's own handle and the pool's.
+        for _ in 0..100 {
+            if Arc::strong_count(&self.ctx) <= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         if none_left {
             if let Err(e) = self.ctx.runtime.release().await {
                 warn!(error = %e, "could not remove the sandbox network");
