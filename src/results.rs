@@ -220,9 +220,5 @@ pub fn success<T: Serialize>(
 
 /// A failure of the tool itself, which the model reads (`isError: true`).
 pub fn failure(err: &SandboxError) -> CallToolResult {
-    failure_text(err.to_string())
-}
-
-pub fn failure_text(message: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(message.into())])
+    CallToolResult::error(vec![ContentBlock::text(err.to_string())])
 }
