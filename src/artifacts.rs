@@ -15,11 +15,12 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use sandbox_actors::Scope;
 use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::auth::unix_now;
-use crate::caller::{Caller, LOCAL_OWNER};
+use crate::caller::Caller;
 use crate::http::AppState;
 
 fn refuse(status: StatusCode, message: &str) -> Response {
@@ -38,6 +39,7 @@ pub async fn get(
     UrlPath((sandbox, path)): UrlPath<(String, String)>,
 ) -> Response {
     let not_found = || refuse(StatusCode::NOT_FOUND, "no such file");
+    let has_caller = caller.is_some();
     let Ok(id) = Uuid::parse_str(&sandbox) else {
         return not_found();
     };
@@ -49,9 +51,10 @@ pub async fn get(
     };
     // With authentication, a valid link token grants this one file (the
     // owner's API key does too); without, the tenant's own sandboxes.
-    let owner = match (&app.signer, q.token) {
+    let caller = caller.map(|Extension(c)| c).unwrap_or_else(Caller::local);
+    let scope = match (&app.signer, q.token) {
         (Some(signer), Some(token)) => match signer.verify(&id.to_string(), &path, &token, unix_now()) {
-            Ok(()) => None,
+            Ok(()) => Scope::Everyone,
             Err(_) => {
                 return refuse(
                     StatusCode::FORBIDDEN,
@@ -59,17 +62,12 @@ pub async fn get(
                 )
             }
         },
-        (Some(_), None) => match caller {
-            Some(Extension(c)) => Some(c.owner),
-            None => return refuse(StatusCode::UNAUTHORIZED, "this link needs its ?token= (or an API key)"),
-        },
-        (None, _) => Some(
-            caller
-                .map(|Extension(c)| c.owner)
-                .unwrap_or_else(|| LOCAL_OWNER.to_string()),
-        ),
+        (Some(_), None) if !has_caller => {
+            return refuse(StatusCode::UNAUTHORIZED, "this link needs its ?token= (or an API key)")
+        }
+        _ => caller.scope(),
     };
-    let Ok(root) = app.sandboxes.results_dir(owner.as_deref(), id) else {
+    let Ok(root) = app.ops.sandboxes.results_dir(scope, id) else {
         return not_found();
     };
     let opened = tokio::task::spawn_blocking(move || open_beneath(&root, &segments)).await;
@@ -142,9 +140,86 @@ fn open_beneath(root: &Path, segments: &[String]) -> std::io::Result<(File, u64)
     Ok((file, meta.len()))
 }
 
+/// Most files listed per sandbox, and deepest folder level walked.
+const MAX_LISTED: usize = 1000;
+const MAX_DEPTH: usize = 16;
+
+/// A file under a sandbox's `/app/results`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ListedFile {
+    /// Relative to `/app/results`, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    /// Seconds since the Unix epoch.
+    pub modified: i64,
+}
+
+/// The regular files under `root`, sorted by path; symlinks are skipped and
+/// never followed (each folder is opened with `O_NOFOLLOW` from its parent,
+/// so a sandbox swapping a folder for a link cannot redirect the walk), and
+/// the listing stops at [`MAX_LISTED`] files (`true` in the second place).
+pub fn list_files(root: &Path) -> std::io::Result<(Vec<ListedFile>, bool)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(File::open(root)?.into(), String::new(), 0)];
+    while let Some((dir, prefix, depth)) = stack.pop() {
+        // Reading /proc/self/fd/N lists the folder the descriptor holds.
+        let entries = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = entry.metadata() else { continue };
+            let path = format!("{prefix}{name}");
+            if meta.is_dir() && depth < MAX_DEPTH {
+                if let Ok(sub) = openat(&dir, &name, libc::O_RDONLY | libc::O_DIRECTORY) {
+                    stack.push((sub, format!("{path}/"), depth + 1));
+                }
+            } else if meta.is_file() {
+                if out.len() == MAX_LISTED {
+                    out.sort_by(|a: &ListedFile, b| a.path.cmp(&b.path));
+                    return Ok((out, true));
+                }
+                out.push(ListedFile {
+                    path,
+                    size: meta.len(),
+                    modified: meta.mtime(),
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((out, false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listing_skips_links_and_walks_folders() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "s").unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        std::fs::write(root.path().join("d/b.txt"), "bb").unwrap();
+        std::fs::write(root.path().join("a b.png"), "a").unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link")).unwrap();
+        let (files, cut) = list_files(root.path()).unwrap();
+        let paths: Vec<_> = files.iter().map(|f| (f.path.as_str(), f.size)).collect();
+        assert_eq!(paths, vec![("a b.png", 1), ("d/b.txt", 2)]);
+        assert!(!cut);
+    }
+
+    #[test]
+    fn listing_stops_at_its_limit() {
+        let root = tempfile::tempdir().unwrap();
+        for i in 0..MAX_LISTED + 3 {
+            std::fs::write(root.path().join(format!("{i}")), "").unwrap();
+        }
+        let (files, cut) = list_files(root.path()).unwrap();
+        assert_eq!(files.len(), MAX_LISTED);
+        assert!(cut);
+    }
 
     #[test]
     fn traversal_and_links_are_refused() {

@@ -27,6 +27,9 @@ pub struct AuthConfig {
     pub link_secret: Option<String>,
     /// How long an artifact link works.
     pub link_ttl_seconds: u64,
+    /// Names of keys that see and manage every tenant's sandboxes (and may
+    /// read `/metrics`).
+    pub admin_keys: Vec<String>,
 }
 
 impl Default for AuthConfig {
@@ -36,6 +39,7 @@ impl Default for AuthConfig {
             keys: vec![],
             link_secret: None,
             link_ttl_seconds: 24 * 3600,
+            admin_keys: vec![],
         }
     }
 }
@@ -62,6 +66,7 @@ pub struct Tenant {
     pub name: String,
     digest: [u8; 32],
     pub revoked: bool,
+    pub admin: bool,
     pub max_sandboxes: Option<usize>,
     pub requests_per_second: Option<u32>,
 }
@@ -114,9 +119,19 @@ impl Keys {
                 name: k.name.clone(),
                 digest,
                 revoked: k.revoked,
+                admin: config.admin_keys.contains(&k.name),
                 max_sandboxes: k.max_sandboxes,
                 requests_per_second: k.requests_per_second,
             });
+        }
+        if let Some(unknown) = config
+            .admin_keys
+            .iter()
+            .find(|n| !tenants.iter().any(|t| &t.name == *n))
+        {
+            return Err(format!(
+                "auth.admin_keys: {unknown:?} is not the name of a key in [[auth.keys]]"
+            ));
         }
         if config.enabled && !tenants.iter().any(|t| !t.revoked) {
             return Err("auth.keys: authentication is enabled but no usable key is configured".into());
@@ -232,6 +247,20 @@ impl LinkSigner {
         }
         Ok(())
     }
+
+    /// The CSRF token of a browser session signed in with `key`: requests
+    /// that the session cookie authenticates must send it back, which a page
+    /// of another site cannot (it never sees the token).
+    pub fn csrf_token(&self, key: &str) -> String {
+        // "csrf" is never a sandbox id, so these never collide with link tokens.
+        URL_SAFE_NO_PAD.encode(self.mac("csrf", key, 0).finalize().into_bytes())
+    }
+
+    pub fn verify_csrf(&self, key: &str, token: &str) -> bool {
+        URL_SAFE_NO_PAD
+            .decode(token.trim())
+            .is_ok_and(|sig| self.mac("csrf", key, 0).verify_slice(&sig).is_ok())
+    }
 }
 
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -263,6 +292,7 @@ mod tests {
             keys,
             link_secret: Some("s".repeat(32)),
             link_ttl_seconds: 60,
+            admin_keys: vec![],
         }
     }
 
@@ -333,6 +363,33 @@ mod tests {
             let err = Keys::from_config(&config(vec![k])).unwrap_err();
             assert!(err.contains(want), "{err}");
         }
+    }
+
+    #[test]
+    fn csrf_tokens_bind_their_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = LinkSigner::load(&AuthConfig::default(), dir.path()).unwrap();
+        let token = signer.csrf_token("key-a-0123456789");
+        assert!(signer.verify_csrf("key-a-0123456789", &token));
+        assert!(!signer.verify_csrf("key-b-0123456789", &token));
+        assert!(!signer.verify_csrf("key-a-0123456789", ""));
+        assert!(!signer.verify_csrf("key-a-0123456789", "not base64!"));
+    }
+
+    #[test]
+    fn admin_keys_must_name_a_key() {
+        let key = |name: &str| KeyConfig {
+            name: name.into(),
+            key: Some(format!("{name}-0123456789abcdef")),
+            ..Default::default()
+        };
+        let mut c = config(vec![key("ops"), key("alice")]);
+        c.admin_keys = vec!["ops".into()];
+        let keys = Keys::from_config(&c).unwrap();
+        assert!(keys.tenant("ops").unwrap().admin);
+        assert!(!keys.tenant("alice").unwrap().admin);
+        c.admin_keys = vec!["nobody".into()];
+        assert!(Keys::from_config(&c).unwrap_err().contains("auth.admin_keys"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use axum::http::request::Parts;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
+use sandbox_actors::Scope;
 
 /// The tenant of calls from this machine when authentication is off.
 pub const LOCAL_OWNER: &str = "local";
@@ -15,12 +16,23 @@ pub const LOCAL_OWNER: &str = "local";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     pub owner: String,
+    /// An administrator's key (`[auth] admin_keys`) reaches every tenant's sandboxes.
+    pub admin: bool,
 }
 
 impl Caller {
     pub fn local() -> Self {
         Self {
             owner: LOCAL_OWNER.into(),
+            admin: false,
+        }
+    }
+
+    /// The sandboxes this caller may reach.
+    pub fn scope(&self) -> Scope<'_> {
+        match self.admin {
+            true => Scope::Everyone,
+            false => Scope::Owner(&self.owner),
         }
     }
 
@@ -36,14 +48,16 @@ impl Caller {
         } else {
             Self {
                 owner: format!("ip:{ip}"),
+                admin: false,
             }
         }
     }
 
     /// The tenant named by an API key (key names cannot contain ':').
-    pub fn tenant(name: &str) -> Self {
+    pub fn tenant(name: &str, admin: bool) -> Self {
         Self {
             owner: name.to_string(),
+            admin,
         }
     }
 

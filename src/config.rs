@@ -150,6 +150,9 @@ impl Config {
                 )));
             }
         }
+        if !(1..=1024).contains(&self.uploads.max_upload_mb) {
+            return Err(ConfigError::Invalid("uploads.max_upload_mb: from 1 to 1024".into()));
+        }
         for dir in &self.uploads.allowed_dirs {
             if !dir.is_absolute() {
                 return Err(ConfigError::Invalid(format!(

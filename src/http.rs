@@ -1,7 +1,9 @@
 //! The HTTP front end on one port: MCP over Streamable HTTP (`/mcp`) and the
-//! legacy HTTP+SSE transport (`/sse`, `/messages`), artifacts (`/results`),
-//! and `/health`. Every request passes one guard (Host and Origin, who is
-//! asking, rate limits); handlers then only parse and call the domain.
+//! legacy HTTP+SSE transport (`/sse`, `/messages`), the REST API (`/api`)
+//! and the web UI (`/ui`) on top of it, artifacts (`/results`), `/health`
+//! and `/metrics`. Every request passes one guard (Host and Origin, who is
+//! asking, CSRF for browser sessions, rate limits); handlers then only parse
+//! and call the shared operations.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,32 +16,38 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 
-use crate::artifacts;
 use crate::auth::{Identified, LinkSigner};
 use crate::caller::Caller;
 use crate::config::Config;
-use crate::limits::Limits;
-use crate::links::Links;
+use crate::ops::{Ops, MAX_CODE_BYTES};
 use crate::sse::{self, SseSessions};
-use crate::tools::{SandboxServer, MAX_CODE_BYTES};
+use crate::tools::SandboxServer;
+use crate::{api, artifacts, ui};
 
 /// Largest request body: the largest `code`, JSON-escaped, with room to spare.
 pub const MAX_BODY_BYTES: usize = 8 * MAX_CODE_BYTES;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub sandboxes: Arc<Sandboxes>,
-    pub links: Links,
-    pub limits: Arc<Limits>,
+    pub ops: Ops,
     pub sse: SseSessions,
     /// Cancelled when the server stops: long-lived streams end with it.
     pub shutdown: CancellationToken,
     /// Set when authentication is on: artifact links must carry its tokens.
     pub signer: Option<LinkSigner>,
+    /// Session cookies get `Secure` when the public URL is HTTPS.
+    pub secure_cookies: bool,
+    /// Largest file the REST API accepts in one upload.
+    pub max_upload_bytes: usize,
     guard: Arc<Guard>,
+}
+
+impl AppState {
+    pub fn auth(&self) -> bool {
+        self.guard.auth
+    }
 }
 
 /// DNS-rebinding protection: which `Host` and `Origin` values are accepted.
@@ -113,7 +121,7 @@ impl Guard {
     }
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
@@ -121,31 +129,69 @@ const HOW_TO_AUTHENTICATE: &str =
     "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>' \
      (clients that can only set a URL may add ?api_key=<key> to /sse)";
 
+/// A key a request presents, and whether it came in the browser session
+/// cookie (such requests must prove they come from the UI's own pages).
+struct Presented {
+    key: String,
+    from_cookie: bool,
+}
+
 /// The key a request presents, if any. The query form is accepted on `/sse`
-/// only, where some clients cannot set headers.
-fn presented_key(req: &Request) -> Option<String> {
+/// only, where some clients cannot set headers; the session cookie on the
+/// UI and its API only.
+fn presented_key(req: &Request) -> Option<Presented> {
     let headers = req.headers();
+    let header_key = |k: &str| {
+        Some(Presented {
+            key: k.trim().to_string(),
+            from_cookie: false,
+        })
+    };
     if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        return v.strip_prefix("Bearer ").map(|k| k.trim().to_string());
+        return v.strip_prefix("Bearer ").and_then(header_key);
     }
     if let Some(v) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
-        return Some(v.trim().to_string());
+        return header_key(v);
     }
-    if req.uri().path() == "/sse" {
+    let path = req.uri().path();
+    if path == "/sse" {
         return req.uri().query().and_then(|q| {
             q.split('&')
                 .find_map(|kv| kv.strip_prefix("api_key="))
                 .map(|k| percent_encoding::percent_decode_str(k).decode_utf8_lossy().into_owned())
+                .and_then(|k| header_key(&k))
         });
+    }
+    if is_ui(path) || path.starts_with("/api/") {
+        return ui::session_key(headers).map(|key| Presented { key, from_cookie: true });
     }
     None
 }
 
+fn is_ui(path: &str) -> bool {
+    path == "/ui" || path.starts_with("/ui/")
+}
+
 /// Routes a request may reach without a key when authentication is on:
 /// artifacts (their links carry a token), SSE messages (the session id from
-/// the authenticated stream is the capability), and the liveness check.
+/// the authenticated stream is the capability), the liveness check, and the
+/// UI (whose pages offer the sign-in form).
 fn keyless(path: &str) -> bool {
-    path.starts_with("/results/") || path.starts_with("/messages") || path == "/health"
+    path.starts_with("/results/") || path.starts_with("/messages") || path == "/health" || is_ui(path)
+}
+
+/// Whether a request authenticated by the session cookie carries the
+/// session's CSRF token. Safe methods change nothing; the UI's own forms
+/// (sign-in and sign-out) check the token they post themselves.
+fn csrf_ok(app: &AppState, req: &Request, key: &str) -> bool {
+    if req.method().is_safe() || is_ui(req.uri().path()) {
+        return true;
+    }
+    let token = req.headers().get(ui::CSRF_HEADER).and_then(|v| v.to_str().ok());
+    match (&app.signer, token) {
+        (Some(signer), Some(token)) => signer.verify_csrf(key, token),
+        _ => false,
+    }
 }
 
 async fn guard(
@@ -157,14 +203,23 @@ async fn guard(
     if let Err(why) = app.guard.check_host_and_origin(req.headers()) {
         return error(StatusCode::FORBIDDEN, why);
     }
+    let path = req.uri().path();
     let caller = if app.guard.auth {
         match presented_key(&req) {
-            Some(key) => match app.limits.keys().identify(&key) {
-                Identified::Tenant(t) => Some(Caller::tenant(&t.name)),
+            Some(p) => match app.ops.limits.keys().identify(&p.key) {
+                Identified::Tenant(_) if p.from_cookie && !csrf_ok(&app, &req, &p.key) => {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        "this request needs the session's CSRF token (X-CSRF-Token); reload the page",
+                    )
+                }
+                Identified::Tenant(t) => Some(Caller::tenant(&t.name, t.admin)),
+                // A stale session cookie: the UI shows its sign-in form.
+                _ if p.from_cookie && is_ui(path) => None,
                 Identified::Revoked => return error(StatusCode::UNAUTHORIZED, "this API key has been revoked"),
                 Identified::Unknown => return error(StatusCode::UNAUTHORIZED, "unknown API key"),
             },
-            None if keyless(req.uri().path()) => None,
+            None if keyless(path) => None,
             None => {
                 let mut r = error(StatusCode::UNAUTHORIZED, HOW_TO_AUTHENTICATE);
                 r.headers_mut()
@@ -179,7 +234,8 @@ async fn guard(
         .as_ref()
         .map(|c| c.owner.clone())
         .unwrap_or_else(|| format!("ip:{}", peer.ip()));
-    if let Err(wait) = app.limits.check_request(peer.ip(), &tenant) {
+    if let Err(wait) = app.ops.limits.check_request(peer.ip(), &tenant) {
+        app.ops.metrics.rate_limited();
         let mut r = error(
             StatusCode::TOO_MANY_REQUESTS,
             &format!("rate limit reached; retry in {} s", wait.seconds()),
@@ -195,7 +251,7 @@ async fn guard(
 }
 
 async fn health(State(app): State<AppState>) -> Response {
-    match app.sandboxes.ping().await {
+    match app.ops.sandboxes.ping().await {
         Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok" })).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -205,21 +261,31 @@ async fn health(State(app): State<AppState>) -> Response {
     }
 }
 
-pub fn router(
-    config: &Config,
-    sandboxes: Arc<Sandboxes>,
-    limits: Arc<Limits>,
-    signer: Option<LinkSigner>,
-    shutdown: CancellationToken,
-) -> Router {
-    let links = Links::new(&config.public_url(), signer.clone());
+/// `/metrics`: open without authentication; with it, administrators only
+/// (the figures span every tenant).
+async fn metrics(State(app): State<AppState>, caller: Option<axum::Extension<Caller>>) -> Response {
+    if app.auth() && !caller.is_some_and(|c| c.admin) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "metrics are for administrator keys ([auth] admin_keys)",
+        );
+    }
+    let stats = app.ops.sandboxes.stats().await;
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        app.ops.metrics.render(&stats),
+    )
+        .into_response()
+}
+
+pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: CancellationToken) -> Router {
     let state = AppState {
-        sandboxes: sandboxes.clone(),
-        links: links.clone(),
-        limits: limits.clone(),
+        ops: ops.clone(),
         sse: SseSessions::default(),
         shutdown: shutdown.clone(),
         signer,
+        secure_cookies: config.public_url().starts_with("https://"),
+        max_upload_bytes: config.uploads.max_upload_mb as usize * 1024 * 1024,
         guard: Arc::new(Guard::new(config)),
     };
     let mut mcp_config = StreamableHttpServerConfig::default();
@@ -228,14 +294,7 @@ pub fn router(
     // Host and Origin are checked for every route by `guard`.
     mcp_config.allowed_hosts = vec![];
     let mcp = StreamableHttpService::new(
-        move || {
-            Ok(SandboxServer::new(
-                sandboxes.clone(),
-                links.clone(),
-                limits.clone(),
-                None,
-            ))
-        },
+        move || Ok(SandboxServer::new(ops.clone(), None)),
         Arc::new(LocalSessionManager::default()),
         mcp_config,
     );
@@ -246,6 +305,9 @@ pub fn router(
         .route("/messages/", post(sse::post))
         .route("/results/{sandbox_id}/{*path}", get(artifacts::get))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .merge(api::routes(state.max_upload_bytes))
+        .merge(ui::routes())
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

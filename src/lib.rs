@@ -3,6 +3,7 @@
 //! tools, authentication and limits, configuration); the sandboxes
 //! themselves live in `sandbox-actors`.
 
+pub mod api;
 pub mod artifacts;
 pub mod auth;
 pub mod caller;
@@ -10,7 +11,10 @@ pub mod config;
 pub mod http;
 pub mod limits;
 pub mod links;
+pub mod metrics;
+pub mod ops;
 pub mod results;
 pub mod serve;
 pub mod sse;
 pub mod tools;
+pub mod ui;

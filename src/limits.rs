@@ -165,8 +165,7 @@ mod tests {
         assert!(limits.check_request(ip, "a").is_ok());
         let wait = limits
             .check_request(ip, "a")
-            .err()
-            .expect("third request in the same instant");
+            .expect_err("third request in the same instant");
         assert!(wait.seconds() >= 1);
         assert!(limits.check_request(ip, "b").is_ok());
         for _ in 0..20 {

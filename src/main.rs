@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve MCP over HTTP: /mcp (Streamable HTTP), /sse (legacy SSE), /results, /health.
+    /// Serve over HTTP: /mcp (Streamable HTTP), /sse (legacy SSE), /ui, /api, /results, /health, /metrics.
     Serve {
         #[arg(long)]
         host: Option<std::net::IpAddr>,

@@ -162,6 +162,16 @@ impl From<sandbox_actors::InstallStatus> for InstallResult {
     }
 }
 
+impl UploadResult {
+    pub fn new(up: sandbox_actors::Uploaded, sandbox: uuid::Uuid) -> Self {
+        Self {
+            success: true,
+            message: format!("{} in sandbox {sandbox}", up.message),
+            path: up.path,
+        }
+    }
+}
+
 impl PythonResult {
     pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
         let o = ran.output;

@@ -15,6 +15,8 @@ use crate::caller::Caller;
 use crate::config::Config;
 use crate::limits::Limits;
 use crate::links::Links;
+use crate::metrics::Metrics;
+use crate::ops::Ops;
 use crate::tools::SandboxServer;
 
 async fn start_sandboxes(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Arc<Sandboxes>> {
@@ -23,6 +25,16 @@ async fn start_sandboxes(config: &Config, config_path: Option<&Path>) -> anyhow:
         .await
         .context("starting the sandbox service")?;
     Ok(Arc::new(sandboxes))
+}
+
+/// The shared operations, over a started domain.
+fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -> anyhow::Result<Ops> {
+    Ok(Ops {
+        sandboxes,
+        links: Links::new(&config.public_url(), signer),
+        limits: limits(config)?,
+        metrics: Arc::new(Metrics::default()),
+    })
 }
 
 fn limits(config: &Config) -> anyhow::Result<Arc<Limits>> {
@@ -48,7 +60,6 @@ async fn stop_signal() {
 }
 
 pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
-    let limits = limits(&config)?;
     let signer = match config.auth.enabled {
         true => Some(LinkSigner::load(
             &config.auth,
@@ -68,7 +79,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         let _ = tcp.set_nodelay(true);
     });
     let shutdown = CancellationToken::new();
-    let app = crate::http::router(&config, sandboxes.clone(), limits, signer, shutdown.clone());
+    let ops = ops(&config, sandboxes.clone(), signer.clone())?;
+    let app = crate::http::router(&config, ops, signer, shutdown.clone());
     info!(%addr, auth = config.auth.enabled, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let stop = shutdown.clone();
     let serving = axum::serve(
@@ -96,10 +108,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
 
 /// MCP over stdio: the client that launched the server is the only caller.
 pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
-    let limits = limits(&config)?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
-    let links = Links::new(&config.public_url(), None);
-    let handler = SandboxServer::new(sandboxes.clone(), links, limits, Some(Caller::local()));
+    let handler = SandboxServer::new(ops(&config, sandboxes.clone(), None)?, Some(Caller::local()));
     let running = handler.serve(rmcp::transport::stdio()).await?;
     tokio::select! {
         _ = running.waiting() => {}

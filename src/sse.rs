@@ -71,12 +71,7 @@ pub async fn open(
     );
 
     let stop = CancellationToken::new();
-    let handler = SandboxServer::new(
-        app.sandboxes.clone(),
-        app.links.clone(),
-        app.limits.clone(),
-        Some(caller),
-    );
+    let handler = SandboxServer::new(app.ops.clone(), Some(caller));
     let transport = (
         tokio_util::sync::PollSender::new(outbox_tx),
         tokio_stream::wrappers::ReceiverStream::new(inbox_rx),

@@ -1,9 +1,8 @@
-//! The MCP tools. Each handler validates its arguments, works out who is
-//! asking, and hands the work to the sandbox domain; the domain's actors do
-//! the rest. Tool names and parameters are those of python-mcp-sandbox.
+//! The MCP tools. Each handler works out who is asking and hands its
+//! arguments to the shared operations ([`Ops`]); the domain's actors do the
+//! rest. Tool names and parameters are those of python-mcp-sandbox.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::future::Future;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -11,25 +10,17 @@ use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
-use sandbox_actors::{Quota, Ran, SandboxError, Sandboxes, Work};
+use sandbox_actors::{Progress, SandboxError};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
-use uuid::Uuid;
 
 use crate::caller::Caller;
-use crate::limits::Limits;
-use crate::links::Links;
+use crate::ops::Ops;
 use crate::results::{
     failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult,
     SandboxList, UploadResult,
 };
-
-/// Largest `code` and `command` accepted.
-pub const MAX_CODE_BYTES: usize = 1024 * 1024;
-pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
-/// How long `install_package_in_sandbox` waits before answering `installing`.
-const INSTALL_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct CreateParams {
@@ -94,50 +85,27 @@ fn default_dest() -> String {
 
 #[derive(Clone)]
 pub struct SandboxServer {
-    sandboxes: Arc<Sandboxes>,
-    links: Links,
-    limits: Arc<Limits>,
+    ops: Ops,
     /// Who calls when the transport decides it once for the connection
     /// (stdio, a legacy SSE session); Streamable HTTP carries it per request.
     connection_caller: Option<Caller>,
     tool_router: ToolRouter<Self>,
 }
 
-fn parse_id(raw: &str) -> Result<Uuid, SandboxError> {
-    Uuid::parse_str(raw.trim()).map_err(|_| {
-        SandboxError::InvalidArgument(format!(
-            "sandbox_id {raw:?} is not a sandbox id; use the sandbox_id from create_sandbox or list_sandboxes"
-        ))
-    })
-}
-
-fn check_len(what: &str, value: &str, max: usize) -> Result<(), SandboxError> {
-    match value.len() {
-        len if len > max => Err(SandboxError::InvalidArgument(format!(
-            "{what} is {len} bytes; at most {max} are accepted"
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// A tool's outcome as the model reads it: a failure of the tool itself
 /// becomes an `isError` result with the error's message.
-fn reply(outcome: Result<CallToolResult, SandboxError>) -> CallToolResult {
-    outcome.unwrap_or_else(|e| failure(&e))
+fn reply<T: Serialize>(outcome: Result<T, SandboxError>) -> CallToolResult {
+    match outcome {
+        Ok(value) => success(&value, None, vec![]),
+        Err(e) => failure(&e),
+    }
 }
 
 #[tool_router]
 impl SandboxServer {
-    pub fn new(
-        sandboxes: Arc<Sandboxes>,
-        links: Links,
-        limits: Arc<Limits>,
-        connection_caller: Option<Caller>,
-    ) -> Self {
+    pub fn new(ops: Ops, connection_caller: Option<Caller>) -> Self {
         Self {
-            sandboxes,
-            links,
-            limits,
+            ops,
             connection_caller,
             tool_router: Self::tool_router(),
         }
@@ -149,19 +117,20 @@ impl SandboxServer {
             .unwrap_or_else(Caller::local)
     }
 
-    /// Runs work, forwarding output as progress notifications when the
-    /// request carries a progress token; a cancelled request interrupts it.
-    async fn run(
+    /// Runs an execution, forwarding its output as progress notifications
+    /// when the request carries a progress token; a cancelled request
+    /// interrupts it (dropping the run's future interrupts the run).
+    async fn executing<T, F>(
         &self,
         ctx: &RequestContext<RoleServer>,
-        id: Uuid,
-        work: Work,
-        timeout: Option<u64>,
-    ) -> Result<Ran, SandboxError> {
-        let owner = self.caller(ctx).owner;
+        run: impl FnOnce(Option<mpsc::Sender<Progress>>) -> F,
+    ) -> Result<T, SandboxError>
+    where
+        F: Future<Output = Result<T, SandboxError>>,
+    {
         let (tx, forwarder) = match ctx.meta.get_progress_token() {
             Some(token) => {
-                let (tx, mut rx) = mpsc::channel::<sandbox_actors::Progress>(16);
+                let (tx, mut rx) = mpsc::channel::<Progress>(16);
                 let peer = ctx.peer.clone();
                 let task = tokio::spawn(async move {
                     let mut bytes = 0usize;
@@ -177,7 +146,7 @@ impl SandboxServer {
             None => (None, None),
         };
         let result = tokio::select! {
-            r = self.sandboxes.run(&owner, id, work, timeout, tx) => r,
+            r = run(tx) => r,
             _ = ctx.ct.cancelled() => Err(SandboxError::InvalidArgument("the request was cancelled".into())),
         };
         if let Some(task) = forwarder {
@@ -197,24 +166,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<CreateParams>,
     ) -> CallToolResult {
-        reply(
-            async {
-                let owner = self.caller(&ctx).owner;
-                if let Err(wait) = self.limits.check_creation(&owner) {
-                    return Err(SandboxError::Quota(format!(
-                        "too many sandboxes created in the last minute; wait {} s, or reuse one from list_sandboxes",
-                        wait.seconds()
-                    )));
-                }
-                let quota = Quota {
-                    per_owner: self.limits.max_sandboxes(&owner),
-                    total: self.limits.max_sandboxes_total(),
-                };
-                let info = self.sandboxes.create(&owner, p.name, quota).await?;
-                Ok(success(&CreatedSandbox::from(info), None, vec![]))
-            }
-            .await,
-        )
+        reply(self.ops.create(&self.caller(&ctx), p.name).await)
     }
 
     #[tool(
@@ -225,8 +177,8 @@ impl SandboxServer {
     )]
     async fn list_sandboxes(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
         let list: Vec<ListedSandbox> = self
-            .sandboxes
-            .list(&self.caller(&ctx).owner)
+            .ops
+            .list(&self.caller(&ctx))
             .await
             .into_iter()
             .map(Into::into)
@@ -249,22 +201,24 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<ExecParams>,
     ) -> CallToolResult {
-        reply(
-            async {
-                let id = parse_id(&p.sandbox_id)?;
-                check_len("code", &p.code, MAX_CODE_BYTES)?;
-                let ran = self.run(&ctx, id, Work::Python(p.code), p.timeout_seconds).await?;
-                let result = PythonResult::new(ran, &self.links, id);
+        let caller = self.caller(&ctx);
+        let ran = self
+            .executing(&ctx, |tx| {
+                self.ops.python(&caller, &p.sandbox_id, p.code, p.timeout_seconds, tx)
+            })
+            .await;
+        match ran {
+            Ok(result) => {
                 let links = result
                     .file_links
                     .iter()
                     .cloned()
                     .zip(result.files.iter().map(|f| file_name(f)))
                     .collect();
-                Ok(success(&result, None, links))
+                success(&result, None, links)
             }
-            .await,
-        )
+            Err(e) => failure(&e),
+        }
     }
 
     #[tool(
@@ -278,14 +232,11 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<TerminalParams>,
     ) -> CallToolResult {
+        let caller = self.caller(&ctx);
         reply(
-            async {
-                let id = parse_id(&p.sandbox_id)?;
-                check_len("command", &p.command, MAX_COMMAND_BYTES)?;
-                let argv = vec!["sh".to_string(), "-c".to_string(), p.command];
-                let ran = self.run(&ctx, id, Work::Program(argv), p.timeout_seconds).await?;
-                Ok(success(&CommandResult::new(ran, &self.links, id), None, vec![]))
-            }
+            self.executing(&ctx, |tx| {
+                self.ops.shell(&caller, &p.sandbox_id, p.command, p.timeout_seconds, tx)
+            })
             .await,
         )
     }
@@ -303,16 +254,9 @@ impl SandboxServer {
         Parameters(p): Parameters<PackageParams>,
     ) -> CallToolResult {
         reply(
-            async {
-                let id = parse_id(&p.sandbox_id)?;
-                let owner = self.caller(&ctx).owner;
-                let status = self
-                    .sandboxes
-                    .install(&owner, id, &p.package_name, INSTALL_WAIT)
-                    .await?;
-                Ok(success(&InstallResult::from(status), None, vec![]))
-            }
-            .await,
+            self.ops
+                .install(&self.caller(&ctx), &p.sandbox_id, &p.package_name)
+                .await,
         )
     }
 
@@ -328,15 +272,9 @@ impl SandboxServer {
         Parameters(p): Parameters<PackageParams>,
     ) -> CallToolResult {
         reply(
-            async {
-                let id = parse_id(&p.sandbox_id)?;
-                let status = self
-                    .sandboxes
-                    .install_status(&self.caller(&ctx).owner, id, &p.package_name)
-                    .await?;
-                Ok(success(&InstallResult::from(status), None, vec![]))
-            }
-            .await,
+            self.ops
+                .install_status(&self.caller(&ctx), &p.sandbox_id, &p.package_name)
+                .await,
         )
     }
 
@@ -352,25 +290,9 @@ impl SandboxServer {
         Parameters(p): Parameters<UploadParams>,
     ) -> CallToolResult {
         reply(
-            async {
-                let id = parse_id(&p.sandbox_id)?;
-                let owner = self.caller(&ctx).owner;
-                let up = self
-                    .sandboxes
-                    .upload(&owner, id, &p.local_file_path, &p.dest_path)
-                    .await?;
-                let message = format!("{} in sandbox {id}", up.message);
-                Ok(success(
-                    &UploadResult {
-                        success: true,
-                        message,
-                        path: up.path,
-                    },
-                    None,
-                    vec![],
-                ))
-            }
-            .await,
+            self.ops
+                .upload(&self.caller(&ctx), &p.sandbox_id, &p.local_file_path, &p.dest_path)
+                .await,
         )
     }
 
@@ -384,23 +306,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<SandboxParams>,
     ) -> CallToolResult {
-        reply(
-            async {
-                let id = parse_id(&p.sandbox_id)?;
-                self.sandboxes.delete(&self.caller(&ctx).owner, id).await?;
-                let message = format!("Sandbox {id} deleted");
-                Ok(success(
-                    &DeleteResult {
-                        success: true,
-                        sandbox_id: id.to_string(),
-                        message,
-                    },
-                    None,
-                    vec![],
-                ))
-            }
-            .await,
-        )
+        reply(self.ops.delete(&self.caller(&ctx), &p.sandbox_id).await)
     }
 }
 

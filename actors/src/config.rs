@@ -104,11 +104,22 @@ impl Default for PoolConfig {
     }
 }
 
-/// `[uploads]`: host folders `upload_file_to_sandbox` may copy from.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// `[uploads]`: host folders `upload_file_to_sandbox` may copy from, and
+/// the largest file sent over HTTP (web UI, REST API).
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UploadsConfig {
     pub allowed_dirs: Vec<PathBuf>,
+    pub max_upload_mb: u64,
+}
+
+impl Default for UploadsConfig {
+    fn default() -> Self {
+        Self {
+            allowed_dirs: vec![],
+            max_upload_mb: 32,
+        }
+    }
 }
 
 impl SandboxConfig {

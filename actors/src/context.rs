@@ -2,6 +2,7 @@
 //! settings, plus where each sandbox's host folders are.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -29,6 +30,23 @@ pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,
     pub store: RecordStore,
     pub settings: Settings,
+    pub counters: Counters,
+}
+
+/// Events counted since the server started, for its metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Containers started again, re-created or restarted (after a crash, a
+    /// hang, or on request).
+    pub container_restarts: AtomicU64,
+    pub installs_succeeded: AtomicU64,
+    pub installs_failed: AtomicU64,
+}
+
+impl Counters {
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Context {

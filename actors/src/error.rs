@@ -26,6 +26,23 @@ pub enum SandboxError {
     Internal(String),
 }
 
+impl SandboxError {
+    /// A stable name for the kind of failure (metrics labels, API clients).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SandboxError::NotFound(_) => "not_found",
+            SandboxError::InvalidArgument(_) => "invalid_argument",
+            SandboxError::UploadRefused(_) => "upload_refused",
+            SandboxError::Quota(_) => "quota",
+            SandboxError::Docker(_) => "docker",
+            SandboxError::Agent(_) => "agent",
+            SandboxError::Image(_) => "image",
+            SandboxError::Store(_) => "store",
+            SandboxError::Internal(_) => "internal",
+        }
+    }
+}
+
 impl From<bollard::errors::Error> for SandboxError {
     fn from(e: bollard::errors::Error) -> Self {
         SandboxError::Docker(e.to_string())

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::agent::{AgentClient, AgentError, Progress, RunOutput, Work};
-use crate::context::Context;
+use crate::context::{Context, Counters};
 use crate::error::{Result, SandboxError};
 use crate::runtime::{ContainerState, SandboxPaths};
 
@@ -151,11 +151,23 @@ impl Link {
                 Err(_elapsed) => {
                     warn!(sandbox = %self.paths.id, "agent unresponsive past its timeout; restarting the container");
                     self.drop_client();
+                    Counters::bump(&self.ctx.counters.container_restarts);
                     let _ = self.ctx.runtime.restart(&self.container_id).await;
                     return self.died_during_run(notices).await;
                 }
             }
         }
+    }
+
+    /// Restarts the container on request: processes and Python state go,
+    /// files and packages stay. Answers once the agent is back.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.wake().await?;
+        self.drop_client();
+        Counters::bump(&self.ctx.counters.container_restarts);
+        self.ctx.runtime.restart(&self.container_id).await?;
+        self.client = Some(wait_for_agent(&self.ctx, &self.paths, &self.container_id).await?);
+        Ok(())
     }
 
     /// Lists the venv's distributions over a short-lived second connection,
@@ -223,6 +235,7 @@ impl Link {
             ContainerState::Stopped { exit_code, oom_killed } => {
                 info!(sandbox = %self.paths.id, exit_code, oom_killed, "restarting a stopped sandbox container");
                 runtime.start(&self.container_id).await?;
+                Counters::bump(&self.ctx.counters.container_restarts);
                 let why = if oom_killed {
                     "it ran out of memory".to_string()
                 } else {
@@ -236,6 +249,7 @@ impl Link {
                 info!(sandbox = %self.paths.id, "re-creating a removed sandbox container");
                 let created = runtime.create(&self.paths, Some(&self.volume)).await?;
                 self.container_id = created.container_id;
+                Counters::bump(&self.ctx.counters.container_restarts);
                 Some("The sandbox's container had been removed and was re-created. Files in /app/results and installed packages are kept; Python variables were lost.".to_string())
             }
         };

@@ -7,7 +7,6 @@
 //! and no sandbox ever waits on another.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,14 +19,15 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::agent::{Package, Progress, Work};
-use crate::context::Context;
+use crate::context::{Context, Counters};
 use crate::error::{Result, SandboxError};
+use crate::history::{CallKind, CallRecord, History};
 use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
 use crate::runtime::ContainerState;
-use crate::uploads;
+use crate::uploads::{self, UploadSource};
 
 /// A run of Python code or of a shell command.
 pub struct RunRequest {
@@ -88,6 +88,8 @@ pub struct SandboxInfo {
     pub name: String,
     #[serde(skip)]
     pub owner: String,
+    #[serde(skip)]
+    pub container_id: String,
     pub status: String,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
@@ -110,14 +112,20 @@ pub enum SandboxMsg {
         reply: RpcReplyPort<Result<InstallStatus>>,
     },
     Upload {
-        source: PathBuf,
+        source: UploadSource,
         dest: String,
         reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    /// Restarts the container (Python state is lost, files and packages
+    /// stay), in turn with the other calls.
+    Restart {
+        reply: RpcReplyPort<Result<()>>,
     },
     Delete {
         reply: RpcReplyPort<Result<()>>,
     },
     Info(RpcReplyPort<SandboxInfo>),
+    History(RpcReplyPort<Vec<CallRecord>>),
     /// Periodic: deletes the sandbox if its lifetime is over, or pauses it
     /// if it has been idle long enough.
     Tick,
@@ -129,14 +137,24 @@ pub struct Finished {
     link: Link,
     install: Option<(InstallRecord, Option<Vec<Package>>)>,
     deleted: bool,
+    /// The call, for the sandbox's history.
+    call: Option<CallRecord>,
 }
 
 impl Finished {
     pub fn install(link: Link, record: InstallRecord, packages: Option<Vec<Package>>) -> Self {
         Self {
-            link,
             install: Some((record, packages)),
+            ..Self::job(link, None)
+        }
+    }
+
+    fn job(link: Link, call: Option<CallRecord>) -> Self {
+        Self {
+            link,
+            install: None,
             deleted: false,
+            call,
         }
     }
 }
@@ -148,9 +166,12 @@ enum Job {
         specs: Vec<String>,
     },
     Upload {
-        source: PathBuf,
+        source: UploadSource,
         dest: String,
         reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    Restart {
+        reply: RpcReplyPort<Result<()>>,
     },
     Delete {
         reply: RpcReplyPort<Result<()>>,
@@ -175,6 +196,9 @@ pub struct SandboxState {
     installs: HashMap<String, watch::Sender<InstallRecord>>,
     notice: Option<String>,
     deleting: bool,
+    /// A requested restart is under way.
+    restarting: bool,
+    history: History,
     /// When the last call ended (or the actor started): idle expiry counts from it.
     last_used: OffsetDateTime,
 }
@@ -231,6 +255,8 @@ impl Actor for SandboxActor {
             installs: HashMap::new(),
             notice,
             deleting: false,
+            restarting: false,
+            history: History::default(),
             last_used: OffsetDateTime::now_utc(),
         })
     }
@@ -301,6 +327,15 @@ impl Actor for SandboxActor {
                     let _ = reply.send(Err(e));
                 }
             },
+            SandboxMsg::Restart { reply } => match admit(state) {
+                Ok(()) => state.queue.push_back(Job::Restart { reply }),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            SandboxMsg::History(reply) => {
+                let _ = reply.send(state.history.to_vec());
+            }
             SandboxMsg::Delete { reply } => {
                 state.deleting = true;
                 state.queue.push_back(Job::Delete { reply });
@@ -362,11 +397,7 @@ impl Actor for SandboxActor {
                 });
             let finished = match failed {
                 Some(record) => Finished::install(link, record, None),
-                None => Finished {
-                    link,
-                    install: None,
-                    deleted: false,
-                },
+                None => Finished::job(link, None),
             };
             self.finished(&myself, state, finished).await?;
             self.pump(&myself, state).await?;
@@ -417,6 +448,7 @@ impl SandboxActor {
                     }
                     let notice = state.notice.take();
                     tokio::spawn(async move {
+                        let started = OffsetDateTime::now_utc();
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
                             .await;
@@ -424,12 +456,9 @@ impl SandboxActor {
                             ran.notice = join_notices(notice, ran.notice.take());
                             ran
                         });
+                        let call = run_record(started, &req.work, &result);
                         let _ = req.reply.send(result);
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
-                            link,
-                            install: None,
-                            deleted: false,
-                        })));
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
                     });
                 }
                 Job::Install { package, specs } => {
@@ -443,12 +472,25 @@ impl SandboxActor {
                 }
                 Job::Upload { source, dest, reply } => {
                     tokio::spawn(async move {
-                        let _ = reply.send(upload(&mut link, source, &dest).await);
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
-                            link,
-                            install: None,
-                            deleted: false,
-                        })));
+                        let started = OffsetDateTime::now_utc();
+                        let what = match &source {
+                            UploadSource::Host(path) => format!("{} → {dest}", path.display()),
+                            UploadSource::Bytes { name, .. } => format!("{name} → {dest}"),
+                        };
+                        let result = upload(&mut link, source, &dest).await;
+                        let call = outcome_record(started, CallKind::Upload, &what, &result, "uploaded");
+                        let _ = reply.send(result);
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                    });
+                }
+                Job::Restart { reply } => {
+                    state.restarting = true;
+                    tokio::spawn(async move {
+                        let started = OffsetDateTime::now_utc();
+                        let result = link.restart().await;
+                        let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
+                        let _ = reply.send(result);
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
                     });
                 }
                 Job::Delete { reply } => {
@@ -458,9 +500,8 @@ impl SandboxActor {
                         let deleted = result.is_ok();
                         let _ = reply.send(result);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
-                            link,
-                            install: None,
                             deleted,
+                            ..Finished::job(link, None)
                         })));
                     });
                 }
@@ -480,7 +521,36 @@ impl SandboxActor {
             state.record.container_id = f.link.container_id.clone();
             dirty = true;
         }
+        if let Some(call) = f.call {
+            if call.kind == CallKind::Restart {
+                state.restarting = false;
+                if call.ok {
+                    state.notice = Some(
+                        "The sandbox was restarted on request: Python variables were lost; files and packages are kept."
+                            .into(),
+                    );
+                }
+            }
+            state.history.push(call);
+        }
         if let Some((install, packages)) = f.install {
+            let counters = &state.ctx.counters;
+            let ended = match install.status {
+                InstallState::Success => Some((&counters.installs_succeeded, true, "success")),
+                InstallState::Failed => Some((&counters.installs_failed, false, "failed")),
+                InstallState::Installing => None,
+            };
+            if let Some((counter, ok, outcome)) = ended {
+                Counters::bump(counter);
+                let call = CallRecord::ended(
+                    install.started_at,
+                    CallKind::Install,
+                    &install.package,
+                    ok,
+                    outcome.into(),
+                );
+                state.history.push(call);
+            }
             if let Some(tx) = state.installs.get(&install.package) {
                 tx.send_replace(install.clone());
             }
@@ -513,8 +583,10 @@ fn info(state: &SandboxState) -> SandboxInfo {
         sandbox_id: r.id,
         name: r.name.clone(),
         owner: r.owner.clone(),
+        container_id: r.container_id.clone(),
         status: match (&state.link, state.deleting) {
             (_, true) => "deleting",
+            _ if state.restarting => "restarting",
             (Some(link), _) if link.is_paused() => "paused",
             _ => "running",
         }
@@ -552,8 +624,37 @@ fn status_from_venv(package: &str, list: &[Package]) -> InstallStatus {
     }
 }
 
-async fn upload(link: &mut Link, source: PathBuf, dest: &str) -> Result<Uploaded> {
-    let (tar, name) = tokio::task::spawn_blocking(move || uploads::pack(&source))
+/// A run's entry in the history.
+fn run_record(started: OffsetDateTime, work: &Work, result: &Result<Ran>) -> CallRecord {
+    let (kind, summary) = match work {
+        Work::Python(code) => (CallKind::Python, code.as_str()),
+        Work::Program(argv) => (CallKind::Shell, argv.last().map_or("", String::as_str)),
+    };
+    let (ok, outcome) = match result {
+        Ok(ran) if ran.output.timed_out => (false, "timed out".to_string()),
+        Ok(ran) => (ran.output.exit_code == 0, format!("exit {}", ran.output.exit_code)),
+        Err(e) => (false, format!("error: {e}")),
+    };
+    CallRecord::ended(started, kind, summary, ok, outcome)
+}
+
+/// The history entry of a call that either worked or failed with an error.
+fn outcome_record<T>(
+    started: OffsetDateTime,
+    kind: CallKind,
+    what: &str,
+    result: &Result<T>,
+    done: &str,
+) -> CallRecord {
+    let (ok, outcome) = match result {
+        Ok(_) => (true, done.to_string()),
+        Err(e) => (false, format!("error: {e}")),
+    };
+    CallRecord::ended(started, kind, what, ok, outcome)
+}
+
+async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Uploaded> {
+    let (tar, name) = tokio::task::spawn_blocking(move || uploads::pack(source))
         .await
         .map_err(|e| SandboxError::Internal(e.to_string()))??;
     // The folder must exist for the archive API; mkdir runs as the sandbox

@@ -17,15 +17,18 @@ use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
 use crate::config::NetworkMode;
-use crate::context::{Context, Settings};
+use crate::context::{Context, Counters, Settings};
 use crate::error::{Result, SandboxError};
+use crate::history::CallRecord;
 use crate::link::Ran;
+use crate::packages;
 use crate::pool::{self, Pool};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
-use crate::runtime::{ContainerRuntime, DockerRuntime};
+use crate::runtime::{ContainerRuntime, DockerRuntime, Usage};
 use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
+use crate::scope::Scope;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
-use crate::{packages, uploads};
+use crate::uploads::{self, UploadSource};
 
 /// How many sandboxes one owner, and the server in total, may hold.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +62,18 @@ impl Drop for Reservation {
             }
         }
     }
+}
+
+/// Figures about the sandboxes of this server, for its metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Sandboxes by status (running, paused, restarting, deleting).
+    pub by_status: BTreeMap<String, usize>,
+    pub pool_ready: usize,
+    pub pool_size: usize,
+    pub container_restarts: u64,
+    pub installs_succeeded: u64,
+    pub installs_failed: u64,
 }
 
 pub struct Sandboxes {
@@ -105,6 +120,7 @@ impl Sandboxes {
             runtime,
             store,
             settings,
+            counters: Counters::default(),
         });
         let registry = Registry::default();
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
@@ -151,7 +167,7 @@ impl Sandboxes {
         }
         let runtime = &self.ctx.runtime;
         for c in runtime.list_containers().await? {
-            if !c.sandbox.is_some_and(|id| known.get(&id) == Some(&c.id)) {
+            if c.sandbox.is_none_or(|id| known.get(&id) != Some(&c.id)) {
                 info!(container = %c.id, "removing a container no record explains");
                 runtime.remove(&c.id, None).await?;
             }
@@ -189,10 +205,10 @@ impl Sandboxes {
             .map_err(SandboxError::Internal)
     }
 
-    fn actor(&self, owner: &str, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
+    fn actor(&self, scope: Scope, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
         let registry = self.registry.read().expect("registry lock");
         match registry.get(&id) {
-            Some(e) if e.owner == owner => Ok(e.actor.clone()),
+            Some(e) if scope.admits(&e.owner) => Ok(e.actor.clone()),
             _ => Err(SandboxError::NotFound(id)),
         }
     }
@@ -201,11 +217,11 @@ impl Sandboxes {
     /// meanwhile) reads as not found.
     async fn ask<T: Send + 'static>(
         &self,
-        owner: &str,
+        scope: Scope<'_>,
         id: Uuid,
         msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
     ) -> Result<T> {
-        let actor = self.actor(owner, id)?;
+        let actor = self.actor(scope, id)?;
         match actor.call(msg, None).await {
             Ok(CallResult::Success(v)) => Ok(v),
             _ => Err(SandboxError::NotFound(id)),
@@ -217,19 +233,11 @@ impl Sandboxes {
         self.ctx.runtime.ping().await
     }
 
-    /// The host folder holding a sandbox's `/app/results`; `owner` `None`
-    /// when the caller proved access otherwise (a signed link).
-    pub fn results_dir(&self, owner: Option<&str>, id: Uuid) -> Result<std::path::PathBuf> {
-        let known = self
-            .registry
-            .read()
-            .expect("registry lock")
-            .get(&id)
-            .map(|e| e.owner.clone());
-        match known {
-            Some(o) if owner.is_none_or(|want| want == o) => Ok(self.ctx.paths(id).results),
-            _ => Err(SandboxError::NotFound(id)),
-        }
+    /// The host folder holding a sandbox's `/app/results` (a signed link
+    /// proves access with [`Scope::Everyone`]).
+    pub fn results_dir<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<std::path::PathBuf> {
+        self.actor(scope.into(), id)?;
+        Ok(self.ctx.paths(id).results)
     }
 
     /// Counts `owner`'s sandboxes (and those being created) against `quota`
@@ -295,13 +303,14 @@ impl Sandboxes {
         ractor::call!(actor, SandboxMsg::Info).map_err(|e| SandboxError::Internal(e.to_string()))
     }
 
-    /// The caller's sandboxes, oldest first.
-    pub async fn list(&self, owner: &str) -> Vec<SandboxInfo> {
+    /// The sandboxes in `scope`, oldest first.
+    pub async fn list<'a>(&self, scope: impl Into<Scope<'a>>) -> Vec<SandboxInfo> {
+        let scope = scope.into();
         let actors: Vec<_> = {
             let registry = self.registry.read().expect("registry lock");
             registry
                 .values()
-                .filter(|e| e.owner == owner)
+                .filter(|e| scope.admits(&e.owner))
                 .map(|e| e.actor.clone())
                 .collect()
         };
@@ -317,9 +326,9 @@ impl Sandboxes {
 
     /// Runs Python code or a shell command; dropping the returned future
     /// (the client cancelled) interrupts the run.
-    pub async fn run(
+    pub async fn run<'a>(
         &self,
-        owner: &str,
+        scope: impl Into<Scope<'a>>,
         id: Uuid,
         work: Work,
         timeout_seconds: Option<u64>,
@@ -329,7 +338,7 @@ impl Sandboxes {
         let cancel = CancellationToken::new();
         let _guard = cancel.clone().drop_guard();
         let result = self
-            .ask(owner, id, |reply| {
+            .ask(scope.into(), id, |reply| {
                 SandboxMsg::Run(RunRequest {
                     work,
                     timeout,
@@ -359,11 +368,17 @@ impl Sandboxes {
     }
 
     /// Queues an install and waits up to `wait` for it to finish.
-    pub async fn install(&self, owner: &str, id: Uuid, package: &str, wait: Duration) -> Result<InstallStatus> {
+    pub async fn install<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        package: &str,
+        wait: Duration,
+    ) -> Result<InstallStatus> {
         let specs = packages::parse_specs(package)?;
         let package = specs.join(" ");
         let mut rx: watch::Receiver<InstallRecord> = self
-            .ask(owner, id, |reply| SandboxMsg::Install {
+            .ask(scope.into(), id, |reply| SandboxMsg::Install {
                 package: package.clone(),
                 specs,
                 reply,
@@ -374,22 +389,98 @@ impl Sandboxes {
         Ok((&record).into())
     }
 
-    pub async fn install_status(&self, owner: &str, id: Uuid, package: &str) -> Result<InstallStatus> {
+    pub async fn install_status<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        package: &str,
+    ) -> Result<InstallStatus> {
         let package = packages::parse_specs(package)?.join(" ");
-        self.ask(owner, id, |reply| SandboxMsg::InstallStatus { package, reply })
+        self.ask(scope.into(), id, |reply| SandboxMsg::InstallStatus { package, reply })
             .await?
     }
 
-    pub async fn upload(&self, owner: &str, id: Uuid, local_path: &str, dest: &str) -> Result<Uploaded> {
-        self.actor(owner, id)?;
+    /// Copies a host file or folder (from an allowed folder) into the sandbox.
+    pub async fn upload<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        local_path: &str,
+        dest: &str,
+    ) -> Result<Uploaded> {
+        let scope = scope.into();
+        self.actor(scope, id)?;
+        let source = UploadSource::Host(uploads::resolve_source(&self.ctx.settings, local_path)?);
+        self.send_upload(scope, id, source, dest).await
+    }
+
+    /// Writes bytes sent by the caller as the file `name` in the sandbox.
+    pub async fn upload_bytes<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        name: &str,
+        data: Vec<u8>,
+        dest: &str,
+    ) -> Result<Uploaded> {
+        let scope = scope.into();
+        self.actor(scope, id)?;
+        let source = UploadSource::Bytes {
+            name: uploads::check_file_name(name)?,
+            data,
+        };
+        self.send_upload(scope, id, source, dest).await
+    }
+
+    async fn send_upload(&self, scope: Scope<'_>, id: Uuid, source: UploadSource, dest: &str) -> Result<Uploaded> {
         let dest = uploads::resolve_dest(dest)?;
-        let source = uploads::resolve_source(&self.ctx.settings, local_path)?;
-        self.ask(owner, id, |reply| SandboxMsg::Upload { source, dest, reply })
+        self.ask(scope, id, |reply| SandboxMsg::Upload { source, dest, reply })
             .await?
     }
 
-    pub async fn delete(&self, owner: &str, id: Uuid) -> Result<()> {
-        self.ask(owner, id, |reply| SandboxMsg::Delete { reply }).await??;
+    /// Restarts the sandbox's container in turn with its other calls.
+    pub async fn restart<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
+        let scope = scope.into();
+        self.ask(scope, id, |reply| SandboxMsg::Restart { reply }).await??;
+        self.info(scope, id).await
+    }
+
+    pub async fn info<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
+        self.ask(scope.into(), id, SandboxMsg::Info).await
+    }
+
+    /// The recent calls on a sandbox, oldest first.
+    pub async fn history<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Vec<CallRecord>> {
+        self.ask(scope.into(), id, SandboxMsg::History).await
+    }
+
+    /// CPU and memory use of a sandbox's container.
+    pub async fn usage<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Usage> {
+        let container = self.info(scope, id).await?.container_id;
+        self.ctx.runtime.usage(&container).await
+    }
+
+    /// Figures for the server's metrics.
+    pub async fn stats(&self) -> Stats {
+        let mut by_status = BTreeMap::new();
+        for info in self.list(Scope::Everyone).await {
+            *by_status.entry(info.status).or_default() += 1;
+        }
+        let c = &self.ctx.counters;
+        let read = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        Stats {
+            by_status,
+            pool_ready: self.pool.ready(),
+            pool_size: self.ctx.settings.pool.size,
+            container_restarts: read(&c.container_restarts),
+            installs_succeeded: read(&c.installs_succeeded),
+            installs_failed: read(&c.installs_failed),
+        }
+    }
+
+    pub async fn delete<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<()> {
+        self.ask(scope.into(), id, |reply| SandboxMsg::Delete { reply })
+            .await??;
         // Gone now, not when the supervisor hears that the actor stopped.
         self.registry.write().expect("registry lock").remove(&id);
         Ok(())

@@ -83,9 +83,65 @@ pub fn resolve_dest(dest: &str) -> Result<String> {
     Ok(normal)
 }
 
-/// Packs `source` (file or folder, symlinks kept as links) as a tar whose
-/// entries belong to the sandbox user.
-pub fn pack(source: &Path) -> Result<(Vec<u8>, String)> {
+/// What an upload copies into a sandbox.
+#[derive(Debug)]
+pub enum UploadSource {
+    /// A file or folder on the server's host, already checked by [`resolve_source`].
+    Host(PathBuf),
+    /// Bytes sent over HTTP (the web UI), with the file name to give them.
+    Bytes { name: String, data: Vec<u8> },
+}
+
+/// Checks the name of a file sent over HTTP: one path component, no
+/// control characters, at most 255 bytes.
+pub fn check_file_name(name: &str) -> Result<String> {
+    let name = name.trim();
+    if name.is_empty()
+        || name.len() > 255
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.chars().any(char::is_control)
+    {
+        return Err(SandboxError::UploadRefused(format!(
+            "{name:?} is not a file name: 1 to 255 bytes, no '/', no control characters, not '.' or '..'"
+        )));
+    }
+    Ok(name.to_string())
+}
+
+/// Packs an upload as a tar whose entries belong to the sandbox user, and
+/// names its top entry.
+pub fn pack(source: UploadSource) -> Result<(Vec<u8>, String)> {
+    match source {
+        UploadSource::Host(path) => pack_host(&path),
+        UploadSource::Bytes { name, data } => {
+            let name = check_file_name(&name)?;
+            if data.len() as u64 > MAX_UPLOAD_BYTES {
+                return Err(SandboxError::UploadRefused(format!(
+                    "larger than {MAX_UPLOAD_BYTES} bytes"
+                )));
+            }
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_mtime(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            );
+            header.set_uid(SANDBOX_UID.into());
+            header.set_gid(SANDBOX_UID.into());
+            let mut tar = tar::Builder::new(Vec::new());
+            let io = |e: std::io::Error| SandboxError::Internal(format!("packing an upload: {e}"));
+            tar.append_data(&mut header, &name, data.as_slice()).map_err(io)?;
+            Ok((tar.into_inner().map_err(io)?, name))
+        }
+    }
+}
+
+/// Packs a host file or folder, symlinks kept as links.
+fn pack_host(source: &Path) -> Result<(Vec<u8>, String)> {
     let name = source
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -135,6 +191,7 @@ mod tests {
             packages: PackagesConfig::default(),
             uploads: UploadsConfig {
                 allowed_dirs: vec![allowed.to_path_buf()],
+                ..Default::default()
             },
             pool: Default::default(),
             state_dir: state.to_path_buf(),
@@ -168,6 +225,31 @@ mod tests {
         let s = settings(root.path(), &state);
         std::fs::write(state.join("db"), "x").unwrap();
         assert!(resolve_source(&s, state.join("db").to_str().unwrap()).is_err());
+    }
+
+    #[test]
+    fn sent_file_names_are_one_component() {
+        assert_eq!(check_file_name(" data.csv ").unwrap(), "data.csv");
+        assert_eq!(check_file_name("ünï cödé.txt").unwrap(), "ünï cödé.txt");
+        for bad in ["", "..", ".", "a/b", "../x", "a\nb", &"x".repeat(256)] {
+            assert!(check_file_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn sent_bytes_pack_as_one_file_of_the_sandbox_user() {
+        let (tar, name) = pack(UploadSource::Bytes {
+            name: "a.txt".into(),
+            data: b"hello".to_vec(),
+        })
+        .unwrap();
+        assert_eq!(name, "a.txt");
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let entries: Vec<_> = archive.entries().unwrap().map(|e| e.unwrap()).collect();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].path().unwrap().to_str(), Some("a.txt"));
+        assert_eq!(entries[0].header().uid().unwrap(), u64::from(SANDBOX_UID));
+        assert_eq!(entries[0].header().size().unwrap(), 5);
     }
 
     #[test]

@@ -30,7 +30,8 @@ def docker(*args):
 
 
 class Server:
-    def __init__(self, **env):
+    def __init__(self, args=(), **env):
+        self.args = list(args)
         self.root = Path(tempfile.mkdtemp(prefix="mcp-sandbox-e2e-"))
         self.uploads = self.root / "uploads"
         self.uploads.mkdir()
@@ -65,7 +66,7 @@ class Server:
     def start(self):
         self.log_file = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            [str(BINARY), "serve", "--port", str(self.port)],
+            [str(BINARY), *self.args, "serve", "--port", str(self.port)],
             cwd=self.root,
             env=self.env,
             stdout=self.log_file,
@@ -125,6 +126,14 @@ class Server:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def new_key(name):
+    """A fresh API key and its SHA-256, from the binary itself."""
+    out = subprocess.run([str(BINARY), "key", "new", name], capture_output=True, text=True, check=True).stdout
+    key = next(line.strip() for line in out.splitlines() if line.strip().startswith("msk_"))
+    sha = out.split('key_sha256 = "')[1].split('"')[0]
+    return key, sha
+
+
 def get(url, headers=None):
     """(status, headers, body) of a GET, errors included."""
     req = urllib.request.Request(url, headers=headers or {})
@@ -133,3 +142,18 @@ def get(url, headers=None):
             return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
     except urllib.error.HTTPError as e:
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def api(server, method, path, key, body=None, headers=None):
+    """(status, parsed JSON) of a REST API call with a key."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(server.url + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {key}")
+    req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")

@@ -6,7 +6,6 @@ must leave the server serving others normally."""
 
 import asyncio
 import json
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -16,21 +15,15 @@ from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from harness import BINARY, Server, docker, get
+from harness import Server, docker, get, new_key
 
 ALICE = "alice-key-0123456789abcdef"
 CAROL = "carol-key-0123456789abcdef"
 
 
-def new_key(name):
-    out = subprocess.run([str(BINARY), "key", "new", name], capture_output=True, text=True, check=True).stdout
-    key = next(line.strip() for line in out.splitlines() if line.strip().startswith("msk_"))
-    digest = out.split('key_sha256 = "')[1].split('"')[0]
-    return key, digest
-
-
 BOB, BOB_SHA = new_key("bob")
 FLOOD, FLOOD_SHA = new_key("flood")
+OPS, OPS_SHA = new_key("ops")
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +32,13 @@ def server():
         f'[{{name = "alice", key = "{ALICE}", max_sandboxes = 2}}, '
         f'{{name = "bob", key_sha256 = "{BOB_SHA}"}}, '
         f'{{name = "carol", key = "{CAROL}", revoked = true}}, '
-        f'{{name = "flood", key_sha256 = "{FLOOD_SHA}", requests_per_second = 1}}]'
+        f'{{name = "flood", key_sha256 = "{FLOOD_SHA}", requests_per_second = 1}}, '
+        f'{{name = "ops", key_sha256 = "{OPS_SHA}"}}]'
     )
     s = Server(
         MCP_SANDBOX_AUTH_ENABLED="true",
         MCP_SANDBOX_AUTH_KEYS=keys,
+        MCP_SANDBOX_AUTH_ADMIN_KEYS='["ops"]',
         MCP_SANDBOX_AUTH_LINK_TTL_SECONDS="3",
     ).start()
     yield s
@@ -195,6 +190,14 @@ def test_paths_and_arguments_do_not_escape(server):
     asyncio.run(go())
 
 
+def rate_limited(server):
+    """Requests refused by a rate limit so far, from /metrics."""
+    status, _, body = get(server.url + "/metrics", {"Authorization": f"Bearer {OPS}"})
+    assert status == 200
+    line = next(l for l in body.decode().splitlines() if l.startswith("mcp_sandbox_rate_limited_total "))
+    return int(line.split()[1])
+
+
 def test_quota_and_flood_limits_leave_others_served(server):
     def containers():
         return len(docker("ps", "-aq", "--filter", f"label=io.mcp-sandbox.server={server.server_id}").split())
@@ -208,6 +211,7 @@ def test_quota_and_flood_limits_leave_others_served(server):
             assert containers() == before, "nothing was created past the quota"
 
             # One key floods: it gets 429 with Retry-After; others go on.
+            rejected_before = rate_limited(server)
             statuses = []
             for _ in range(15):
                 status, headers, _ = post_json(server.url + "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"X-API-Key": FLOOD})
@@ -215,6 +219,7 @@ def test_quota_and_flood_limits_leave_others_served(server):
                 if status == 429:
                     assert int(headers["retry-after"]) >= 1
             assert 429 in statuses, statuses
+            assert rate_limited(server) - rejected_before == statuses.count(429)
             assert (await ok(a, "execute_python_code", sandbox_id=ids[0], code="print('still served')"))["stdout"] == "still served\n"
             for sid in ids:
                 await ok(a, "delete_sandbox", sandbox_id=sid)

@@ -8,17 +8,17 @@ use async_trait::async_trait;
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, VolumeCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
-    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder, StatsOptionsBuilder,
     UploadToContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, SANDBOX_UID};
+use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, SANDBOX_UID};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::{NetworkMode, SandboxConfig};
-use crate::error::Result;
+use crate::error::{Result, SandboxError};
 use crate::labels;
 
 /// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
@@ -232,6 +232,28 @@ impl ContainerRuntime for DockerRuntime {
                 exit_code: state.exit_code.unwrap_or(-1),
                 oom_killed: state.oom_killed.unwrap_or(false),
             }
+        })
+    }
+
+    async fn usage(&self, container_id: &str) -> Result<Usage> {
+        let options = StatsOptionsBuilder::default().stream(false).one_shot(true).build();
+        let stats = self
+            .docker
+            .stats(container_id, Some(options))
+            .next()
+            .await
+            .ok_or_else(|| SandboxError::Docker("no statistics for the container".into()))??;
+        let cpu_ns = stats.cpu_stats.and_then(|c| c.cpu_usage).and_then(|u| u.total_usage);
+        let memory = stats.memory_stats.unwrap_or_default();
+        let cache = memory
+            .stats
+            .as_ref()
+            .and_then(|s| s.get("inactive_file").or_else(|| s.get("total_inactive_file")).copied())
+            .unwrap_or(0);
+        Ok(Usage {
+            cpu_seconds: cpu_ns.unwrap_or(0) as f64 / 1e9,
+            memory_bytes: memory.usage.unwrap_or(0).saturating_sub(cache),
+            memory_limit_bytes: memory.limit.unwrap_or(0),
         })
     }
 

@@ -57,6 +57,16 @@ pub struct Installed {
     pub timed_out: bool,
 }
 
+/// What a container uses, as the engine reports it.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Usage {
+    /// CPU time used since the container started.
+    pub cpu_seconds: f64,
+    /// Memory in use, page cache that can be reclaimed excluded (as `docker stats` shows it).
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+}
+
 /// A container or volume carrying this server's labels.
 #[derive(Debug, Clone)]
 pub struct Labelled {
@@ -74,6 +84,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef>;
     async fn start(&self, container_id: &str) -> Result<()>;
     async fn state(&self, container_id: &str) -> Result<ContainerState>;
+    async fn usage(&self, container_id: &str) -> Result<Usage>;
     async fn pause(&self, container_id: &str) -> Result<()>;
     async fn unpause(&self, container_id: &str) -> Result<()>;
     /// Kills and starts a container whose agent stopped answering.

@@ -28,6 +28,7 @@ pub fn settings(root: &Path) -> Settings {
         packages: PackagesConfig::default(),
         uploads: UploadsConfig {
             allowed_dirs: vec![uploads],
+            ..Default::default()
         },
         // Tests count their own objects; the pool has tests of its own.
         pool: PoolConfig { size: 0 },

@@ -1,0 +1,111 @@
+//! The recent calls on a sandbox, kept by its actor (in memory, newest last)
+//! so that a person can see what an agent did with it.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+
+/// Calls kept per sandbox.
+const KEPT: usize = 50;
+/// Characters of code or command shown per call.
+const SUMMARY_CHARS: usize = 120;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    Python,
+    Shell,
+    Install,
+    Upload,
+    Restart,
+}
+
+/// One call, as the history shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallRecord {
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    pub kind: CallKind,
+    /// What was asked: the code's first line, the command, the package.
+    pub summary: String,
+    /// How it ended, in a few words ("exit 0", "timed out", "failed").
+    pub outcome: String,
+    pub ok: bool,
+    pub duration_ms: u64,
+}
+
+impl CallRecord {
+    /// A call that started at `started_at` and ends now.
+    pub fn ended(started_at: OffsetDateTime, kind: CallKind, summary: &str, ok: bool, outcome: String) -> Self {
+        let duration_ms = (OffsetDateTime::now_utc() - started_at).whole_milliseconds().max(0) as u64;
+        Self {
+            started_at,
+            kind,
+            summary: summarise(summary),
+            outcome,
+            ok,
+            duration_ms,
+        }
+    }
+}
+
+/// The first non-blank line, cut to a readable length.
+fn summarise(text: &str) -> String {
+    let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let more = first.chars().count() > SUMMARY_CHARS || text.trim().lines().count() > 1;
+    let mut out: String = first.chars().take(SUMMARY_CHARS).collect();
+    if more {
+        out.push_str(" …");
+    }
+    out
+}
+
+#[derive(Debug, Default)]
+pub struct History {
+    calls: VecDeque<CallRecord>,
+}
+
+impl History {
+    pub fn push(&mut self, call: CallRecord) {
+        if self.calls.len() == KEPT {
+            self.calls.pop_front();
+        }
+        self.calls.push_back(call);
+    }
+
+    pub fn to_vec(&self) -> Vec<CallRecord> {
+        self.calls.iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_show_the_first_line_and_mark_the_rest() {
+        assert_eq!(summarise("print(1)"), "print(1)");
+        assert_eq!(summarise("\n  import os\nprint(2)\n"), "import os …");
+        let long = "x".repeat(500);
+        assert_eq!(summarise(&long).chars().count(), SUMMARY_CHARS + 2);
+    }
+
+    #[test]
+    fn only_the_most_recent_calls_are_kept() {
+        let mut h = History::default();
+        for i in 0..KEPT + 5 {
+            h.push(CallRecord::ended(
+                OffsetDateTime::now_utc(),
+                CallKind::Shell,
+                &i.to_string(),
+                true,
+                "exit 0".into(),
+            ));
+        }
+        let kept = h.to_vec();
+        assert_eq!(kept.len(), KEPT);
+        assert_eq!(kept[0].summary, "5");
+        assert_eq!(kept.last().unwrap().summary, (KEPT + 4).to_string());
+    }
+}

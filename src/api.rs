@@ -1,0 +1,302 @@
+//! The REST API under `/api`, which the web UI uses: JSON in and out, the
+//! same keys as MCP (or the UI's session cookie with its CSRF token), and the
+//! same operations ([`crate::ops`]) with the same results as the tools.
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use sandbox_actors::{CallRecord, SandboxError, SandboxInfo, Usage};
+use serde::{Deserialize, Serialize};
+
+use crate::artifacts::{list_files, ListedFile};
+use crate::caller::Caller;
+use crate::http::{error, AppState};
+use crate::ops::parse_id;
+use crate::results::{
+    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, UploadResult,
+};
+
+pub fn routes(max_upload_bytes: usize) -> Router<AppState> {
+    Router::new()
+        .route("/api/sandboxes", get(list).post(create))
+        .route("/api/sandboxes/{id}", get(show).delete(delete))
+        .route("/api/sandboxes/{id}/restart", post(restart))
+        .route("/api/sandboxes/{id}/python", post(python))
+        .route("/api/sandboxes/{id}/shell", post(shell))
+        .route("/api/sandboxes/{id}/packages", get(install_status).post(install))
+        .route(
+            "/api/sandboxes/{id}/files",
+            get(files).post(upload).layer(DefaultBodyLimit::max(max_upload_bytes)),
+        )
+}
+
+/// A failed operation: the status says what kind, the body the message.
+pub struct ApiError(SandboxError);
+
+impl From<SandboxError> for ApiError {
+    fn from(e: SandboxError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            SandboxError::NotFound(_) => StatusCode::NOT_FOUND,
+            SandboxError::InvalidArgument(_) | SandboxError::UploadRefused(_) => StatusCode::BAD_REQUEST,
+            SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
+            SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SandboxError::Agent(_) => StatusCode::BAD_GATEWAY,
+            SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        error(status, &self.0.to_string())
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// A JSON request body whose rejection (bad JSON, a missing or unknown
+/// field, a wrong content type) answers in the API's JSON error shape.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Self(v)),
+            Err(e) => Err(error(e.status(), &e.body_text())),
+        }
+    }
+}
+
+/// A sandbox as the API shows it: what `list_sandboxes` says, its owner for
+/// administrators, and its CPU and memory use (absent when Docker could
+/// not say).
+#[derive(Serialize)]
+pub struct ApiSandbox {
+    #[serde(flatten)]
+    listed: ListedSandbox,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+pub struct SandboxPage {
+    /// Whether the caller is an administrator (and sees every tenant).
+    admin: bool,
+    sandboxes: Vec<ApiSandbox>,
+}
+
+#[derive(Serialize)]
+pub struct SandboxDetail {
+    #[serde(flatten)]
+    sandbox: ApiSandbox,
+    /// The most recent calls on it, oldest first.
+    history: Vec<CallRecord>,
+}
+
+async fn describe(app: &AppState, caller: &Caller, info: SandboxInfo) -> ApiSandbox {
+    let usage = app.ops.sandboxes.usage(caller.scope(), info.sandbox_id).await.ok();
+    ApiSandbox {
+        owner: caller.admin.then(|| info.owner.clone()),
+        listed: info.into(),
+        usage,
+    }
+}
+
+async fn list(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Json<SandboxPage> {
+    let infos = app.ops.list(&caller).await;
+    let sandboxes = futures_util::future::join_all(infos.into_iter().map(|i| describe(&app, &caller, i))).await;
+    Json(SandboxPage {
+        admin: caller.admin,
+        sandboxes,
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    name: Option<String>,
+}
+
+/// Reads an optional JSON body (an empty one means all defaults).
+fn optional_json<T: Default + for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError(SandboxError::InvalidArgument(format!("request body: {e}"))))
+}
+
+async fn create(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<CreatedSandbox>), ApiError> {
+    let body: CreateBody = optional_json(&body)?;
+    Ok((StatusCode::CREATED, Json(app.ops.create(&caller, body.name).await?)))
+}
+
+async fn show(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<SandboxDetail> {
+    let id = parse_id(&id)?;
+    let sandboxes = &app.ops.sandboxes;
+    let info = sandboxes.info(caller.scope(), id).await?;
+    let history = sandboxes.history(caller.scope(), id).await?;
+    Ok(Json(SandboxDetail {
+        sandbox: describe(&app, &caller, info).await,
+        history,
+    }))
+}
+
+async fn delete(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<DeleteResult> {
+    Ok(Json(app.ops.delete(&caller, &id).await?))
+}
+
+async fn restart(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<ApiSandbox> {
+    let info = app.ops.restart(&caller, &id).await?;
+    Ok(Json(describe(&app, &caller, info).await))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CodeBody {
+    code: String,
+    timeout_seconds: Option<u64>,
+}
+
+async fn python(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<CodeBody>,
+) -> ApiResult<PythonResult> {
+    let ran = app
+        .ops
+        .python(&caller, &id, body.code, body.timeout_seconds, None)
+        .await?;
+    Ok(Json(ran))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommandBody {
+    command: String,
+    timeout_seconds: Option<u64>,
+}
+
+async fn shell(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<CommandBody>,
+) -> ApiResult<CommandResult> {
+    let ran = app
+        .ops
+        .shell(&caller, &id, body.command, body.timeout_seconds, None)
+        .await?;
+    Ok(Json(ran))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PackageBody {
+    package_name: String,
+}
+
+async fn install(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<PackageBody>,
+) -> ApiResult<InstallResult> {
+    Ok(Json(app.ops.install(&caller, &id, &body.package_name).await?))
+}
+
+async fn install_status(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<PackageBody>,
+) -> ApiResult<InstallResult> {
+    Ok(Json(app.ops.install_status(&caller, &id, &q.package_name).await?))
+}
+
+/// A file under `/app/results` with its download link.
+#[derive(Serialize)]
+pub struct LinkedFile {
+    #[serde(flatten)]
+    file: ListedFile,
+    url: String,
+}
+
+#[derive(Serialize)]
+pub struct FileList {
+    files: Vec<LinkedFile>,
+    /// More files exist than were listed.
+    truncated: bool,
+}
+
+async fn files(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<FileList> {
+    let id = parse_id(&id)?;
+    let root = app.ops.sandboxes.results_dir(caller.scope(), id)?;
+    let (listed, truncated) = tokio::task::spawn_blocking(move || list_files(&root))
+        .await
+        .map_err(|e| SandboxError::Internal(e.to_string()))?
+        .map_err(|e| SandboxError::Internal(format!("listing the results folder: {e}")))?;
+    let files = listed
+        .into_iter()
+        .map(|file| LinkedFile {
+            url: app.ops.links.artifact(id, &file.path),
+            file,
+        })
+        .collect();
+    Ok(Json(FileList { files, truncated }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UploadQuery {
+    /// The file's name in the sandbox.
+    name: String,
+    #[serde(default = "default_dest")]
+    dest: String,
+}
+
+fn default_dest() -> String {
+    "/app/results".into()
+}
+
+/// The body is the file's bytes.
+async fn upload(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<UploadQuery>,
+    body: Bytes,
+) -> ApiResult<UploadResult> {
+    Ok(Json(
+        app.ops
+            .upload_bytes(&caller, &id, &q.name, body.to_vec(), &q.dest)
+            .await?,
+    ))
+}

@@ -1,0 +1,232 @@
+//! What the server counts, and `/metrics` in the Prometheus text format.
+//!
+//! Every tool call (from MCP or from the REST API) passes through
+//! [`Metrics::observe`], which also opens its tracing span: one place
+//! decides how a call is logged, counted and timed. The figures about
+//! sandboxes themselves (states, pool, restarts, installs) come from the
+//! domain when the metrics are read.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use sandbox_actors::{SandboxError, Stats};
+use tracing::{field, info, Instrument};
+use uuid::Uuid;
+
+/// Upper bounds (seconds) of the execution latency histogram's buckets.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+/// Tools whose duration goes into the execution latency histogram.
+const TIMED: [&str; 2] = ["execute_python_code", "execute_terminal_command"];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// Per bucket of [`BUCKETS`] (not cumulative; summed when rendered).
+    counts: [u64; BUCKETS.len()],
+    /// Observations above the last bucket.
+    over: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        match BUCKETS.iter().position(|b| seconds <= *b) {
+            Some(i) => self.counts[i] += 1,
+            None => self.over += 1,
+        }
+        self.sum += seconds;
+    }
+
+    fn count(&self) -> u64 {
+        self.counts.iter().sum::<u64>() + self.over
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// (tool, outcome) → calls.
+    calls: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    executions: Mutex<BTreeMap<&'static str, Histogram>>,
+    rate_limited: AtomicU64,
+}
+
+impl Metrics {
+    /// Runs one tool call inside its span (tool name and sandbox id; never
+    /// the code or a key), logs how it ended, and counts and times it.
+    pub async fn observe<T>(
+        &self,
+        tool: &'static str,
+        sandbox: Option<Uuid>,
+        call: impl Future<Output = Result<T, SandboxError>>,
+    ) -> Result<T, SandboxError> {
+        let span = tracing::info_span!("tool", tool, sandbox_id = field::Empty);
+        if let Some(id) = sandbox {
+            span.record("sandbox_id", field::display(id));
+        }
+        let started = Instant::now();
+        let result = call.instrument(span.clone()).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.kind(),
+        };
+        span.in_scope(|| info!(outcome, duration_ms = elapsed * 1000.0, "tool call"));
+        *self
+            .calls
+            .lock()
+            .expect("metrics lock")
+            .entry((tool, outcome))
+            .or_default() += 1;
+        if TIMED.contains(&tool) && result.is_ok() {
+            self.executions
+                .lock()
+                .expect("metrics lock")
+                .entry(tool)
+                .or_default()
+                .observe(elapsed);
+        }
+        result
+    }
+
+    /// A request refused by a rate limit.
+    pub fn rate_limited(&self) {
+        self.rate_limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition of everything counted, with `stats`.
+    pub fn render(&self, stats: &Stats) -> String {
+        let mut out = String::new();
+        header(&mut out, "mcp_sandbox_sandboxes", "gauge", "Sandboxes by status.");
+        let mut by_status = stats.by_status.clone();
+        for status in ["running", "paused", "restarting", "deleting"] {
+            by_status.entry(status.to_string()).or_default();
+        }
+        for (status, n) in &by_status {
+            let _ = writeln!(out, "mcp_sandbox_sandboxes{{status=\"{status}\"}} {n}");
+        }
+        header(
+            &mut out,
+            "mcp_sandbox_pool_ready",
+            "gauge",
+            "Warm sandboxes ready to be handed out.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_pool_ready {}", stats.pool_ready);
+        header(
+            &mut out,
+            "mcp_sandbox_pool_size",
+            "gauge",
+            "Warm sandboxes the pool aims to keep.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_pool_size {}", stats.pool_size);
+        header(
+            &mut out,
+            "mcp_sandbox_tool_calls_total",
+            "counter",
+            "Tool calls by tool and outcome.",
+        );
+        for ((tool, outcome), n) in self.calls.lock().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "mcp_sandbox_tool_calls_total{{tool=\"{tool}\",outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
+            "mcp_sandbox_execution_duration_seconds",
+            "histogram",
+            "Duration of Python and shell executions, queueing included.",
+        );
+        for (tool, h) in self.executions.lock().expect("metrics lock").iter() {
+            let mut cumulative = 0;
+            for (bound, n) in BUCKETS.iter().zip(h.counts) {
+                cumulative += n;
+                let _ = writeln!(
+                    out,
+                    "mcp_sandbox_execution_duration_seconds_bucket{{tool=\"{tool}\",le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let (count, sum) = (h.count(), h.sum);
+            let _ = writeln!(
+                out,
+                "mcp_sandbox_execution_duration_seconds_bucket{{tool=\"{tool}\",le=\"+Inf\"}} {count}\n\
+                 mcp_sandbox_execution_duration_seconds_sum{{tool=\"{tool}\"}} {sum}\n\
+                 mcp_sandbox_execution_duration_seconds_count{{tool=\"{tool}\"}} {count}"
+            );
+        }
+        header(
+            &mut out,
+            "mcp_sandbox_installs_total",
+            "counter",
+            "Finished package installs by outcome.",
+        );
+        let _ = writeln!(
+            out,
+            "mcp_sandbox_installs_total{{outcome=\"success\"}} {}",
+            stats.installs_succeeded
+        );
+        let _ = writeln!(
+            out,
+            "mcp_sandbox_installs_total{{outcome=\"failed\"}} {}",
+            stats.installs_failed
+        );
+        header(
+            &mut out,
+            "mcp_sandbox_rate_limited_total",
+            "counter",
+            "Requests refused by a rate limit (429).",
+        );
+        let _ = writeln!(
+            out,
+            "mcp_sandbox_rate_limited_total {}",
+            self.rate_limited.load(Ordering::Relaxed)
+        );
+        header(
+            &mut out,
+            "mcp_sandbox_container_restarts_total",
+            "counter",
+            "Sandbox containers started again, re-created or restarted.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_container_restarts_total {}", stats.container_restarts);
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn calls_are_counted_by_outcome_and_executions_timed() {
+        let m = Metrics::default();
+        let id = Some(Uuid::nil());
+        m.observe("execute_python_code", id, async { Ok::<_, SandboxError>(()) })
+            .await
+            .unwrap();
+        let failed = m
+            .observe("execute_python_code", id, async {
+                Err::<(), _>(SandboxError::NotFound(Uuid::nil()))
+            })
+            .await;
+        assert!(failed.is_err());
+        m.rate_limited();
+        let text = m.render(&Stats::default());
+        assert!(text.contains("mcp_sandbox_tool_calls_total{tool=\"execute_python_code\",outcome=\"ok\"} 1"));
+        assert!(text.contains("mcp_sandbox_tool_calls_total{tool=\"execute_python_code\",outcome=\"not_found\"} 1"));
+        assert!(text.contains("mcp_sandbox_execution_duration_seconds_count{tool=\"execute_python_code\"} 1"));
+        assert!(
+            text.contains("mcp_sandbox_execution_duration_seconds_bucket{tool=\"execute_python_code\",le=\"+Inf\"} 1")
+        );
+        assert!(text.contains("mcp_sandbox_rate_limited_total 1"));
+        assert!(text.contains("mcp_sandbox_sandboxes{status=\"paused\"} 0"));
+    }
+}

@@ -1,0 +1,246 @@
+// The web UI's script: it fills the server's pages from the REST API.
+// Everything from the server is put in the page as text, never as HTML.
+'use strict';
+
+const csrf = document.querySelector('meta[name="csrf-token"]')?.content || '';
+
+/** Calls the REST API; throws an Error with the server's message on failure. */
+async function api(method, path, body, raw) {
+  const headers = { 'X-CSRF-Token': csrf, Accept: 'application/json' };
+  let payload;
+  if (raw !== undefined) {
+    payload = raw;
+    headers['Content-Type'] = 'application/octet-stream';
+  } else if (body !== undefined) {
+    payload = JSON.stringify(body);
+    headers['Content-Type'] = 'application/json';
+  }
+  const response = await fetch(path, { method, headers, body: payload, credentials: 'same-origin' });
+  const text = await response.text();
+  let data;
+  try { data = JSON.parse(text); } catch { data = { error: text || response.statusText }; }
+  if (!response.ok) throw new Error(data.error || `${response.status} ${response.statusText}`);
+  return data;
+}
+
+/** An element with attributes and children (strings become text). */
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? '')));
+  return node;
+}
+
+/** Artifact links name the server's public URL; the UI loads them from its own origin. */
+function local(url) {
+  const u = new URL(url, location.href);
+  return u.pathname + u.search;
+}
+
+function showError(e) {
+  const box = document.getElementById('error');
+  if (!box) return;
+  box.textContent = e ? String(e.message || e) : '';
+  box.hidden = !e;
+}
+
+function age(iso) {
+  const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  if (s < 60) return `${Math.round(s)} s`;
+  if (s < 3600) return `${Math.round(s / 60)} min`;
+  if (s < 86400) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} d`;
+}
+
+function when(iso) { return iso ? new Date(iso).toLocaleString() : 'never'; }
+function bytes(n) {
+  if (n == null) return '—';
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+function cpu(usage) { return usage ? `${usage.cpu_seconds.toFixed(2)} s` : '—'; }
+function memory(usage) { return usage ? bytes(usage.memory_bytes) : '—'; }
+function status(s) { return el('span', { class: `status ${s}` }, s); }
+
+/** Runs `work` with the form's buttons disabled, showing any error. */
+async function busy(form, work) {
+  const buttons = form.querySelectorAll('button');
+  buttons.forEach((b) => { b.disabled = true; });
+  try { showError(null); await work(); } catch (e) { showError(e); } finally {
+    buttons.forEach((b) => { b.disabled = false; });
+  }
+}
+
+// ---- the list of sandboxes ----
+
+async function loadList() {
+  const table = document.getElementById('sandboxes');
+  const data = await api('GET', '/api/sandboxes');
+  const body = table.tBodies[0];
+  body.replaceChildren(...data.sandboxes.map((s) => {
+    const open = `/ui/sandboxes/${encodeURIComponent(s.sandbox_id)}`;
+    const act = (label, cls, method, path) => el('button', {
+      class: cls,
+      'data-action': label.toLowerCase(),
+      onclick: async (ev) => {
+        ev.target.disabled = true;
+        try { showError(null); await api(method, path); } catch (e) { showError(e); }
+        await loadList();
+      },
+    }, label);
+    return el('tr', { 'data-id': s.sandbox_id },
+      el('td', {}, el('a', { href: open, class: 'name' }, s.name)),
+      el('td', { class: 'mono' }, s.sandbox_id.slice(0, 8)),
+      ...(data.admin ? [el('td', { class: 'owner' }, s.owner ?? '')] : []),
+      el('td', {}, status(s.status)),
+      el('td', {}, age(s.created_at)),
+      el('td', {}, when(s.expires_at)),
+      el('td', {}, cpu(s.usage)),
+      el('td', {}, memory(s.usage)),
+      el('td', {}, String(s.installed_packages.length)),
+      el('td', { class: 'actions' },
+        act('Restart', 'secondary', 'POST', `/api/sandboxes/${s.sandbox_id}/restart`),
+        act('Delete', 'danger', 'DELETE', `/api/sandboxes/${s.sandbox_id}`)));
+  }));
+  document.getElementById('empty').hidden = data.sandboxes.length > 0;
+  table.dataset.loaded = 'true';
+}
+
+function listPage() {
+  const form = document.getElementById('create-form');
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(form, async () => {
+      const name = form.elements.name.value.trim();
+      await api('POST', '/api/sandboxes', name ? { name } : {});
+      form.reset();
+      await loadList();
+    });
+  });
+  loadList().catch(showError);
+  setInterval(() => loadList().catch(showError), 5000);
+}
+
+// ---- one sandbox ----
+
+function sandboxPage(root) {
+  const id = root.dataset.id;
+  const base = `/api/sandboxes/${id}`;
+
+  async function loadInfo() {
+    const s = await api('GET', base);
+    document.getElementById('sandbox-name').textContent = s.name;
+    document.title = `${s.name} · mcp-sandbox`;
+    const rows = [
+      ['ID', el('code', {}, s.sandbox_id)],
+      ['Status', status(s.status)],
+      ['Created', `${when(s.created_at)} (${age(s.created_at)} ago)`],
+      ['Expires', when(s.expires_at)],
+      ['CPU time', cpu(s.usage)],
+      ['Memory', memory(s.usage)],
+      ['Packages', s.installed_packages.map((p) => `${p.name} ${p.version}`).join(', ') || 'none'],
+    ];
+    if (s.owner) rows.splice(1, 0, ['Owner', s.owner]);
+    document.getElementById('info').replaceChildren(...rows.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+    document.getElementById('history').tBodies[0].replaceChildren(...s.history.slice().reverse().map((c) =>
+      el('tr', { class: c.ok ? '' : 'failed' },
+        el('td', {}, new Date(c.started_at).toLocaleTimeString()),
+        el('td', {}, c.kind),
+        el('td', { class: 'mono' }, c.summary),
+        el('td', { class: c.ok ? 'ok' : 'error' }, c.outcome),
+        el('td', {}, String(c.duration_ms)))));
+    root.dataset.status = s.status;
+  }
+
+  async function loadFiles() {
+    const data = await api('GET', `${base}/files`);
+    const images = /\.(png|jpe?g|gif|webp|svg)$/i;
+    document.getElementById('files').tBodies[0].replaceChildren(...data.files.map((f) => el('tr', { 'data-path': f.path },
+      el('td', {}, el('a', { href: local(f.url), target: '_blank', rel: 'noopener' }, f.path)),
+      el('td', {}, bytes(f.size)),
+      el('td', {}, new Date(f.modified * 1000).toLocaleString()),
+      el('td', {}, images.test(f.path) ? el('img', { class: 'preview', src: local(f.url), alt: f.path }) : ''))));
+  }
+
+  const refresh = () => Promise.all([loadInfo(), loadFiles()]).catch(showError);
+
+  function showRun(prefix, r) {
+    document.getElementById(`${prefix}-out`).hidden = false;
+    document.getElementById(`${prefix}-exit`).textContent = r.timed_out ? `${r.exit_code} (timed out)` : String(r.exit_code);
+    document.getElementById(`${prefix}-stdout`).textContent = r.stdout;
+    document.getElementById(`${prefix}-stderr`).textContent = (r.notice ? `[notice] ${r.notice}\n` : '') + r.stderr;
+    const duration = document.getElementById(`${prefix}-duration`);
+    if (duration) duration.textContent = r.duration_ms.toFixed(1);
+  }
+
+  /** Submits the run form `prefix`-form: its field `key` goes to the API, the result to `prefix`-out. */
+  function runForm(prefix, key) {
+    const form = document.getElementById(`${prefix}-form`);
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      busy(form, async () => {
+        showRun(prefix, await api('POST', `${base}/${prefix}`, { [key]: form.elements[key].value }));
+        await refresh();
+      });
+    });
+  }
+  runForm('python', 'code');
+  runForm('shell', 'command');
+
+  const install = document.getElementById('install-form');
+  function showInstall(r) {
+    document.getElementById('install-status').textContent = r.status;
+    document.getElementById('install-message').textContent = r.message;
+    const out = document.getElementById('install-output');
+    out.textContent = r.output || '';
+    out.hidden = !r.output;
+  }
+  install.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(install, async () => {
+      const name = install.elements.package.value.trim();
+      let r = await api('POST', `${base}/packages`, { package_name: name });
+      showInstall(r);
+      while (r.status === 'installing') {
+        await new Promise((done) => { setTimeout(done, 1000); });
+        r = await api('GET', `${base}/packages?package_name=${encodeURIComponent(name)}`);
+        showInstall(r);
+      }
+      await refresh();
+    });
+  });
+
+  const upload = document.getElementById('upload-form');
+  upload.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(upload, async () => {
+      const file = upload.elements.file.files[0];
+      if (!file) throw new Error('choose a file first');
+      const r = await api('POST', `${base}/files?name=${encodeURIComponent(file.name)}`, undefined, file);
+      document.getElementById('upload-status').textContent = `uploaded to ${r.path}`;
+      upload.reset();
+      await refresh();
+    });
+  });
+
+  document.getElementById('restart').addEventListener('click', (ev) => {
+    busy(ev.target.parentElement, async () => { await api('POST', `${base}/restart`); await refresh(); });
+  });
+  document.getElementById('delete').addEventListener('click', (ev) => {
+    busy(ev.target.parentElement, async () => { await api('DELETE', base); location.assign('/ui'); });
+  });
+
+  refresh();
+}
+
+document.addEventListener('DOMContentLoaded', () => {
+  if (document.getElementById('sandboxes')) listPage();
+  const one = document.getElementById('sandbox');
+  if (one) sandboxPage(one);
+});
