@@ -14,7 +14,7 @@ use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
 use common::mcp::{McpClient, Server};
 use common::{arg, docker_exec, Series};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const PRINT: &str = "print(1)";
 
@@ -43,6 +43,35 @@ async fn exec_series(c: &McpClient, sid: &str, n: usize) -> Vec<Duration> {
         let r = c.tool("execute_python_code", args.clone()).await.unwrap();
         out.push(t.elapsed());
         assert_eq!(r["stdout"], "1\n");
+    }
+    out
+}
+
+/// `n` timed requests (after a few untimed ones) to the REST API or another
+/// plain HTTP route, each checked for a 2xx answer.
+async fn http_series(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<&Value>,
+    n: usize,
+) -> Vec<Duration> {
+    let send = || {
+        let r = http.request(method.clone(), url);
+        match body {
+            Some(b) => r.json(b),
+            None => r,
+        }
+    };
+    for _ in 0..5 {
+        send().send().await.unwrap().error_for_status().unwrap();
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = send().send().await.unwrap().error_for_status().unwrap();
+        r.bytes().await.unwrap();
+        out.push(t.elapsed());
     }
     out
 }
@@ -200,6 +229,15 @@ async fn main() {
     let mcp = exec_series(&c, &ids[0], n).await;
     let sse_client = McpClient::sse(http.clone(), &server.base).await;
     let sse = exec_series(&sse_client, &ids[0], n).await;
+    let rest_url = format!("{}/api/sandboxes/{}/python", server.base, ids[0]);
+    let rest = http_series(
+        &http,
+        reqwest::Method::POST,
+        &rest_url,
+        Some(&json!({"code": PRINT})),
+        n,
+    )
+    .await;
     let container = format!("mcp-sandbox-{}", ids[0]);
     docker_exec(&docker, &container).await;
     let mut dexec = vec![];
@@ -222,6 +260,11 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_full = server.rss_mb();
+    // What the web UI's list and a Prometheus scrape cost with them all.
+    let list_url = format!("{}/api/sandboxes", server.base);
+    let ui_list = http_series(&http, reqwest::Method::GET, &list_url, None, 20).await;
+    let metrics_url = format!("{}/metrics", server.base);
+    let scrape = http_series(&http, reqwest::Method::GET, &metrics_url, None, 50).await;
     let mut mem = vec![];
     for id in &loop_ids {
         if let Some(m) = container_memory_mb(&docker, id).await {
@@ -267,6 +310,11 @@ async fn main() {
         &format!("{:.0} x faster than docker exec (p50)", dexec.pct(50.0) / mcp.pct(50.0)),
     );
     line("execute_python_code print(1) via /sse", &sse, "");
+    line(
+        "REST POST /api/sandboxes/{id}/python print(1)",
+        &Series::new("", rest),
+        "",
+    );
     line("baseline: docker exec python3 -c 'print(1)'", &dexec, "");
     line(
         &format!("{clients} clients looping print(1), {secs} s"),
@@ -285,6 +333,13 @@ async fn main() {
         "| install six again, same sandbox | 1 | {:.0} | | already installed |",
         again.as_secs_f64() * 1000.0
     );
+    let with = format!("with {} sandboxes", loop_ids.len());
+    line(
+        "REST GET /api/sandboxes (UI list, usage from Docker)",
+        &Series::new("", ui_list),
+        &with,
+    );
+    line("GET /metrics", &Series::new("", scrape), &with);
     let per_sandbox = mem.iter().sum::<f64>() / mem.len().max(1) as f64;
     println!();
     println!(

@@ -3,6 +3,7 @@
 //! arguments and limits, reaches the domain in the caller's scope, counts and
 //! logs the call, and builds the typed result. Front ends only translate.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,50 +141,53 @@ impl Ops {
         work: Result<Work>,
         finish: fn(Ran, &Links, Uuid) -> T,
     ) -> Result<T> {
-        let id = parse_id(run.raw_id)?;
-        self.metrics
-            .observe(tool, Some(id), async {
-                let ran = self
-                    .sandboxes
-                    .run(run.caller.scope(), id, work?, run.timeout, run.progress)
-                    .await?;
-                Ok(finish(ran, &self.links, id))
-            })
-            .await
+        self.on_sandbox(tool, run.raw_id, |id| async move {
+            let ran = self
+                .sandboxes
+                .run(run.caller.scope(), id, work?, run.timeout, run.progress)
+                .await?;
+            Ok(finish(ran, &self.links, id))
+        })
+        .await
+    }
+
+    /// A call as `tool` on the sandbox named by `raw_id`, observed (a
+    /// malformed id counts as an `invalid_argument` call).
+    async fn on_sandbox<T, F>(&self, tool: &'static str, raw_id: &str, call: impl FnOnce(Uuid) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let id = parse_id(raw_id);
+        let span_id = id.as_ref().ok().copied();
+        self.metrics.observe(tool, span_id, async { call(id?).await }).await
     }
 
     pub async fn install(&self, caller: &Caller, raw_id: &str, package: &str) -> Result<InstallResult> {
-        let id = parse_id(raw_id)?;
-        self.metrics
-            .observe("install_package_in_sandbox", Some(id), async {
-                let status = self
-                    .sandboxes
-                    .install(caller.scope(), id, package, INSTALL_WAIT)
-                    .await?;
-                Ok(InstallResult::from(status))
-            })
-            .await
+        self.on_sandbox("install_package_in_sandbox", raw_id, |id| async move {
+            let status = self
+                .sandboxes
+                .install(caller.scope(), id, package, INSTALL_WAIT)
+                .await?;
+            Ok(InstallResult::from(status))
+        })
+        .await
     }
 
     pub async fn install_status(&self, caller: &Caller, raw_id: &str, package: &str) -> Result<InstallResult> {
-        let id = parse_id(raw_id)?;
-        self.metrics
-            .observe("check_package_installation_status", Some(id), async {
-                let status = self.sandboxes.install_status(caller.scope(), id, package).await?;
-                Ok(InstallResult::from(status))
-            })
-            .await
+        self.on_sandbox("check_package_installation_status", raw_id, |id| async move {
+            let status = self.sandboxes.install_status(caller.scope(), id, package).await?;
+            Ok(InstallResult::from(status))
+        })
+        .await
     }
 
     /// Copies a file or folder from an allowed host folder.
     pub async fn upload(&self, caller: &Caller, raw_id: &str, local: &str, dest: &str) -> Result<UploadResult> {
-        let id = parse_id(raw_id)?;
-        self.metrics
-            .observe("upload_file_to_sandbox", Some(id), async {
-                let up = self.sandboxes.upload(caller.scope(), id, local, dest).await?;
-                Ok(UploadResult::new(up, id))
-            })
-            .await
+        self.on_sandbox("upload_file_to_sandbox", raw_id, |id| async move {
+            let up = self.sandboxes.upload(caller.scope(), id, local, dest).await?;
+            Ok(UploadResult::new(up, id))
+        })
+        .await
     }
 
     /// Writes bytes the caller sent (a browser upload) as a file.
@@ -195,36 +199,32 @@ impl Ops {
         data: Vec<u8>,
         dest: &str,
     ) -> Result<UploadResult> {
-        let id = parse_id(raw_id)?;
-        self.metrics
-            .observe("upload_file_to_sandbox", Some(id), async {
-                let up = self
-                    .sandboxes
-                    .upload_bytes(caller.scope(), id, name, data, dest)
-                    .await?;
-                Ok(UploadResult::new(up, id))
-            })
-            .await
+        self.on_sandbox("upload_file_to_sandbox", raw_id, |id| async move {
+            let up = self
+                .sandboxes
+                .upload_bytes(caller.scope(), id, name, data, dest)
+                .await?;
+            Ok(UploadResult::new(up, id))
+        })
+        .await
     }
 
     pub async fn restart(&self, caller: &Caller, raw_id: &str) -> Result<SandboxInfo> {
-        let id = parse_id(raw_id)?;
-        self.metrics
-            .observe("restart_sandbox", Some(id), self.sandboxes.restart(caller.scope(), id))
-            .await
+        self.on_sandbox("restart_sandbox", raw_id, |id| {
+            self.sandboxes.restart(caller.scope(), id)
+        })
+        .await
     }
 
     pub async fn delete(&self, caller: &Caller, raw_id: &str) -> Result<DeleteResult> {
-        let id = parse_id(raw_id)?;
-        self.metrics
-            .observe("delete_sandbox", Some(id), async {
-                self.sandboxes.delete(caller.scope(), id).await?;
-                Ok(DeleteResult {
-                    success: true,
-                    sandbox_id: id.to_string(),
-                    message: format!("Sandbox {id} deleted"),
-                })
+        self.on_sandbox("delete_sandbox", raw_id, |id| async move {
+            self.sandboxes.delete(caller.scope(), id).await?;
+            Ok(DeleteResult {
+                success: true,
+                sandbox_id: id.to_string(),
+                message: format!("Sandbox {id} deleted"),
             })
-            .await
+        })
+        .await
     }
 }

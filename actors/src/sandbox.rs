@@ -432,7 +432,10 @@ fn expires_at(state: &SandboxState) -> Option<OffsetDateTime> {
 }
 
 impl SandboxActor {
-    /// Starts the next job when none is running.
+    /// Starts the next job when none is running. Each job hands its link
+    /// back (`Done`) before it answers, so that a query the caller sends
+    /// once answered queues behind it in the mailbox and finds the job over
+    /// and in the history.
     async fn pump(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         while state.link.is_some() {
             let Some(job) = state.queue.pop_front() else {
@@ -457,8 +460,8 @@ impl SandboxActor {
                             ran
                         });
                         let call = run_record(started, &req.work, &result);
-                        let _ = req.reply.send(result);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = req.reply.send(result);
                     });
                 }
                 Job::Install { package, specs } => {
@@ -479,8 +482,8 @@ impl SandboxActor {
                         };
                         let result = upload(&mut link, source, &dest).await;
                         let call = outcome_record(started, CallKind::Upload, &what, &result, "uploaded");
-                        let _ = reply.send(result);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
                     });
                 }
                 Job::Restart { reply } => {
@@ -489,8 +492,8 @@ impl SandboxActor {
                         let started = OffsetDateTime::now_utc();
                         let result = link.restart().await;
                         let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
-                        let _ = reply.send(result);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
                     });
                 }
                 Job::Delete { reply } => {
@@ -498,11 +501,11 @@ impl SandboxActor {
                     tokio::spawn(async move {
                         let result = remove_everything(link.ctx(), &record, &link.container_id).await;
                         let deleted = result.is_ok();
-                        let _ = reply.send(result);
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
                             deleted,
                             ..Finished::job(link, None)
                         })));
+                        let _ = reply.send(result);
                     });
                 }
             }

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{docker, Harness, OWNER};
-use sandbox_actors::{InstallStatusKind, SandboxError, Work};
+use sandbox_actors::{InstallStatusKind, SandboxError, Scope, Work};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_state_output_and_exit_codes() {
@@ -173,6 +173,103 @@ async fn a_killed_container_comes_back_with_its_files() {
     let r = h.py(id, "print(open('data.csv').read())").await;
     assert_eq!(r.output.stdout, "1,2\n");
     assert!(r.notice.unwrap().contains("re-created"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_requested_restart_waits_its_turn_keeps_files_and_is_recorded() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "open('keep.txt','w').write('k')").await;
+    let before = h.sb().stats().await.container_restarts;
+    // Queued behind a run that sets a variable, and before one that reads it.
+    let (first, restarted, second) = tokio::join!(
+        h.py(id, "import time; time.sleep(3); x = 5"),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            h.sb().restart(OWNER, id).await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            h.py(id, "print(open('keep.txt').read()); print(x)").await
+        },
+    );
+    assert_eq!(first.output.exit_code, 0);
+    assert_eq!(restarted.unwrap().status, "running");
+    assert_eq!(second.output.stdout, "k\n", "files stay");
+    assert!(
+        second.output.stderr.contains("NameError"),
+        "Python state went with the restart"
+    );
+    assert!(second.notice.unwrap_or_default().contains("restarted on request"));
+    assert_eq!(h.sb().stats().await.container_restarts, before + 1);
+
+    let history = h.sb().history(OWNER, id).await.unwrap();
+    let kinds: Vec<_> = history.iter().map(|c| (c.kind, c.ok)).collect();
+    use sandbox_actors::CallKind::{Python, Restart};
+    assert_eq!(
+        kinds,
+        vec![(Python, true), (Python, true), (Restart, true), (Python, false)]
+    );
+    assert_eq!(history[1].summary, "import time; time.sleep(3); x = 5");
+    assert_eq!(history[3].outcome, "exit 1");
+
+    let usage = h.sb().usage(OWNER, id).await.unwrap();
+    assert!(
+        usage.memory_bytes > 0 && usage.memory_limit_bytes >= usage.memory_bytes,
+        "{usage:?}"
+    );
+    assert!(usage.cpu_seconds > 0.0, "{usage:?}");
+    // Another tenant reaches none of it; the administrators' scope does.
+    assert!(matches!(
+        h.sb().restart("intruder", id).await,
+        Err(SandboxError::NotFound(_))
+    ));
+    assert!(matches!(
+        h.sb().history("intruder", id).await,
+        Err(SandboxError::NotFound(_))
+    ));
+    assert!(matches!(
+        h.sb().usage("intruder", id).await,
+        Err(SandboxError::NotFound(_))
+    ));
+    assert!(h.sb().history(Scope::Everyone, id).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sent_bytes_are_uploaded_under_their_name_only() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    let up = h
+        .sb()
+        .upload_bytes(OWNER, id, "ü b.txt", b"sent".to_vec(), "/app/results/in")
+        .await
+        .unwrap();
+    assert_eq!(up.path, "/app/results/in/ü b.txt");
+    let r = h
+        .sh(
+            id,
+            "cat '/app/results/in/ü b.txt'; stat -c %u '/app/results/in/ü b.txt'",
+            None,
+        )
+        .await;
+    assert_eq!(r.output.stdout, "sent1000\n");
+    for (name, dest) in [
+        ("../x", "/app/results"),
+        ("a/b", "/app/results"),
+        ("ok", "/etc"),
+        ("ok", "/app/results/../.."),
+    ] {
+        let refused = h.sb().upload_bytes(OWNER, id, name, vec![1], dest).await;
+        assert!(
+            matches!(
+                refused,
+                Err(SandboxError::UploadRefused(_) | SandboxError::InvalidArgument(_))
+            ),
+            "{name} into {dest}: {refused:?}"
+        );
+    }
+    let foreign = h.sb().upload_bytes("intruder", id, "x", vec![1], "/app/results").await;
+    assert!(matches!(foreign, Err(SandboxError::NotFound(_))));
 }
 
 #[tokio::test(flavor = "multi_thread")]
