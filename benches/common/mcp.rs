@@ -263,8 +263,53 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // SIGTERM: a clean stop; the sandboxes were deleted by the clients.
+        // SIGTERM: a clean stop. The clients deleted their sandboxes, unless
+        // the run panicked: then whatever still carries this server's label
+        // goes too (containers, volumes, its network and firewall rules).
         let _ = Command::new("kill").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
+        let Ok(id) = std::fs::read_to_string(self._root.path().join("state/server-id")) else {
+            return;
+        };
+        let label = format!("label=io.mcp-sandbox.server={}", id.trim());
+        let listed = |args: &[&str]| -> Vec<String> {
+            let out = Command::new("docker")
+                .args(args)
+                .args(["-q", "--filter", &label])
+                .output();
+            out.map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        let remove = |args: &[&str], ids: Vec<String>| {
+            if !ids.is_empty() {
+                let _ = Command::new("docker")
+                    .args(args)
+                    .args(&ids)
+                    .stdout(Stdio::null())
+                    .status();
+            }
+        };
+        remove(&["rm", "-f", "-v"], listed(&["ps", "-a"]));
+        remove(&["volume", "rm", "-f"], listed(&["volume", "ls"]));
+        remove(&["network", "rm"], listed(&["network", "ls"]));
+        let tag = format!("mcp-sandbox:{}", id.trim());
+        for chain in ["INPUT", "DOCKER-USER"] {
+            let Ok(rules) = Command::new("iptables").args(["-w", "-S", chain]).output() else {
+                continue;
+            };
+            for rule in String::from_utf8_lossy(&rules.stdout)
+                .lines()
+                .filter(|l| l.contains(&tag))
+            {
+                // Rules read back as `-A CHAIN … --comment "tag" …`; the tag has no spaces.
+                let args: Vec<&str> = rule.split_whitespace().skip(1).map(|a| a.trim_matches('"')).collect();
+                let _ = Command::new("iptables").args(["-w", "-D"]).args(args).status();
+            }
+        }
     }
 }
