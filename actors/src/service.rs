@@ -1,6 +1,7 @@
 //! [`Sandboxes`]: the face of the domain that the front end calls. Each
 //! method checks who asks, finds the sandbox's actor and sends it a message;
-//! only creation and start-up reconciliation talk to the runtime directly.
+//! only creation, start-up reconciliation and the reading of CPU and memory
+//! figures talk to the runtime directly.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
