@@ -150,8 +150,11 @@ impl Config {
                 )));
             }
         }
-        if !(1..=1024).contains(&self.uploads.max_upload_mb) {
-            return Err(ConfigError::Invalid("uploads.max_upload_mb: from 1 to 1024".into()));
+        let most_mb = sandbox_actors::uploads::MAX_UPLOAD_BYTES / (1024 * 1024);
+        if !(1..=most_mb).contains(&self.uploads.max_upload_mb) {
+            return Err(ConfigError::Invalid(format!(
+                "uploads.max_upload_mb: from 1 to {most_mb}"
+            )));
         }
         for dir in &self.uploads.allowed_dirs {
             if !dir.is_absolute() {
@@ -243,6 +246,8 @@ mod tests {
             ("", vec![("MCP_SANDBOX_SERVER_PORT", "http")], "port"),
             ("", vec![("MCP_SANDBOX_NOPE_X", "1")], "MCP_SANDBOX_NOPE_X"),
             ("[server]\npublic_url = \"ftp://x\"\n", vec![], "server.public_url"),
+            ("[uploads]\nmax_upload_mb = 0\n", vec![], "uploads.max_upload_mb"),
+            ("[uploads]\nmax_upload_mb = 257\n", vec![], "uploads.max_upload_mb"),
         ] {
             let err = load(text, &env).unwrap_err().to_string();
             assert!(err.contains(key), "{err:?} does not name {key}");

@@ -39,8 +39,6 @@ pub struct AppState {
     pub signer: Option<LinkSigner>,
     /// Session cookies get `Secure` when the public URL is HTTPS.
     pub secure_cookies: bool,
-    /// Largest file the REST API accepts in one upload.
-    pub max_upload_bytes: usize,
     guard: Arc<Guard>,
 }
 
@@ -285,7 +283,6 @@ pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: C
         shutdown: shutdown.clone(),
         signer,
         secure_cookies: config.public_url().starts_with("https://"),
-        max_upload_bytes: config.uploads.max_upload_mb as usize * 1024 * 1024,
         guard: Arc::new(Guard::new(config)),
     };
     let mut mcp_config = StreamableHttpServerConfig::default();
@@ -306,7 +303,7 @@ pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: C
         .route("/results/{sandbox_id}/{*path}", get(artifacts::get))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .merge(api::routes(state.max_upload_bytes))
+        .merge(api::routes(config.uploads.max_upload_mb as usize * 1024 * 1024))
         .merge(ui::routes())
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

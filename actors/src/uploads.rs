@@ -88,7 +88,8 @@ pub fn resolve_dest(dest: &str) -> Result<String> {
 pub enum UploadSource {
     /// A file or folder on the server's host, already checked by [`resolve_source`].
     Host(PathBuf),
-    /// Bytes sent over HTTP (the web UI), with the file name to give them.
+    /// Bytes sent over HTTP (the web UI), with the file name to give them,
+    /// already checked by [`check_file_name`].
     Bytes { name: String, data: Vec<u8> },
 }
 
@@ -116,7 +117,6 @@ pub fn pack(source: UploadSource) -> Result<(Vec<u8>, String)> {
     match source {
         UploadSource::Host(path) => pack_host(&path),
         UploadSource::Bytes { name, data } => {
-            let name = check_file_name(&name)?;
             if data.len() as u64 > MAX_UPLOAD_BYTES {
                 return Err(SandboxError::UploadRefused(format!(
                     "larger than {MAX_UPLOAD_BYTES} bytes"
