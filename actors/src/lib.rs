@@ -18,6 +18,7 @@ pub mod runtime;
 mod sandbox;
 pub mod scope;
 mod service;
+pub mod status;
 mod supervisor;
 pub mod uploads;
 
@@ -30,3 +31,4 @@ pub use runtime::Usage;
 pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
 pub use scope::Scope;
 pub use service::{Quota, Sandboxes, Stats};
+pub use status::SandboxStatus;

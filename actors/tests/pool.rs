@@ -45,7 +45,7 @@ async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
     h.py(id, "kept = 'state'").await;
     let container = h.container_of(id);
     eventually("the idle sandbox is paused", || paused(&container)).await;
-    assert_eq!(h.sb().list(OWNER).await[0].status, "paused");
+    assert_eq!(h.sb().list(OWNER).await[0].status.as_str(), "paused");
     let r = h
         .sb()
         .run(OWNER, id, Work::Python("print(kept)".into()), None, None)
