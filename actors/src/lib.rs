@@ -28,7 +28,7 @@ pub use error::{Result, SandboxError};
 pub use history::{CallKind, CallRecord};
 pub use link::Ran;
 pub use runtime::Usage;
-pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
+pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded, MAX_INSTALL_RECORDS};
 pub use scope::Scope;
 pub use service::{Quota, Sandboxes, Stats};
 pub use status::SandboxStatus;

@@ -319,19 +319,19 @@ impl Link {
         if self.client.is_some() {
             return Ok(None);
         }
-        let lost_state = self.connected_before;
+        let lost_state = self.connected_before.then(|| {
+            "The sandbox's agent was restarted since your last call: Python variables were lost; files and packages are kept.".to_string()
+        });
         if let Ok(client) = ready_agent(&self.ctx, &self.paths).await {
             self.client = Some(client);
-            return Ok(lost_state.then(|| {
-                "The sandbox's agent was restarted since your last call: Python variables were lost; files and packages are kept.".to_string()
-            }));
+            return Ok(lost_state);
         }
         let runtime = &self.ctx.runtime;
         let notice = match runtime.state(&self.container_id).await? {
-            ContainerState::Running => None,
+            ContainerState::Running => lost_state,
             ContainerState::Paused => {
                 runtime.unpause(&self.container_id).await?;
-                None
+                lost_state
             }
             ContainerState::Stopped { exit_code, oom_killed } => {
                 info!(sandbox = %self.paths.id, exit_code, oom_killed, "restarting a stopped sandbox container");
