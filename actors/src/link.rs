@@ -263,15 +263,14 @@ impl Link {
 
     /// Brings back a container found dead while idle; says what was done,
     /// for the next caller.
-    pub async fn revive(&mut self) -> Option<String> {
+    pub async fn revive(&mut self) -> Result<Option<String>> {
         self.drop_client();
-        match self.connect().await {
-            Ok(notice) => notice,
-            Err(e) => {
-                warn!(sandbox = %self.paths.id, error = %e, "could not bring a stopped sandbox back; the next call tries again");
-                None
-            }
-        }
+        self.connect().await
+    }
+
+    /// Whether the link holds no connection (none made yet, or one dropped).
+    pub fn is_disconnected(&self) -> bool {
+        self.client.is_none()
     }
 
     fn check_retired(&self) -> Result<()> {

@@ -160,6 +160,8 @@ pub struct Finished {
     call: Option<CallRecord>,
     /// Told with the next result (the container had to be brought back).
     notice: Option<String>,
+    /// The container is still dead (it could not be brought back yet).
+    still_stopped: bool,
 }
 
 impl Finished {
@@ -176,6 +178,7 @@ impl Finished {
             install: None,
             call,
             notice: None,
+            still_stopped: false,
         }
     }
 }
@@ -687,9 +690,13 @@ impl SandboxActor {
                 }
                 Job::Revive => {
                     spawn_job(me.clone(), async move {
-                        let notice = link.revive().await;
+                        let revived = link.revive().await;
+                        if let Err(e) = &revived {
+                            warn!(sandbox = %link.paths.id, error = %e, "could not bring a stopped sandbox back; retrying");
+                        }
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
-                            notice,
+                            still_stopped: revived.is_err(),
+                            notice: revived.ok().flatten(),
                             ..Finished::job(link, None)
                         })));
                     });
@@ -732,6 +739,11 @@ impl SandboxActor {
             return;
         }
         let link = state.link.as_mut().expect("idle");
+        if state.stopped && link.is_disconnected() {
+            // An earlier attempt failed (the engine was down, say): retry.
+            state.queue.push_back(Job::Revive);
+            return;
+        }
         if link.agent_gone() {
             tracing::info!(sandbox = %state.record.id, "the sandbox's agent went away while idle; bringing it back");
             state.stopped = true;
@@ -748,8 +760,11 @@ impl SandboxActor {
 
     async fn finished(&self, state: &mut SandboxState, f: Finished) -> Result<(), ActorProcessingErr> {
         state.restarting = false;
-        state.stopped = false;
-        state.last_used = OffsetDateTime::now_utc();
+        state.stopped = f.still_stopped;
+        // Idle time counts from the last call, not from upkeep.
+        if f.call.is_some() || f.install.is_some() {
+            state.last_used = OffsetDateTime::now_utc();
+        }
         state.notice = join_notices(state.notice.take(), f.notice);
         let container_changed = f.link.container_id != state.record.container_id;
         if container_changed {
