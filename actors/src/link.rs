@@ -230,6 +230,10 @@ impl Link {
             return;
         }
         self.paused = false;
+        // Frozen behind the server's back (`docker pause`): thaw it first.
+        if let Ok(ContainerState::Paused) = self.ctx.runtime.state(&self.container_id).await {
+            let _ = self.ctx.runtime.unpause(&self.container_id).await;
+        }
         Counters::bump(&self.ctx.counters.container_restarts);
         if let Err(e) = self.ctx.runtime.restart(&self.container_id).await {
             warn!(sandbox = %self.paths.id, error = %e, "could not restart an unresponsive sandbox");
