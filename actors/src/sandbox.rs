@@ -292,6 +292,11 @@ impl Actor for SandboxActor {
             ctx.store.put_install(record.id, install.clone(), vec![]).await?;
         }
         let retirement = Retirement::default();
+        // A delete that an earlier server began is finished by this actor.
+        let deletion = record.deleting.then(|| {
+            retirement.retire("was deleted");
+            Deletion::default()
+        });
         let mut link = new_link(&ctx, &record, &retirement);
         let mut queue = VecDeque::new();
         // An adopted sandbox may have been paused by the previous server, or
@@ -301,7 +306,7 @@ impl Actor for SandboxActor {
         if let Ok(ContainerState::Paused) = found {
             link.found_paused();
         }
-        if stopped {
+        if stopped && !record.deleting {
             queue.push_back(Job::Revive);
         }
         Ok(SandboxState {
@@ -311,7 +316,7 @@ impl Actor for SandboxActor {
             queue,
             installs: HashMap::new(),
             notice,
-            deletion: None,
+            deletion,
             retirement,
             restarting: false,
             stopped,

@@ -169,11 +169,19 @@ impl Sandboxes {
         // Sandbox → its current container; anything else labelled is a
         // leftover (an installer, a container replaced by a re-creation).
         let mut known: HashMap<Uuid, String> = HashMap::new();
-        for record in self.ctx.store.all().await? {
+        // One object that cannot be removed now (the engine is still busy
+        // with a removal the previous server began, say) never stops the
+        // start: it is logged, and a deleted sandbox's actor retries.
+        for mut record in self.ctx.store.all().await? {
             if record.deleting || record.expires_at.is_some_and(|t| t <= now) {
                 info!(sandbox = %record.id, deleting = record.deleting, "removing a deleted or expired sandbox");
-                remove_everything(&self.ctx, &record).await?;
-                continue;
+                match remove_everything(&self.ctx, &record).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        warn!(sandbox = %record.id, error = %e, "could not remove a deleted sandbox yet; retrying");
+                        record.deleting = true;
+                    }
+                }
             }
             known.insert(record.id, record.container_id.clone());
             self.spawn(record).await?;
@@ -182,13 +190,17 @@ impl Sandboxes {
         for c in runtime.list_containers().await? {
             if c.sandbox.is_none_or(|id| known.get(&id) != Some(&c.id)) {
                 info!(container = %c.id, "removing a container no record explains");
-                runtime.remove(&c.id, None).await?;
+                if let Err(e) = runtime.remove(&c.id, None).await {
+                    warn!(container = %c.id, error = %e, "could not remove a leftover container; the next start tries again");
+                }
             }
         }
         for v in runtime.list_volumes().await? {
             if !v.sandbox.is_some_and(|id| known.contains_key(&id)) {
                 info!(volume = %v.id, "removing a volume no record explains");
-                runtime.remove_volume(&v.id).await?;
+                if let Err(e) = runtime.remove_volume(&v.id).await {
+                    warn!(volume = %v.id, error = %e, "could not remove a leftover volume; the next start tries again");
+                }
             }
         }
         let s = &self.ctx.settings;

@@ -216,6 +216,14 @@ fn is_not_found(e: &bollard::errors::Error) -> bool {
     )
 }
 
+/// The engine is already removing it (a removal begun by an earlier server).
+fn is_being_removed(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { status_code: 409, message } if message.contains("already in progress")
+    )
+}
+
 #[async_trait]
 impl ContainerRuntime for DockerRuntime {
     async fn ping(&self) -> Result<()> {
@@ -320,7 +328,7 @@ impl ContainerRuntime for DockerRuntime {
         let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
         match self.docker.remove_container(container_id, Some(options)).await {
             Ok(()) => {}
-            Err(e) if is_not_found(&e) => {}
+            Err(e) if is_not_found(&e) || is_being_removed(&e) => {}
             Err(e) => return Err(e.into()),
         }
         if let Some(volume) = volume {
