@@ -77,6 +77,31 @@ impl Ledger {
     }
 }
 
+/// A call that did not work: whether the sandbox is gone (not found, or
+/// ended by its deletion) and whether any answer came at all.
+#[derive(Debug, Clone, Copy)]
+struct Failure {
+    gone: bool,
+    answered: bool,
+}
+
+/// What became of one step of a worker.
+enum Step {
+    Done,
+    /// Its sandbox no longer exists.
+    Gone,
+    /// No answer: the session may be gone with a restarted server.
+    NoAnswer,
+}
+
+fn step<T>(r: &Result<T, Failure>) -> Step {
+    match r {
+        Err(f) if f.gone => Step::Gone,
+        Err(f) if !f.answered => Step::NoAnswer,
+        _ => Step::Done,
+    }
+}
+
 /// Shared state of one soak run.
 struct Soak {
     server: RwLock<Server>,
@@ -116,18 +141,30 @@ impl Soak {
         &self,
         tool: &str,
         outcome: Result<Result<Value, CallError>, tokio::time::error::Elapsed>,
-    ) -> Option<Value> {
+    ) -> Result<Value, Failure> {
+        let answered = Failure {
+            gone: false,
+            answered: true,
+        };
+        let unanswered = Failure {
+            gone: false,
+            answered: false,
+        };
+        let gone = Failure {
+            gone: true,
+            answered: true,
+        };
         let mut l = self.ledger.lock().unwrap();
         match outcome {
             Err(_) => {
                 l.count("hang");
                 l.violations
                     .push(format!("{tool} was not answered within {CALL_DEADLINE:?}"));
-                None
+                Err(unanswered)
             }
             Ok(Ok(v)) => {
                 l.count("ok");
-                Some(v)
+                Ok(v)
             }
             Ok(Err(CallError::Tool(m))) => {
                 // A tool error names what happened; one that does not, or
@@ -136,21 +173,24 @@ impl Soak {
                     l.violations.push(format!("{tool}: tool error {m:?}"));
                 }
                 l.count("tool error");
-                None
+                let vanished = m.contains("not found") || m.contains("so this call was ended");
+                Err(if vanished { gone } else { answered })
             }
             Ok(Err(CallError::Protocol(m))) => {
                 l.count("protocol error");
                 l.violations.push(format!("{tool}: protocol error {m}"));
-                None
+                Err(answered)
             }
             Ok(Err(CallError::Status(code))) => {
                 // MCP calls: 404 is a session the restarted server no longer
                 // knows (the client opens a new one). REST calls and
                 // artifacts: 502 is the sandbox's failure, named in the body.
+                // A REST call's 404 is a sandbox that is gone: its worker
+                // judges whether that was on purpose.
                 let mcp = !matches!(tool, "upload" | "artifact");
                 let expected = match code {
                     503 => self.engine_unsettled(),
-                    404 => mcp,
+                    404 => true,
                     502 => !mcp,
                     429 => true,
                     _ => code < 500,
@@ -159,7 +199,14 @@ impl Soak {
                 if !expected {
                     l.violations.push(format!("{tool}: HTTP {code}"));
                 }
-                None
+                Err(if code == 404 && !mcp {
+                    gone
+                } else {
+                    Failure {
+                        gone: false,
+                        answered: code != 404,
+                    }
+                })
             }
             Ok(Err(CallError::Transport(e))) => {
                 if self.server_down.load(Ordering::SeqCst) {
@@ -169,7 +216,7 @@ impl Soak {
                     l.violations
                         .push(format!("{tool}: no answer while the server ran ({e})"));
                 }
-                None
+                Err(unanswered)
             }
         }
     }
@@ -213,7 +260,7 @@ async fn worker(soak: Arc<Soak>, n: usize, seed: u64) {
     while !soak.stop.load(Ordering::SeqCst) {
         let Some(sb) = sandbox.as_mut() else {
             let created = call(&soak, &c, "create_sandbox", json!({"name": format!("soak-{n}")})).await;
-            match created.and_then(|v| v["sandbox_id"].as_str().map(String::from)) {
+            match created.ok().and_then(|v| v["sandbox_id"].as_str().map(String::from)) {
                 Some(id) => sandbox = Some(Driven { id, files: vec![] }),
                 None => {
                     reconnect(&soak, &mut c, key, sse).await;
@@ -223,28 +270,45 @@ async fn worker(soak: Arc<Soak>, n: usize, seed: u64) {
             continue;
         };
         seq += 1;
-        let roll: u32 = rng.random_range(0..100);
-        let answered = match roll {
+        let id = sb.id.clone();
+        let shell = json!({"sandbox_id": id, "command": "ls /app/results | wc -l && echo done", "timeout_seconds": EXEC_TIMEOUT});
+        let outcome = match rng.random_range(0..100u32) {
             0..=44 => write_file(&soak, &c, sb, &mut rng, seq).await,
-            45..=64 => call(&soak, &c, "execute_terminal_command", json!({"sandbox_id": sb.id, "command": "ls /app/results | wc -l && echo done", "timeout_seconds": EXEC_TIMEOUT})).await.is_some(),
+            45..=64 => step(&call(&soak, &c, "execute_terminal_command", shell).await),
             65..=74 => download(&soak, sb, key, &c).await,
             75..=84 => upload(&soak, sb, key, &mut rng, seq).await,
-            85..=89 => call(&soak, &c, "install_package_in_sandbox", json!({"sandbox_id": sb.id, "package_name": "six"})).await.is_some(),
-            90..=95 => call(&soak, &c, "list_sandboxes", json!({})).await.is_some(),
+            85..=89 => step(
+                &call(
+                    &soak,
+                    &c,
+                    "install_package_in_sandbox",
+                    json!({"sandbox_id": id, "package_name": "six"}),
+                )
+                .await,
+            ),
+            90..=95 => step(&call(&soak, &c, "list_sandboxes", json!({})).await),
             _ => {
-                // Deleted on purpose: its files are no longer owed, even
-                // if the answer was lost.
-                let id = sb.id.clone();
+                // Deleted on purpose: its files are no longer owed, even if
+                // the answer is lost (a restarted server finishes the delete).
                 soak.ledger.lock().unwrap().deleted.insert(id.clone());
-                if call(&soak, &c, "delete_sandbox", json!({"sandbox_id": id})).await.is_some() {
-                    soak.ledger.lock().unwrap().writes.retain(|(s, _), _| *s != id);
-                    sandbox = None;
+                match step(&call(&soak, &c, "delete_sandbox", json!({"sandbox_id": id})).await) {
+                    Step::Done => Step::Gone,
+                    other => other,
                 }
-                true
             }
         };
-        if !answered {
-            reconnect(&soak, &mut c, key, sse).await;
+        match outcome {
+            Step::Done => {}
+            Step::NoAnswer => reconnect(&soak, &mut c, key, sse).await,
+            Step::Gone => {
+                let mut l = soak.ledger.lock().unwrap();
+                if l.deleted.contains(&id) {
+                    l.writes.retain(|(s, _), _| *s != id);
+                } else {
+                    l.violations.push(format!("sandbox {id} vanished while in use"));
+                }
+                sandbox = None;
+            }
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..200))).await;
     }
@@ -264,7 +328,7 @@ async fn reconnect(soak: &Soak, c: &mut McpClient, key: &str, sse: bool) {
     }
 }
 
-async fn call(soak: &Soak, c: &McpClient, tool: &str, args: Value) -> Option<Value> {
+async fn call(soak: &Soak, c: &McpClient, tool: &str, args: Value) -> Result<Value, Failure> {
     let outcome = tokio::time::timeout(CALL_DEADLINE, c.try_tool(tool, args)).await;
     soak.file(tool, outcome)
 }
@@ -273,7 +337,7 @@ fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn write_file(soak: &Soak, c: &McpClient, sb: &mut Driven, rng: &mut StdRng, seq: u64) -> bool {
+async fn write_file(soak: &Soak, c: &McpClient, sb: &mut Driven, rng: &mut StdRng, seq: u64) -> Step {
     let size: usize = rng.random_range(1..64 * 1024);
     let seed: u64 = rng.random();
     let path = format!("w{seq}.bin");
@@ -281,45 +345,37 @@ async fn write_file(soak: &Soak, c: &McpClient, sb: &mut Driven, rng: &mut StdRn
         "import hashlib, random\ndata = random.Random({seed}).randbytes({size})\nopen('{path}', 'wb').write(data)\nprint(hashlib.sha256(data).hexdigest())"
     );
     let args = json!({"sandbox_id": sb.id, "code": code, "timeout_seconds": EXEC_TIMEOUT});
-    let Some(v) = call(soak, c, "execute_python_code", args).await else {
-        return false;
-    };
-    let digest = v["stdout"].as_str().unwrap_or("").trim().to_string();
-    if v["exit_code"] == 0 && digest.len() == 64 {
-        let mut l = soak.ledger.lock().unwrap();
-        l.writes.insert((sb.id.clone(), path.clone()), digest);
-        l.acknowledged += 1;
-        sb.files.push(path);
+    let ran = call(soak, c, "execute_python_code", args).await;
+    if let Ok(v) = &ran {
+        let digest = v["stdout"].as_str().unwrap_or("").trim().to_string();
+        if v["exit_code"] == 0 && digest.len() == 64 {
+            let mut l = soak.ledger.lock().unwrap();
+            l.writes.insert((sb.id.clone(), path.clone()), digest);
+            l.acknowledged += 1;
+            sb.files.push(path);
+        }
     }
-    true
+    step(&ran)
 }
 
 /// Fetches an acknowledged file through its artifact link.
-async fn download(soak: &Soak, sb: &Driven, key: &str, c: &McpClient) -> bool {
-    let Some(path) = sb.files.last() else { return true };
+async fn download(soak: &Soak, sb: &Driven, key: &str, c: &McpClient) -> Step {
+    let Some(path) = sb.files.last() else { return Step::Done };
     let args =
         json!({"sandbox_id": sb.id, "code": format!("open('{path}', 'ab').close()"), "timeout_seconds": EXEC_TIMEOUT});
-    let Some(v) = call(soak, c, "execute_python_code", args).await else {
-        return false;
+    let v = match call(soak, c, "execute_python_code", args).await {
+        Ok(v) => v,
+        failed => return step(&failed),
     };
     let Some(link) = v["file_links"][0].as_str() else {
-        return true;
+        return Step::Done;
     };
     let got = tokio::time::timeout(CALL_DEADLINE, http_client(key).get(link).send()).await;
     let body = match got {
         Ok(Ok(r)) if r.status().is_success() => r.bytes().await.ok(),
-        Ok(Ok(r)) => {
-            soak.file("artifact", Ok(Err(CallError::Status(r.status().as_u16()))));
-            return true;
-        }
-        Ok(Err(e)) => {
-            soak.file("artifact", Ok(Err(CallError::Transport(e.to_string()))));
-            return false;
-        }
-        Err(e) => {
-            soak.file("artifact", Err(e));
-            return false;
-        }
+        Ok(Ok(r)) => return step(&soak.file("artifact", Ok(Err(CallError::Status(r.status().as_u16()))))),
+        Ok(Err(e)) => return step(&soak.file("artifact", Ok(Err(CallError::Transport(e.to_string()))))),
+        Err(e) => return step(&soak.file("artifact", Err(e))),
     };
     let mut l = soak.ledger.lock().unwrap();
     let want = l.writes.get(&(sb.id.clone(), path.clone())).cloned();
@@ -330,11 +386,11 @@ async fn download(soak: &Soak, sb: &Driven, key: &str, c: &McpClient) -> bool {
         }
         _ => l.count("ok"),
     }
-    true
+    Step::Done
 }
 
 /// Sends bytes through the REST API; acknowledged when it answers 200.
-async fn upload(soak: &Soak, sb: &mut Driven, key: &str, rng: &mut StdRng, seq: u64) -> bool {
+async fn upload(soak: &Soak, sb: &mut Driven, key: &str, rng: &mut StdRng, seq: u64) -> Step {
     let size: usize = rng.random_range(1..32 * 1024);
     let data: Vec<u8> = (0..size).map(|_| rng.random()).collect();
     let name = format!("u{seq}.bin");
@@ -347,20 +403,11 @@ async fn upload(soak: &Soak, sb: &mut Driven, key: &str, rng: &mut StdRng, seq: 
             l.writes.insert((sb.id.clone(), name.clone()), sha256_hex(&data));
             l.acknowledged += 1;
             sb.files.push(name);
-            true
+            Step::Done
         }
-        Ok(Ok(r)) => {
-            soak.file("upload", Ok(Err(CallError::Status(r.status().as_u16()))));
-            true
-        }
-        Ok(Err(e)) => {
-            soak.file("upload", Ok(Err(CallError::Transport(e.to_string()))));
-            false
-        }
-        Err(e) => {
-            soak.file("upload", Err(e));
-            false
-        }
+        Ok(Ok(r)) => step(&soak.file("upload", Ok(Err(CallError::Status(r.status().as_u16()))))),
+        Ok(Err(e)) => step(&soak.file("upload", Ok(Err(CallError::Transport(e.to_string()))))),
+        Err(e) => step(&soak.file("upload", Err(e))),
     }
 }
 
@@ -477,6 +524,7 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
         if probe.is_none() {
             probe = call(&soak, &c, "create_sandbox", json!({"name": "probe"}))
                 .await
+                .ok()
                 .and_then(|v| v["sandbox_id"].as_str().map(String::from));
         }
         let Some(probe_id) = probe.clone() else {
@@ -513,8 +561,8 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
                 .await,
             ),
             "tmp" => {
-                call(&soak, &c, "execute_terminal_command", json!({"sandbox_id": probe_id, "command": "dd if=/dev/zero of=/tmp/fill bs=1M count=2000 2>&1 | tail -1", "timeout_seconds": 30})).await;
-                call(
+                let _ = call(&soak, &c, "execute_terminal_command", json!({"sandbox_id": probe_id, "command": "dd if=/dev/zero of=/tmp/fill bs=1M count=2000 2>&1 | tail -1", "timeout_seconds": 30})).await;
+                let _ = call(
                     &soak,
                     &c,
                     "execute_terminal_command",
