@@ -715,8 +715,18 @@ def list_packages():
     return [{"name": n, "version": v} for n, v in sorted(seen.items(), key=lambda kv: kv[0].lower())]
 
 
+def start_egress_relay():
+    """In a sandbox without network (an egress policy other than `open`) the
+    relay to the server's egress proxy runs beside the agent, in a session of
+    its own so that ending a run's processes never ends it."""
+    if os.environ.get("MCP_EGRESS_SOCKET"):
+        relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
+        subprocess.Popen([sys.executable, relay], start_new_session=True, stdin=subprocess.DEVNULL)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker_main(int(sys.argv[2]), int(sys.argv[3]))
     else:
+        start_egress_relay()
         Agent().serve()

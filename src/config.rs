@@ -141,6 +141,7 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
+        self.packages.validate().map_err(ConfigError::Invalid)?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         Keys::from_config(&self.auth).map_err(ConfigError::Invalid)?;
         if let Some(url) = &self.server.public_url {
@@ -225,7 +226,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.sandbox.memory_mb, 1024);
         assert_eq!(c.server.port, 9000);
-        assert_eq!(c.sandbox.network, sandbox_actors::config::NetworkMode::None);
+        assert_eq!(c.sandbox.network, sandbox_actors::config::EgressPolicy::None);
         assert_eq!(c.sandbox.pids_limit, SandboxConfig::default().pids_limit);
     }
 

@@ -2,11 +2,13 @@
 //! the sandbox's link meanwhile (so runs queued after it see the package),
 //! then reports the outcome and the venv's packages to the sandbox actor.
 //!
-//! A sandbox with network installs in itself. One without (`network =
-//! "none"`, gVisor) gets a short-lived installer container instead: the same
-//! trusted image with network, the sandbox's package volume mounted, and
-//! the image's own interpreter as uv's target, so nothing from the
-//! sandbox-writable volume runs while the network is there.
+//! A sandbox whose egress policy reaches the package index (`open`,
+//! `packages`, an allow-list holding the index hosts) installs in itself,
+//! through the egress proxy when proxied. Any other gets a short-lived
+//! installer container instead: the same trusted image on the server's
+//! network, the sandbox's package volume mounted, and the image's own
+//! interpreter as uv's target, so nothing from the sandbox-writable volume
+//! runs while the network is there.
 
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Work;
-use crate::config::{NetworkMode, PackagesConfig};
+use crate::config::PackagesConfig;
 use crate::error::Result;
 use crate::link::Link;
 use crate::records::{InstallRecord, InstallState};
@@ -122,8 +124,8 @@ impl Actor for InstallTask {
         let ctx = link.ctx().clone();
         let started_at = OffsetDateTime::now_utc();
         let timeout = Duration::from_secs(ctx.settings.sandbox.install_timeout_seconds);
-        let outcome = match ctx.settings.sandbox.network {
-            NetworkMode::Bridge => {
+        let outcome = match ctx.egress.installs_in_sandbox(link.paths.id) {
+            true => {
                 install_in_sandbox(
                     &mut link,
                     install_argv(&ctx.settings.packages, &specs, Target::Sandbox),
@@ -131,7 +133,7 @@ impl Actor for InstallTask {
                 )
                 .await
             }
-            NetworkMode::None => {
+            false => {
                 install_with_installer(
                     &mut link,
                     install_argv(&ctx.settings.packages, &specs, Target::Installer),
@@ -183,7 +185,7 @@ mod tests {
     fn caller_specs_come_after_the_options_end() {
         let packages = PackagesConfig {
             index_url: Some("https://mirror/simple".into()),
-            extra_index_url: None,
+            ..Default::default()
         };
         let argv = install_argv(&packages, &["six".into()], Target::Installer);
         let dashdash = argv.iter().position(|a| a == "--").unwrap();

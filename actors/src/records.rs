@@ -12,6 +12,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::agent::Package;
+use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
@@ -53,6 +54,10 @@ pub struct SandboxRecord {
     pub installs: BTreeMap<String, InstallRecord>,
     /// Distributions in the sandbox's venv, as of the last install.
     pub packages: Vec<Package>,
+    /// The egress policy it was created with (absent in records older than
+    /// per-sandbox policies: the server's policy applies).
+    #[serde(default)]
+    pub egress: Option<EgressPolicy>,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -141,6 +146,7 @@ mod tests {
             expires_at: None,
             installs: BTreeMap::new(),
             packages: vec![],
+            egress: None,
         }
     }
 

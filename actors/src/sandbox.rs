@@ -683,6 +683,7 @@ async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Upl
 /// Removes the container, its package volume, its results and its record.
 pub async fn remove_everything(ctx: &Context, record: &SandboxRecord, container_id: &str) -> Result<()> {
     ctx.runtime.remove(container_id, Some(&record.volume)).await?;
+    ctx.egress.detach(record.id);
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = tokio::fs::remove_dir_all(dir).await {

@@ -17,8 +17,9 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
-use crate::config::NetworkMode;
+use crate::config::EgressPolicy;
 use crate::context::{Context, Counters, Settings};
+use crate::egress::Egress;
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
 use crate::link::Ran;
@@ -65,6 +66,13 @@ impl Drop for Reservation {
     }
 }
 
+/// What a caller may choose for a new sandbox beyond its name.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// The egress policy (the caller's key may set one); `None`: the server's.
+    pub egress: Option<EgressPolicy>,
+}
+
 /// Figures about the sandboxes of this server, for its metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
@@ -75,6 +83,8 @@ pub struct Stats {
     pub container_restarts: u64,
     pub installs_succeeded: u64,
     pub installs_failed: u64,
+    /// Connections the egress proxy refused, by reason.
+    pub egress_denied: BTreeMap<&'static str, u64>,
 }
 
 pub struct Sandboxes {
@@ -97,10 +107,9 @@ impl Sandboxes {
         let server_id = server_id(&settings.state_dir)?;
         let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
-        if settings.sandbox.network == NetworkMode::Bridge && settings.sandbox.isolate_host {
-            runtime.isolate_network().await?;
-        }
-        Self::with_runtime(settings, store, server_id, Arc::new(runtime)).await
+        let sandbox_net = runtime.isolate_network().await?;
+        let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
+        Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress).await
     }
 
     /// Builds the sandbox image unless present, and returns its tag.
@@ -116,12 +125,14 @@ impl Sandboxes {
         store: RecordStore,
         server_id: String,
         runtime: Arc<dyn ContainerRuntime>,
+        egress: Egress,
     ) -> Result<Self> {
         let ctx = Arc::new(Context {
             runtime,
             store,
             settings,
             counters: Counters::default(),
+            egress,
         });
         let registry = Registry::default();
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
@@ -164,6 +175,8 @@ impl Sandboxes {
                 continue;
             }
             known.insert(record.id, record.container_id.clone());
+            let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
+            self.ctx.egress.attach(record.id, egress)?;
             self.spawn(record).await?;
         }
         let runtime = &self.ctx.runtime;
@@ -180,7 +193,11 @@ impl Sandboxes {
             }
         }
         let s = &self.ctx.settings;
-        for dir in [s.state_dir.join("agents"), s.results_dir.clone()] {
+        for dir in [
+            s.state_dir.join("agents"),
+            s.state_dir.join("egress"),
+            s.results_dir.clone(),
+        ] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
@@ -267,7 +284,13 @@ impl Sandboxes {
         })
     }
 
-    pub async fn create(&self, owner: &str, name: Option<String>, quota: Quota) -> Result<SandboxInfo> {
+    pub async fn create(
+        &self,
+        owner: &str,
+        name: Option<String>,
+        quota: Quota,
+        options: CreateOptions,
+    ) -> Result<SandboxInfo> {
         let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
             Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {
                 return Err(SandboxError::InvalidArgument(
@@ -278,9 +301,20 @@ impl Sandboxes {
             None => format!("Sandbox {}", self.list(owner).await.len() + 1),
         };
         let _reservation = self.reserve(owner, quota)?;
-        let provisioned = match self.pool.take() {
-            Some(p) => p,
-            None => pool::provision(&self.ctx).await?,
+        let egress = options.egress.unwrap_or(self.ctx.egress.default_policy());
+        // Pooled sandboxes are made under the server's policy; one of the
+        // other kind (bridged or proxied) cannot serve this policy.
+        let pooled = match egress.is_proxied() == self.ctx.egress.default_policy().is_proxied() {
+            true => self.pool.take(),
+            false => None,
+        };
+        let provisioned = match pooled {
+            Some(p) if self.ctx.egress.claim(p.id, egress) => p,
+            Some(p) => {
+                pool::discard(&self.ctx, &p).await;
+                pool::provision(&self.ctx, egress).await?
+            }
+            None => pool::provision(&self.ctx, egress).await?,
         };
         let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
@@ -295,6 +329,7 @@ impl Sandboxes {
             expires_at: (lifetime > 0).then(|| created_at + Duration::from_secs(lifetime)),
             installs: BTreeMap::new(),
             packages: vec![],
+            egress: Some(egress),
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             let _ = remove_everything(&self.ctx, &record, &record.container_id).await;
@@ -476,6 +511,7 @@ impl Sandboxes {
             container_restarts: read(&c.container_restarts),
             installs_succeeded: read(&c.installs_succeeded),
             installs_failed: read(&c.installs_failed),
+            egress_denied: self.ctx.egress.denials(),
         }
     }
 
