@@ -718,10 +718,18 @@ def list_packages():
 def start_egress_relay():
     """In a sandbox without network (an egress policy other than `open`) the
     relay to the server's egress proxy runs beside the agent, in a session of
-    its own so that ending a run's processes never ends it."""
+    its own so that ending a run's processes never ends it. The agent serves
+    only once the relay listens, so a sandbox's first run finds it there."""
     if os.environ.get("MCP_EGRESS_SOCKET"):
         relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
-        subprocess.Popen([sys.executable, relay], start_new_session=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, relay], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+        )
+        ready = selectors.DefaultSelector()
+        ready.register(proc.stdout, selectors.EVENT_READ)
+        ready.select(5)
+        ready.close()
+        proc.stdout.close()
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ async def main():
     server = await asyncio.start_server(
         lambda r, w: relay(socket_path, r, w), host, int(port), reuse_address=True
     )
+    # Listening: tell the agent, which waits for this before it serves.
+    os.write(1, b"ready\n")
+    os.close(1)
     async with server:
         await server.serve_forever()
 
