@@ -295,3 +295,40 @@ print("after:", ask())
     assert!(out.contains("after: HTTP/1.1 200"), "{out}");
     assert!(h.sb().stats().await.egress_denied.get("limit").copied().unwrap_or(0) >= 1);
 }
+
+/// A server whose network was made with inter-container traffic on (as by
+/// an older version): with `isolate_host` its firewall rule alone keeps
+/// sandboxes apart; without, the control shows they would meet.
+async fn reaches_on_an_icc_network(isolate_host: bool) -> String {
+    let server_id = format!("icc{}", &Uuid::new_v4().simple().to_string()[..9]);
+    let h = Harness::with(|s| {
+        std::fs::create_dir_all(&s.state_dir).unwrap();
+        std::fs::write(s.state_dir.join("server-id"), &server_id).unwrap();
+        let labels = [
+            format!(
+                "{}={}",
+                sandbox_actors::labels::PROJECT,
+                sandbox_actors::labels::PROJECT_VALUE
+            ),
+            format!("{}={server_id}", sandbox_actors::labels::SERVER),
+        ];
+        let name = format!("mcp-sandbox-{server_id}");
+        common::docker(&["network", "create", "--label", &labels[0], "--label", &labels[1], &name]);
+        s.sandbox.isolate_host = isolate_host;
+    })
+    .await;
+    assert_eq!(h.server_id, server_id);
+    let b = create(&h, "bob", EgressPolicy::Open).await;
+    let ip = listen(&h, "bob", b).await;
+    let a = create(&h, "alice", EgressPolicy::Open).await;
+    py(&h, "alice", a, &probe_tcp(&ip, 8000)).await.stdout
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_firewall_keeps_sandboxes_apart_even_with_inter_container_traffic_on() {
+    assert!(
+        reaches_on_an_icc_network(false).await.contains("tcp reached"),
+        "the control"
+    );
+    assert!(reaches_on_an_icc_network(true).await.contains("tcp blocked"));
+}

@@ -138,6 +138,10 @@ fn split_rule(spec: &str) -> Vec<String> {
 /// `sandbox.egress_allow`, whose CIDRs stay reachable.
 pub fn apply(server_id: &str, subnet: &str, allow: &[String]) -> Result<(), String> {
     let listed: Vec<IpNet> = Rules::parse(allow)?.nets().copied().collect();
+    let bridged = std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").unwrap_or_default();
+    if bridged.trim() != "1" {
+        tracing::warn!("net.bridge.bridge-nf-call-iptables is not 1: traffic between two sandboxes of one bridge bypasses iptables, and only the engine's inter-container option keeps them apart");
+    }
     remove(server_id)?;
     // Each rule is inserted first, so they go in last to first.
     for (chain, rule) in rules(server_id, subnet, &listed).into_iter().rev() {
