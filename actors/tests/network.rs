@@ -332,3 +332,26 @@ async fn the_firewall_keeps_sandboxes_apart_even_with_inter_container_traffic_on
     );
     assert!(reaches_on_an_icc_network(true).await.contains("tcp blocked"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gvisor_sandbox_reaches_the_index_through_the_proxy() {
+    if !common::docker(&["info", "--format", "{{json .Runtimes}}"]).contains("\"runsc\"") {
+        // scripts/test registers runsc and sets this, so CI always covers it.
+        assert!(
+            std::env::var_os("SANDBOX_TEST_REQUIRE_RUNSC").is_none(),
+            "runsc is not registered with Docker"
+        );
+        eprintln!("skipped: runsc is not registered with Docker (scripts/test registers it)");
+        return;
+    }
+    let h = Harness::with(|s| {
+        s.sandbox.runtime = "runsc".into();
+        s.sandbox.network = EgressPolicy::Packages;
+    })
+    .await;
+    let id = h.create().await;
+    let out = py(&h, OWNER, id, &fetch("https://pypi.org/simple/six/")).await.stdout;
+    assert!(out.contains("fetched 200"), "{out}");
+    let out = py(&h, OWNER, id, &fetch("https://registry.npmjs.org/")).await.stdout;
+    assert!(out.contains("Tunnel connection failed: 403"), "{out}");
+}

@@ -309,7 +309,7 @@ pub async fn dial_target(policy: EgressPolicy, host: &str, port: u16, shared: &S
             return Err(Denial::new(
                 403,
                 "policy",
-                "this sandbox's egress policy is none: no network access",
+                "this sandbox's egress policy admits no connection",
             ))
         }
     };
