@@ -107,11 +107,11 @@ pub async fn serve(mut client: UnixStream, sb: &Attached, shared: &Shared) -> Re
         Err(d) => return answer(&mut client, d).await,
     };
     let policy = sb.policy();
-    let addr = match dial_target(policy, &request.host, request.port, shared).await {
+    let addrs = match dial_targets(policy, &request.host, request.port, shared).await {
         Ok(a) => a,
         Err(d) => return answer(&mut client, d).await,
     };
-    let upstream = match tokio::time::timeout(DIAL_DEADLINE, TcpStream::connect(addr)).await {
+    let upstream = match tokio::time::timeout(DIAL_DEADLINE, connect_any(&addrs)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return answer_unreachable(&mut client, format!("connecting to {}: {e}", request.host)).await,
         Err(_) => return answer_unreachable(&mut client, format!("connecting to {} timed out", request.host)).await,
@@ -300,8 +300,20 @@ fn split_authority(authority: &str, default: Option<u16>) -> Result<(String, u16
     Ok((host, port))
 }
 
-/// Where a request for `host:port` may go under `policy`, or why not.
-pub async fn dial_target(policy: EgressPolicy, host: &str, port: u16, shared: &Shared) -> Result<SocketAddr, Denial> {
+/// Connects to the first of `addrs` that answers.
+async fn connect_any(addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+    for addr in addrs {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// The addresses a request for `host:port` may go to under `policy`, or why none.
+async fn dial_targets(policy: EgressPolicy, host: &str, port: u16, shared: &Shared) -> Result<Vec<SocketAddr>, Denial> {
     let rules = match policy {
         EgressPolicy::Packages => &shared.packages,
         EgressPolicy::Allowlist => &shared.allow,
@@ -324,7 +336,7 @@ pub async fn dial_target(policy: EgressPolicy, host: &str, port: u16, shared: &S
         }
         return match shared.guard.refuses(ip, rules) {
             Some(why) => Err(Denial::new(403, "address", format!("{host}: {why}"))),
-            None => Ok(SocketAddr::new(ip, port)),
+            None => Ok(vec![SocketAddr::new(ip, port)]),
         };
     }
     if !super::is_host_name(host) || !rules.admits_name(host) {
@@ -339,18 +351,19 @@ pub async fn dial_target(policy: EgressPolicy, host: &str, port: u16, shared: &S
             Ok(Ok(addrs)) => addrs.collect(),
             _ => return Err(Denial::new(502, "unreachable", format!("{host} does not resolve"))),
         };
-    let mut why = "it has no address";
-    for addr in &resolved {
-        match shared.guard.refuses(addr.ip(), rules) {
-            None => return Ok(*addr),
-            Some(w) => why = w,
-        }
+    // Every address must pass: a name that also resolves to a refused
+    // address is refused, so rebinding between answers gains nothing.
+    if let Some(why) = resolved.iter().find_map(|a| shared.guard.refuses(a.ip(), rules)) {
+        return Err(Denial::new(
+            403,
+            "address",
+            format!("{host} resolves to an address refused here: {why}"),
+        ));
     }
-    Err(Denial::new(
-        403,
-        "address",
-        format!("{host} resolves to an address refused here: {why}"),
-    ))
+    if resolved.is_empty() {
+        return Err(Denial::new(502, "unreachable", format!("{host} has no address")));
+    }
+    Ok(resolved)
 }
 
 fn policy_name(policy: EgressPolicy) -> &'static str {
