@@ -110,6 +110,10 @@ impl EgressPolicy {
 pub struct PackagesConfig {
     pub index_url: Option<String>,
     pub extra_index_url: Option<String>,
+    /// Lets installs for sandboxes without network build source
+    /// distributions. Their build code then runs in the installer container,
+    /// which has network, so it is off: such installs take wheels only.
+    pub allow_source_builds: bool,
     /// Hosts the index sends its files from; with the index hosts, what the
     /// `packages` egress policy lets through.
     pub file_hosts: Vec<String>,
@@ -123,6 +127,7 @@ impl Default for PackagesConfig {
         Self {
             index_url: None,
             extra_index_url: None,
+            allow_source_builds: false,
             file_hosts: vec!["files.pythonhosted.org".into()],
         }
     }

@@ -429,8 +429,10 @@ impl ContainerRuntime for DockerRuntime {
         timeout: Duration,
     ) -> Result<Installed> {
         // The installer runs no user code, so it may have the network the
-        // sandbox lacks: the server's own network and its firewall rules,
-        // never Docker's default bridge. It always runs with runc.
+        // sandbox lacks: the server's own, under its firewall rules (never
+        // Docker's default bridge). It always runs with runc. Its whole
+        // environment is the server's: nothing on a search path or in a
+        // configuration file comes from the sandbox-writable volume.
         let network = self.server_network()?.to_string();
         let mut body = self.hardened(
             paths.id,
@@ -439,10 +441,23 @@ impl ContainerRuntime for DockerRuntime {
             "runc",
         );
         body.cmd = Some(argv);
+        body.entrypoint = Some(vec![]);
         body.working_dir = Some("/tmp".into());
-        body.env
-            .get_or_insert_with(Vec::new)
-            .push("UV_CACHE_DIR=/tmp/uv-cache".into());
+        body.env.get_or_insert_with(Vec::new).extend(
+            [
+                "PATH=/opt/uv/bin:/usr/bin:/bin",
+                "HOME=/tmp",
+                "VIRTUAL_ENV=/opt/uv",
+                "UV_PYTHON=/opt/uv/bin/python",
+                "UV_CACHE_DIR=/tmp/uv-cache",
+                "UV_NO_CONFIG=1",
+                "PYTHONNOUSERSITE=1",
+                "PYTHONDONTWRITEBYTECODE=1",
+                "PYTHONPATH=",
+                "PYTHONSTARTUP=",
+            ]
+            .map(String::from),
+        );
         let name = format!(
             "mcp-sandbox-{}-installer-{}",
             paths.id,
