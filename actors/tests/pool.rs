@@ -64,11 +64,15 @@ async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pooled_sandbox_that_died_is_never_handed_out() {
     let h = Harness::with(|s| s.pool.size = 1).await;
-    eventually("the pool fills", || h.own_objects() == (1, 1)).await;
     let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
-    let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
-        .trim()
-        .to_string();
+    // Filled once its container runs (a created one is counted before it starts).
+    let running = || {
+        docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
+            .trim()
+            .to_string()
+    };
+    eventually("the pool fills", || h.own_objects() == (1, 1) && !running().is_empty()).await;
+    let pooled = running();
     docker(&["kill", &pooled]);
     eventually("the pooled container is dead", || {
         docker(&["inspect", "-f", "{{.State.Running}}", &pooled]).trim() == "false"
