@@ -592,9 +592,12 @@ fn answer<T>(
 }
 
 async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
-    ractor::call!(supervisor, |reply| SupervisorMsg::Spawn { record, reply })
-        .map_err(|e| SandboxError::Internal(e.to_string()))?
-        .map_err(SandboxError::Internal)
+    ractor::call!(supervisor, |reply| SupervisorMsg::Spawn {
+        record: Box::new(record),
+        reply,
+    })
+    .map_err(|e| SandboxError::Internal(e.to_string()))?
+    .map_err(SandboxError::Internal)
 }
 
 /// The work of one creation, owned by its own task.
