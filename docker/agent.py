@@ -715,8 +715,26 @@ def list_packages():
     return [{"name": n, "version": v} for n, v in sorted(seen.items(), key=lambda kv: kv[0].lower())]
 
 
+def start_egress_relay():
+    """In a sandbox without network (an egress policy other than `open`) the
+    relay to the server's egress proxy runs beside the agent, in a session of
+    its own so that ending a run's processes never ends it. The agent serves
+    only once the relay listens, so a sandbox's first run finds it there."""
+    if os.environ.get("MCP_EGRESS_SOCKET"):
+        relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
+        proc = subprocess.Popen(
+            [sys.executable, relay], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+        )
+        ready = selectors.DefaultSelector()
+        ready.register(proc.stdout, selectors.EVENT_READ)
+        ready.select(5)
+        ready.close()
+        proc.stdout.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker_main(int(sys.argv[2]), int(sys.argv[3]))
     else:
+        start_egress_relay()
         Agent().serve()

@@ -13,6 +13,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
+use sandbox_actors::EgressPolicy;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -58,6 +59,8 @@ pub struct KeyConfig {
     /// Per-key overrides of `[limits]`.
     pub max_sandboxes: Option<usize>,
     pub requests_per_second: Option<u32>,
+    /// Egress policy of this key's sandboxes instead of `sandbox.network`.
+    pub egress: Option<EgressPolicy>,
 }
 
 /// A key as the server holds it.
@@ -69,6 +72,7 @@ pub struct Tenant {
     pub admin: bool,
     pub max_sandboxes: Option<usize>,
     pub requests_per_second: Option<u32>,
+    pub egress: Option<EgressPolicy>,
 }
 
 #[derive(Debug, Clone)]
@@ -122,6 +126,7 @@ impl Keys {
                 admin: config.admin_keys.contains(&k.name),
                 max_sandboxes: k.max_sandboxes,
                 requests_per_second: k.requests_per_second,
+                egress: k.egress,
             });
         }
         if let Some(unknown) = config

@@ -141,6 +141,7 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
+        self.packages.validate().map_err(ConfigError::Invalid)?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         Keys::from_config(&self.auth).map_err(ConfigError::Invalid)?;
         if let Some(url) = &self.server.public_url {
@@ -225,8 +226,23 @@ mod tests {
         .unwrap();
         assert_eq!(c.sandbox.memory_mb, 1024);
         assert_eq!(c.server.port, 9000);
-        assert_eq!(c.sandbox.network, sandbox_actors::config::NetworkMode::None);
+        assert_eq!(c.sandbox.network, sandbox_actors::config::EgressPolicy::None);
         assert_eq!(c.sandbox.pids_limit, SandboxConfig::default().pids_limit);
+    }
+
+    #[test]
+    fn egress_policies_are_set_per_server_and_per_key() {
+        use sandbox_actors::EgressPolicy;
+        let c = load(
+            "[sandbox]\nnetwork = \"bridge\"\n[[auth.keys]]\nname = \"a\"\nkey = \"0123456789abcdef\"\negress = \"packages\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.sandbox.network, EgressPolicy::Open, "bridge is the old name of open");
+        assert_eq!(c.auth.keys[0].egress, Some(EgressPolicy::Packages));
+        let c = load("", &[("MCP_SANDBOX_SANDBOX_NETWORK", "allowlist")]).unwrap();
+        assert_eq!(c.sandbox.network, EgressPolicy::Allowlist);
+        assert_eq!(c.packages.hosts(), ["pypi.org", "files.pythonhosted.org"]);
     }
 
     #[test]
@@ -248,6 +264,24 @@ mod tests {
             ("[server]\npublic_url = \"ftp://x\"\n", vec![], "server.public_url"),
             ("[uploads]\nmax_upload_mb = 0\n", vec![], "uploads.max_upload_mb"),
             ("[uploads]\nmax_upload_mb = 257\n", vec![], "uploads.max_upload_mb"),
+            ("[sandbox]\negress_allow = [\"*\"]\n", vec![], "sandbox.egress_allow"),
+            (
+                "[sandbox]\negress_max_connections = 0\n",
+                vec![],
+                "sandbox.egress_max_connections",
+            ),
+            (
+                "[sandbox]\negress_mb_per_minute = 0\n",
+                vec![],
+                "sandbox.egress_mb_per_minute",
+            ),
+            ("[packages]\nindex_url = \"ftp://x\"\n", vec![], "packages.index_url"),
+            ("[packages]\nfile_hosts = [\"a/b\"]\n", vec![], "packages.file_hosts"),
+            (
+                "[[auth.keys]]\nname = \"a\"\nkey = \"0123456789abcdef\"\negress = \"wide\"\n",
+                vec![],
+                "egress",
+            ),
         ] {
             let err = load(text, &env).unwrap_err().to_string();
             assert!(err.contains(key), "{err:?} does not name {key}");

@@ -143,6 +143,11 @@ impl Limits {
             .unwrap_or(self.config.max_sandboxes_per_tenant)
     }
 
+    /// The egress policy a tenant's key sets for its sandboxes, if any.
+    pub fn egress(&self, tenant: &str) -> Option<sandbox_actors::EgressPolicy> {
+        self.keys.tenant(tenant).and_then(|t| t.egress)
+    }
+
     pub fn max_sandboxes_total(&self) -> usize {
         self.config.max_sandboxes_total
     }

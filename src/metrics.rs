@@ -193,6 +193,16 @@ impl Metrics {
             "Sandbox containers started again, re-created or restarted.",
         );
         let _ = writeln!(out, "mcp_sandbox_container_restarts_total {}", stats.container_restarts);
+        header(
+            &mut out,
+            "mcp_sandbox_egress_denied_total",
+            "counter",
+            "Connections the egress proxy refused, by reason (policy, address, sni, limit, malformed).",
+        );
+        for reason in ["policy", "address", "sni", "limit", "malformed"] {
+            let n = stats.egress_denied.get(reason).copied().unwrap_or(0);
+            let _ = writeln!(out, "mcp_sandbox_egress_denied_total{{reason=\"{reason}\"}} {n}");
+        }
         out
     }
 }
@@ -228,5 +238,10 @@ mod tests {
         );
         assert!(text.contains("mcp_sandbox_rate_limited_total 1"));
         assert!(text.contains("mcp_sandbox_sandboxes{status=\"paused\"} 0"));
+        let mut stats = Stats::default();
+        stats.egress_denied.insert("policy", 3);
+        let text = m.render(&stats);
+        assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"policy\"} 3"));
+        assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"sni\"} 0"));
     }
 }

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_actors::{Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work};
+use sandbox_actors::{CreateOptions, Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -73,7 +73,10 @@ impl Ops {
                     per_owner: self.limits.max_sandboxes(owner),
                     total: self.limits.max_sandboxes_total(),
                 };
-                let info = self.sandboxes.create(owner, name, quota).await?;
+                let options = CreateOptions {
+                    egress: self.limits.egress(owner),
+                };
+                let info = self.sandboxes.create(owner, name, quota, options).await?;
                 tracing::Span::current().record("sandbox_id", tracing::field::display(info.sandbox_id));
                 Ok(CreatedSandbox::from(info))
             })

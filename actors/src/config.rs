@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.
 #[derive(Debug, Clone, Deserialize)]
@@ -15,7 +15,16 @@ pub struct SandboxConfig {
     pub image: String,
     /// OCI runtime: `runc`, or `runsc` for gVisor.
     pub runtime: String,
-    pub network: NetworkMode,
+    /// Egress policy of every sandbox unless its key sets another.
+    pub network: EgressPolicy,
+    /// What `allowlist` lets through: host names, `*.suffix` wildcards and
+    /// CIDRs. A listed CIDR is also the only way to reach a private range.
+    pub egress_allow: Vec<String>,
+    /// Connections one sandbox may hold open through the egress proxy.
+    pub egress_max_connections: usize,
+    /// Bytes (both directions, MiB) one sandbox may move through the egress
+    /// proxy per minute; beyond it its connections wait for the next minute.
+    pub egress_mb_per_minute: u64,
     pub memory_mb: u64,
     pub cpus: f64,
     pub pids_limit: i64,
@@ -48,7 +57,10 @@ impl Default for SandboxConfig {
         Self {
             image: "mcp-sandbox-python".into(),
             runtime: "runc".into(),
-            network: NetworkMode::Bridge,
+            network: EgressPolicy::Open,
+            egress_allow: vec![],
+            egress_max_connections: 64,
+            egress_mb_per_minute: 512,
             memory_mb: 512,
             cpus: 1.0,
             pids_limit: 256,
@@ -67,24 +79,33 @@ impl Default for SandboxConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// What a sandbox may reach beyond itself. Every policy but `open` gives the
+/// sandbox no network interface at all: its only way out is the server's
+/// egress proxy, which applies the policy to each connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum NetworkMode {
-    Bridge,
+pub enum EgressPolicy {
+    /// Loopback only; installs go through an installer container.
     None,
+    /// The package index and its file hosts (`[packages]`), so `pip install` works.
+    Packages,
+    /// The hosts and CIDRs of `sandbox.egress_allow`.
+    Allowlist,
+    /// The server's bridge network: anything but the host, link-local
+    /// addresses, private ranges and other sandboxes.
+    #[serde(alias = "bridge")]
+    Open,
 }
 
-impl NetworkMode {
-    pub fn as_docker(self) -> &'static str {
-        match self {
-            NetworkMode::Bridge => "bridge",
-            NetworkMode::None => "none",
-        }
+impl EgressPolicy {
+    /// Whether the sandbox has no interface and reaches out through the proxy.
+    pub fn is_proxied(self) -> bool {
+        self != EgressPolicy::Open
     }
 }
 
 /// `[packages]`: where `install_package_in_sandbox` gets packages from.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PackagesConfig {
     pub index_url: Option<String>,
@@ -93,6 +114,67 @@ pub struct PackagesConfig {
     /// distributions. Their build code then runs in the installer container,
     /// which has network, so it is off: such installs take wheels only.
     pub allow_source_builds: bool,
+    /// Hosts the index sends its files from; with the index hosts, what the
+    /// `packages` egress policy lets through.
+    pub file_hosts: Vec<String>,
+}
+
+/// The index used when `index_url` is not set.
+pub const DEFAULT_INDEX_URL: &str = "https://pypi.org/simple";
+
+impl Default for PackagesConfig {
+    fn default() -> Self {
+        Self {
+            index_url: None,
+            extra_index_url: None,
+            allow_source_builds: false,
+            file_hosts: vec!["files.pythonhosted.org".into()],
+        }
+    }
+}
+
+impl PackagesConfig {
+    /// The hosts installs contact: the index's, the extra index's, the file hosts.
+    pub fn hosts(&self) -> Vec<String> {
+        let index = self.index_url.as_deref().unwrap_or(DEFAULT_INDEX_URL);
+        let mut hosts: Vec<String> = [Some(index), self.extra_index_url.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(url_host)
+            .chain(self.file_hosts.iter().map(|h| h.to_ascii_lowercase()))
+            .collect();
+        hosts.dedup();
+        hosts
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, url) in [
+            ("index_url", &self.index_url),
+            ("extra_index_url", &self.extra_index_url),
+        ] {
+            if let Some(url) = url {
+                if url_host(url).is_none() {
+                    return Err(format!("packages.{key}: an http(s) URL with a host, not {url:?}"));
+                }
+            }
+        }
+        if let Some(bad) = self.file_hosts.iter().find(|h| !crate::egress::is_host_name(h)) {
+            return Err(format!("packages.file_hosts: {bad:?} is not a host name"));
+        }
+        Ok(())
+    }
+}
+
+/// The lower-cased host of an http(s) URL.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host = authority.rsplit('@').next()?;
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => host.split(':').next()?,
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
 }
 
 /// `[pool]`: sandboxes kept ready for `create_sandbox`.
@@ -161,6 +243,15 @@ impl SandboxConfig {
         }
         if self.max_queued_calls == 0 {
             return Err("sandbox.max_queued_calls: at least 1".into());
+        }
+        if let Err(e) = crate::egress::Rules::parse(&self.egress_allow) {
+            return Err(format!("sandbox.egress_allow: {e}"));
+        }
+        if self.egress_max_connections == 0 {
+            return Err("sandbox.egress_max_connections: at least 1".into());
+        }
+        if self.egress_mb_per_minute == 0 {
+            return Err("sandbox.egress_mb_per_minute: at least 1".into());
         }
         if let Some(path) = &self.ca_bundle {
             if !path.is_file() {

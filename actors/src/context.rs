@@ -8,6 +8,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
+use crate::egress::Egress;
 use crate::records::RecordStore;
 use crate::runtime::{ContainerRuntime, SandboxPaths};
 
@@ -31,6 +32,7 @@ pub struct Context {
     pub store: RecordStore,
     pub settings: Settings,
     pub counters: Counters,
+    pub egress: Egress,
 }
 
 /// Events counted since the server started, for its metrics.
@@ -55,6 +57,7 @@ impl Context {
             id,
             results: self.settings.results_dir.join(id.to_string()),
             agent: self.settings.state_dir.join("agents").join(id.to_string()),
+            egress: self.egress.socket_dir(id),
         }
     }
 }

@@ -2,13 +2,16 @@
 //! the sandbox's link meanwhile (so runs queued after it see the package),
 //! then reports the outcome and the venv's packages to the sandbox actor.
 //!
-//! A sandbox with network installs in itself. One without (`network =
-//! "none"`, gVisor) gets a short-lived installer container instead: the same
-//! trusted image with network, the sandbox's package volume mounted, and
-//! the image's own uv and interpreter, by absolute path and with an
-//! environment set by the server alone, so nothing from the sandbox-writable
-//! volume runs while the network is there. Such installs take wheels only
-//! (no build code runs), unless `packages.allow_source_builds` says otherwise.
+//! A sandbox whose egress policy reaches the package index (`open`,
+//! `packages`, an allow-list holding the index hosts) installs in itself,
+//! through the egress proxy when proxied. Any other gets a short-lived
+//! installer container instead: the same trusted image on the server's
+//! network (under its firewall rules), the sandbox's package volume
+//! mounted, and the image's own uv and interpreter, by absolute path and
+//! with an environment set by the server alone, so nothing from the
+//! sandbox-writable volume runs while the network is there. Such installs
+//! take wheels only (no build code runs), unless
+//! `packages.allow_source_builds` says otherwise.
 
 use std::time::Duration;
 
@@ -17,7 +20,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Work;
-use crate::config::{NetworkMode, PackagesConfig};
+use crate::config::PackagesConfig;
 use crate::error::Result;
 use crate::link::Link;
 use crate::records::{InstallRecord, InstallState};
@@ -140,8 +143,9 @@ impl Actor for InstallTask {
         let ctx = link.ctx().clone();
         let started_at = OffsetDateTime::now_utc();
         let timeout = Duration::from_secs(ctx.settings.sandbox.install_timeout_seconds);
-        let outcome = match ctx.settings.sandbox.network {
-            NetworkMode::Bridge => {
+        let in_sandbox = ctx.egress.installs_in_sandbox(link.paths.id);
+        let outcome = match in_sandbox {
+            true => {
                 install_in_sandbox(
                     &mut link,
                     install_argv(&ctx.settings.packages, &specs, Target::Sandbox),
@@ -149,7 +153,7 @@ impl Actor for InstallTask {
                 )
                 .await
             }
-            NetworkMode::None => {
+            false => {
                 install_with_installer(
                     &mut link,
                     install_argv(&ctx.settings.packages, &specs, Target::Installer),
@@ -158,7 +162,7 @@ impl Actor for InstallTask {
                 .await
             }
         };
-        let offline = ctx.settings.sandbox.network == NetworkMode::None;
+        let offline = !in_sandbox;
         let (status, message, output) = match outcome {
             Ok((0, _, _)) => (InstallState::Success, format!("Successfully installed {package}"), None),
             Ok((code, text, timed_out)) => {

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod config;
 pub mod context;
+pub mod egress;
 pub mod error;
 pub mod history;
 mod install;
@@ -23,6 +24,7 @@ mod supervisor;
 pub mod uploads;
 
 pub use agent::{Package, Progress, RunOutput, Work};
+pub use config::EgressPolicy;
 pub use context::Settings;
 pub use error::{Result, SandboxError};
 pub use history::{CallKind, CallRecord};
@@ -30,5 +32,5 @@ pub use link::Ran;
 pub use runtime::Usage;
 pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded, MAX_INSTALL_RECORDS};
 pub use scope::Scope;
-pub use service::{Quota, Sandboxes, Stats};
+pub use service::{CreateOptions, Quota, Sandboxes, Stats};
 pub use status::SandboxStatus;

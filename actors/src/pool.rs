@@ -5,6 +5,9 @@
 //! agent answering and the Python worker started, owned by nobody;
 //! `create_sandbox` claims one (recording owner and name only then: Docker
 //! cannot relabel a container) and the pool refills in the background.
+//! Pooled sandboxes are made under the server's egress policy; a claim may
+//! switch a proxied one to another proxied policy (the proxy looks the
+//! policy up per connection), anything else is created cold.
 //! Pooled sandboxes have no record, so a restarted server removes them like
 //! any unexplained container, and a stopped server removes them itself.
 
@@ -20,6 +23,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{AgentClient, Work};
+use crate::config::EgressPolicy;
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::link::wait_for_agent;
@@ -50,13 +54,16 @@ fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Makes the folders, package volume and running container of a new sandbox.
-pub async fn provision(ctx: &Context) -> Result<Provisioned> {
+/// Makes the folders, egress proxy socket, package volume and running
+/// container of a new sandbox under `egress`.
+pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisioned> {
     let id = Uuid::new_v4();
+    ctx.egress.attach(id, egress)?;
     let paths = ctx.paths(id);
     let cleanup = || {
         let _ = std::fs::remove_dir_all(&paths.results);
         let _ = std::fs::remove_dir_all(&paths.agent);
+        ctx.egress.detach(id);
     };
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = prepare_dir(dir) {
@@ -89,12 +96,13 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
     }
     let _ = std::fs::remove_dir_all(&paths.results);
     let _ = std::fs::remove_dir_all(&paths.agent);
+    ctx.egress.detach(p.id);
 }
 
 /// Provisions a sandbox and waits until its worker is up, so that the first
 /// call of its owner costs what any later call costs.
 async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
-    let mut p = provision(ctx).await?;
+    let mut p = provision(ctx, ctx.egress.default_policy()).await?;
     let warmed = async {
         let mut client = wait_for_agent(ctx, &ctx.paths(p.id), &p.container.container_id).await?;
         let warm_up = Work::Python("pass".into());

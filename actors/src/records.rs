@@ -16,6 +16,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::agent::Package;
+use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
@@ -75,6 +76,10 @@ pub struct SandboxRecord {
     /// at its next start instead of adopting the sandbox.
     #[serde(default)]
     pub deleting: bool,
+    /// The egress policy it was created with (absent in records older than
+    /// per-sandbox policies: the server's policy applies).
+    #[serde(default)]
+    pub egress: Option<EgressPolicy>,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -234,6 +239,7 @@ mod tests {
             installs: BTreeMap::new(),
             packages: vec![],
             deleting: false,
+            egress: None,
         }
     }
 

@@ -970,6 +970,7 @@ pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<
         ctx.runtime.remove(container, None).await?;
     }
     ctx.runtime.remove_volume(&record.volume).await?;
+    ctx.egress.detach(record.id);
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = tokio::fs::remove_dir_all(dir).await {

@@ -22,8 +22,9 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
-use crate::config::NetworkMode;
+use crate::config::EgressPolicy;
 use crate::context::{Context, Counters, Settings};
+use crate::egress::Egress;
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
 use crate::link::Ran;
@@ -76,6 +77,13 @@ impl Drop for Reservation {
     }
 }
 
+/// What a caller may choose for a new sandbox beyond its name.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// The egress policy (the caller's key may set one); `None`: the server's.
+    pub egress: Option<EgressPolicy>,
+}
+
 /// Figures about the sandboxes of this server, for its metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
@@ -85,6 +93,8 @@ pub struct Stats {
     pub container_restarts: u64,
     pub installs_succeeded: u64,
     pub installs_failed: u64,
+    /// Connections the egress proxy refused, by reason.
+    pub egress_denied: BTreeMap<&'static str, u64>,
 }
 
 pub struct Sandboxes {
@@ -107,12 +117,9 @@ impl Sandboxes {
         let server_id = server_id(&settings.state_dir)?;
         let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
-        // Bridged sandboxes join the server's own network; so do the
-        // installer containers of sandboxes without one.
-        if settings.sandbox.network == NetworkMode::None || settings.sandbox.isolate_host {
-            runtime.isolate_network().await?;
-        }
-        Self::with_runtime(settings, store, server_id, Arc::new(runtime)).await
+        let sandbox_net = runtime.isolate_network().await?;
+        let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
+        Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress).await
     }
 
     /// Builds the sandbox image unless present, and returns its tag.
@@ -128,12 +135,14 @@ impl Sandboxes {
         store: RecordStore,
         server_id: String,
         runtime: Arc<dyn ContainerRuntime>,
+        egress: Egress,
     ) -> Result<Self> {
         let ctx = Arc::new(Context {
             runtime,
             store,
             settings,
             counters: Counters::default(),
+            egress,
         });
         let registry = Registry::default();
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
@@ -184,6 +193,8 @@ impl Sandboxes {
                 }
             }
             known.insert(record.id, record.container_id.clone());
+            let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
+            self.ctx.egress.attach(record.id, egress)?;
             self.spawn(record).await?;
         }
         let runtime = &self.ctx.runtime;
@@ -204,7 +215,11 @@ impl Sandboxes {
             }
         }
         let s = &self.ctx.settings;
-        for dir in [s.state_dir.join("agents"), s.results_dir.clone()] {
+        for dir in [
+            s.state_dir.join("agents"),
+            s.state_dir.join("egress"),
+            s.results_dir.clone(),
+        ] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
@@ -301,7 +316,13 @@ impl Sandboxes {
     /// Creates a sandbox for `owner`. The work runs in a task of its own: if
     /// the caller goes away before it ends, the new sandbox is removed, so
     /// nothing is left that nobody asked for.
-    pub async fn create(&self, owner: &str, name: Option<String>, quota: Quota) -> Result<SandboxInfo> {
+    pub async fn create(
+        &self,
+        owner: &str,
+        name: Option<String>,
+        quota: Quota,
+        options: CreateOptions,
+    ) -> Result<SandboxInfo> {
         let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
             Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {
                 return Err(SandboxError::InvalidArgument(
@@ -319,6 +340,7 @@ impl Sandboxes {
             registry: self.registry.clone(),
             owner: owner.to_string(),
             name,
+            egress: options.egress.unwrap_or(self.ctx.egress.default_policy()),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
@@ -521,6 +543,7 @@ impl Sandboxes {
             container_restarts: read(&c.container_restarts),
             installs_succeeded: read(&c.installs_succeeded),
             installs_failed: read(&c.installs_failed),
+            egress_denied: self.ctx.egress.denials(),
         }
     }
 
@@ -581,9 +604,12 @@ fn answer<T>(
 }
 
 async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
-    ractor::call!(supervisor, |reply| SupervisorMsg::Spawn { record, reply })
-        .map_err(|e| SandboxError::Internal(e.to_string()))?
-        .map_err(SandboxError::Internal)
+    ractor::call!(supervisor, |reply| SupervisorMsg::Spawn {
+        record: Box::new(record),
+        reply,
+    })
+    .map_err(|e| SandboxError::Internal(e.to_string()))?
+    .map_err(SandboxError::Internal)
 }
 
 /// The work of one creation, owned by its own task.
@@ -594,14 +620,26 @@ struct Creation {
     registry: Registry,
     owner: String,
     name: String,
+    egress: EgressPolicy,
 }
 
 impl Creation {
     /// Claims a pooled sandbox or makes one, records it and starts its actor.
     async fn run(&self) -> Result<(SandboxInfo, ActorRef<SandboxMsg>)> {
-        let provisioned = match self.pool.take() {
-            Some(p) => p,
-            None => pool::provision(&self.ctx).await?,
+        // Pooled sandboxes are made under the server's policy; one of the
+        // other kind (bridged or proxied) cannot serve this policy.
+        let egress = self.egress;
+        let pooled = match egress.is_proxied() == self.ctx.egress.default_policy().is_proxied() {
+            true => self.pool.take(),
+            false => None,
+        };
+        let provisioned = match pooled {
+            Some(p) if self.ctx.egress.claim(p.id, egress) => p,
+            Some(p) => {
+                pool::discard(&self.ctx, &p).await;
+                pool::provision(&self.ctx, egress).await?
+            }
+            None => pool::provision(&self.ctx, egress).await?,
         };
         let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
@@ -617,6 +655,7 @@ impl Creation {
             installs: BTreeMap::new(),
             packages: vec![],
             deleting: false,
+            egress: Some(egress),
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             let _ = remove_everything(&self.ctx, &record).await;

@@ -29,7 +29,8 @@ pub type Registry = Arc<RwLock<HashMap<Uuid, Entry>>>;
 
 pub enum SupervisorMsg {
     Spawn {
-        record: SandboxRecord,
+        /// Boxed: a record is large next to the other messages.
+        record: Box<SandboxRecord>,
         reply: RpcReplyPort<Result<ActorRef<SandboxMsg>, String>>,
     },
     Reap,
@@ -97,7 +98,7 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Spawn { record, reply } => {
-                let _ = reply.send(Self::spawn_child(&myself, state, record, None).await);
+                let _ = reply.send(Self::spawn_child(&myself, state, *record, None).await);
             }
             SupervisorMsg::Reap => {
                 // Each actor knows its own lifetime and how long it has idled.

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{docker, Harness, OWNER};
-use sandbox_actors::config::NetworkMode;
+use sandbox_actors::config::EgressPolicy;
 use sandbox_actors::records::RecordStore;
 use sandbox_actors::runtime::{ContainerRuntime, DockerRuntime, SandboxPaths};
 use sandbox_actors::{InstallStatusKind, Quota, SandboxError, SandboxStatus, Work};
@@ -38,7 +38,7 @@ fn freeze_agent() -> Work {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn programs_planted_in_the_venv_never_run_during_an_offline_install() {
-    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let h = Harness::with(|s| s.sandbox.network = EgressPolicy::None).await;
     let id = h.create().await;
     let plant = PLANTED
         .iter()
@@ -73,7 +73,7 @@ async fn programs_planted_in_the_venv_never_run_during_an_offline_install() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_offline_install_takes_wheels_only_and_says_how_to_allow_builds() {
-    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let h = Harness::with(|s| s.sandbox.network = EgressPolicy::None).await;
     let id = h.create().await;
     // A release published as a source distribution only.
     let st = h.install(id, "pycparser==2.10").await;
@@ -106,7 +106,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
     let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || for _ in listener.incoming() {});
-    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let h = Harness::with(|s| s.sandbox.network = EgressPolicy::None).await;
     let id = h.create().await;
     // The installer of this very sandbox, running a probe instead of uv.
     let settings = common::settings(h.root.path());
@@ -118,6 +118,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
         id,
         results: settings.results_dir.join(id.to_string()),
         agent: settings.state_dir.join("agents").join(id.to_string()),
+        egress: None,
     };
     let volume = format!("mcp-sandbox-{id}-venv");
     let argv = vec!["/opt/uv/bin/python".into(), "-c".into(), probe(port)];
@@ -249,7 +250,7 @@ async fn distinct_failing_installs_leave_the_records_bounded() {
 async fn creates_whose_callers_hang_up_leave_nothing_behind() {
     let h = Harness::new().await;
     for _ in 0..3 {
-        let create = h.sb().create(OWNER, None, Quota::UNLIMITED);
+        let create = h.sb().create(OWNER, None, Quota::UNLIMITED, Default::default());
         assert!(
             tokio::time::timeout(Duration::from_millis(60), create).await.is_err(),
             "a cold creation takes longer than that"
@@ -259,7 +260,10 @@ async fn creates_whose_callers_hang_up_leave_nothing_behind() {
     gone_from_listings(&h).await;
     // The quota they held is free again.
     let quota = Quota { per_owner: 1, total: 1 };
-    h.sb().create(OWNER, None, quota).await.expect("a place is free");
+    h.sb()
+        .create(OWNER, None, quota, Default::default())
+        .await
+        .expect("a place is free");
 }
 
 #[tokio::test(flavor = "multi_thread")]

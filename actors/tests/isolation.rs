@@ -5,13 +5,13 @@
 mod common;
 
 use common::{docker, Harness, OWNER};
-use sandbox_actors::config::NetworkMode;
+use sandbox_actors::config::EgressPolicy;
 
 const CONNECT: &str = "import socket\ntry:\n    socket.create_connection(('pypi.org', 443), timeout=5)\n    print('connected')\nexcept OSError as e:\n    print('blocked', type(e).__name__)";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_offline_sandbox_has_no_network_but_installs_packages() {
-    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let h = Harness::with(|s| s.sandbox.network = EgressPolicy::None).await;
     let id = h.create().await;
     let r = h.py(id, CONNECT).await.output;
     assert!(r.stdout.starts_with("blocked"), "{r:?}");
@@ -79,7 +79,7 @@ async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
     }
     let h = Harness::with(|s| {
         s.sandbox.runtime = "runsc".into();
-        s.sandbox.network = NetworkMode::None;
+        s.sandbox.network = EgressPolicy::None;
     })
     .await;
     let id = h.create().await;

@@ -414,8 +414,13 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
         per_owner: 1,
         total: 10,
     };
-    let id = h.sb().create(OWNER, None, quota).await.unwrap().sandbox_id;
-    let err = h.sb().create(OWNER, None, quota).await.unwrap_err();
+    let id = h
+        .sb()
+        .create(OWNER, None, quota, Default::default())
+        .await
+        .unwrap()
+        .sandbox_id;
+    let err = h.sb().create(OWNER, None, quota, Default::default()).await.unwrap_err();
     assert!(
         matches!(&err, SandboxError::Quota(m) if m.contains("delete_sandbox")),
         "{err}"
@@ -424,7 +429,10 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
     // Another owner has its own count; the total counts everyone.
     let total = Quota { per_owner: 5, total: 1 };
     assert!(matches!(
-        h.sb().create("other", None, total).await.unwrap_err(),
+        h.sb()
+            .create("other", None, total, Default::default())
+            .await
+            .unwrap_err(),
         SandboxError::Quota(_)
     ));
 

@@ -17,13 +17,17 @@ use uuid::Uuid;
 
 use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, SANDBOX_UID};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
-use crate::config::{NetworkMode, SandboxConfig};
+use crate::config::SandboxConfig;
 use crate::error::{Result, SandboxError};
 use crate::labels;
 
 /// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
 const CA_IN_CONTAINER: &str = "/etc/ssl/certs/ca-certificates.crt";
 const VENV_IN_CONTAINER: &str = "/app/.venv";
+/// Where a proxied sandbox finds the egress proxy's socket.
+const EGRESS_IN_CONTAINER: &str = "/run/mcp-egress";
+/// The address the in-sandbox relay listens on.
+const EGRESS_RELAY: &str = "127.0.0.1:3128";
 
 pub struct DockerRuntime {
     docker: Docker,
@@ -50,16 +54,23 @@ impl DockerRuntime {
         })
     }
 
-    /// Puts bridged sandboxes on this server's own labelled bridge network
-    /// and applies host firewall rules for its subnet. Without rules (no
-    /// iptables, not root) sandboxes still run; the warning says what is lost.
-    pub async fn isolate_network(&mut self) -> Result<()> {
+    /// Makes this server's own labelled bridge network, for `open`
+    /// sandboxes and installer containers (never Docker's default bridge),
+    /// with inter-container traffic off, and with `sandbox.isolate_host`
+    /// applies the host firewall rules for its subnet (see
+    /// [`super::firewall`]). Without rules (no iptables, not root)
+    /// sandboxes still run; the warning says what is lost. Returns the subnet.
+    pub async fn isolate_network(&mut self) -> Result<Option<ipnet::IpNet>> {
         let name = format!("mcp-sandbox-{}", self.server_id);
         if self.docker.inspect_network(&name, None).await.is_err() {
             let request = NetworkCreateRequest {
                 name: name.clone(),
                 driver: Some("bridge".into()),
                 labels: Some(labels::for_server(&self.server_id)),
+                options: Some(HashMap::from([(
+                    "com.docker.network.bridge.enable_icc".to_string(),
+                    "false".to_string(),
+                )])),
                 ..Default::default()
             };
             self.docker.create_network(request).await?;
@@ -69,15 +80,17 @@ impl DockerRuntime {
             .ipam
             .and_then(|i| i.config)
             .and_then(|c| c.into_iter().find_map(|c| c.subnet));
-        match subnet.map(|s| super::firewall::apply(&self.server_id, &s)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "host firewall rules not applied: bridged sandboxes can reach the host's services")
+        self.network = Some(name.clone());
+        let Some(subnet) = subnet else {
+            tracing::warn!(network = %name, "the sandbox network has no subnet; no firewall rules applied");
+            return Ok(None);
+        };
+        if self.config.isolate_host {
+            if let Err(e) = super::firewall::apply(&self.server_id, &subnet, &self.config.egress_allow) {
+                tracing::warn!(error = %e, "host firewall rules not applied: open sandboxes can reach the host, private networks and each other");
             }
-            None => tracing::warn!(network = %name, "the sandbox network has no subnet; no firewall rules applied"),
         }
-        self.network = Some(name);
-        Ok(())
+        Ok(subnet.parse().ok())
     }
 
     /// Builds the sandbox image unless it is present (see [`super::image`]).
@@ -132,17 +145,42 @@ impl DockerRuntime {
         }
     }
 
-    fn sandbox_body(&self, paths: &SandboxPaths, volume: &str) -> ContainerCreateBody {
-        let binds = vec![
+    /// The server's bridge network; sandboxes never fall back to Docker's default one.
+    fn server_network(&self) -> Result<&str> {
+        self.network
+            .as_deref()
+            .ok_or_else(|| SandboxError::Internal("the server's sandbox network was not set up".into()))
+    }
+
+    fn sandbox_body(&self, paths: &SandboxPaths, volume: &str) -> Result<ContainerCreateBody> {
+        let mut binds = vec![
             format!("{}:{RESULTS_IN_CONTAINER}:rw", paths.results.display()),
             format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
             format!("{volume}:{VENV_IN_CONTAINER}:rw"),
         ];
-        let network = match self.config.network {
-            NetworkMode::Bridge => self.network.as_deref().unwrap_or("bridge"),
-            NetworkMode::None => "none",
+        let Some(egress) = &paths.egress else {
+            let network = self.server_network()?.to_string();
+            return Ok(self.hardened(paths.id, binds, &network, &self.config.runtime));
         };
-        self.hardened(paths.id, binds, network, &self.config.runtime)
+        // No interface but loopback: the agent's relay on 127.0.0.1 reaches
+        // the server's proxy through the mounted socket, and the usual proxy
+        // variables send pip, uv, requests and curl there.
+        binds.push(format!("{}:{EGRESS_IN_CONTAINER}:ro", egress.display()));
+        let mut body = self.hardened(paths.id, binds, "none", &self.config.runtime);
+        let env = body.env.get_or_insert_with(Vec::new);
+        let proxy = format!("http://{EGRESS_RELAY}");
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push(format!("{var}={proxy}"));
+        }
+        for var in ["NO_PROXY", "no_proxy"] {
+            env.push(format!("{var}=localhost,127.0.0.1,::1"));
+        }
+        env.push(format!(
+            "MCP_EGRESS_SOCKET={EGRESS_IN_CONTAINER}/{}",
+            crate::egress::SOCKET_NAME
+        ));
+        env.push(format!("MCP_EGRESS_LISTEN={EGRESS_RELAY}"));
+        Ok(body)
     }
 
     /// A finished container's stdout and stderr, the last `MAX_LOG` bytes.
@@ -250,7 +288,7 @@ impl ContainerRuntime for DockerRuntime {
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = self
             .docker
-            .create_container(Some(options), self.sandbox_body(paths, &volume))
+            .create_container(Some(options), self.sandbox_body(paths, &volume)?)
             .await?;
         let container = ContainerRef {
             container_id: created.id,
@@ -403,13 +441,11 @@ impl ContainerRuntime for DockerRuntime {
         // Docker's default bridge). It always runs with runc. Its whole
         // environment is the server's: nothing on a search path or in a
         // configuration file comes from the sandbox-writable volume.
-        let network = self.network.as_deref().ok_or_else(|| {
-            SandboxError::Internal("installs for sandboxes without network need the server's own network".into())
-        })?;
+        let network = self.server_network()?.to_string();
         let mut body = self.hardened(
             paths.id,
             vec![format!("{volume}:{VENV_IN_CONTAINER}:rw")],
-            network,
+            &network,
             "runc",
         );
         body.cmd = Some(argv);

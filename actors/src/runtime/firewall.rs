@@ -1,10 +1,21 @@
-//! Host firewall rules that keep bridged sandboxes away from the host's own
-//! services and from link-local addresses (where cloud metadata services
-//! live). Rules are tagged with the server id, so a server replaces its own
-//! on start and touches no other rule. Applied with `iptables` where the host
-//! allows it; where it does not, the server says so and carries on.
+//! Host firewall rules for the server's bridge network (`open` sandboxes and
+//! installer containers): nothing from its subnet reaches the host itself,
+//! another container of the subnet (whether or not the engine's
+//! inter-container option holds: with `br_netfilter`, traffic between two
+//! ports of one bridge passes `FORWARD` too), link-local addresses (where
+//! cloud metadata services live), private ranges or the networks the host
+//! sits on, except the host's name servers on port 53 and CIDRs listed in
+//! `sandbox.egress_allow`. Rules are tagged with the server id, so a server
+//! replaces its own on start and touches no other rule. Applied with
+//! `iptables` where the host allows it; where it does not, the server says
+//! so and carries on.
 
+use std::net::IpAddr;
 use std::process::Command;
+
+use ipnet::IpNet;
+
+use crate::egress::{host_networks, name_servers, Rules, PRIVATE_V4};
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
 const LINK_LOCAL: &str = "169.254.0.0/16";
@@ -30,18 +41,57 @@ fn iptables(args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// The rules (as `iptables -S` prints them, without `-A`) for `subnet`.
-fn rules(server_id: &str, subnet: &str) -> Vec<(&'static str, Vec<String>)> {
+/// The rules, in order, as (chain, arguments after the chain).
+fn rules(server_id: &str, subnet: &str, listed: &[IpNet]) -> Vec<(&'static str, Vec<String>)> {
     let tag = tag(server_id);
-    let rule = |chain: &'static str, extra: &[&str]| {
+    let rule = |chain: &'static str, extra: &[&str], target: &str| {
         let mut r: Vec<String> = vec!["-s".into(), subnet.into()];
         r.extend(extra.iter().map(|s| s.to_string()));
-        r.extend(["-m", "comment", "--comment", &tag, "-j", "DROP"].map(String::from));
+        r.extend(["-m", "comment", "--comment", &tag, "-j", target].map(String::from));
         (chain, r)
     };
     // INPUT: anything addressed to the host itself, whichever of its
-    // addresses. DOCKER-USER: forwarded traffic to link-local addresses.
-    vec![rule("INPUT", &[]), rule("DOCKER-USER", &["-d", LINK_LOCAL])]
+    // addresses. DOCKER-USER (forwarded traffic), first match wins: other
+    // sandboxes and link-local always dropped; the host's name servers (the
+    // engine's resolver forwards from the sandbox) and listed CIDRs handed
+    // back to Docker's own rules; private ranges and on-link networks dropped.
+    let mut out = vec![
+        rule("INPUT", &[], "DROP"),
+        rule("DOCKER-USER", &["-d", subnet], "DROP"),
+        rule("DOCKER-USER", &["-d", LINK_LOCAL], "DROP"),
+    ];
+    let closed: Vec<IpNet> = PRIVATE_V4
+        .iter()
+        .map(|n| n.parse().expect("valid range"))
+        .chain(
+            host_networks()
+                .into_iter()
+                .filter(|n| n.addr().is_ipv4() && n.prefix_len() < 32),
+        )
+        .filter(|n| !n.addr().is_loopback())
+        .collect();
+    for ns in name_servers()
+        .into_iter()
+        .filter(|ns| closed.iter().any(|n| n.contains(ns)))
+    {
+        if let IpAddr::V4(ns) = ns {
+            let dest = format!("{ns}/32");
+            for proto in ["udp", "tcp"] {
+                out.push(rule(
+                    "DOCKER-USER",
+                    &["-d", &dest, "-p", proto, "--dport", "53"],
+                    "RETURN",
+                ));
+            }
+        }
+    }
+    for net in listed.iter().filter(|n| n.addr().is_ipv4()) {
+        out.push(rule("DOCKER-USER", &["-d", &net.to_string()], "RETURN"));
+    }
+    for net in closed {
+        out.push(rule("DOCKER-USER", &["-d", &net.to_string()], "DROP"));
+    }
+    out
 }
 
 /// Removes every rule this server added.
@@ -84,10 +134,17 @@ fn split_rule(spec: &str) -> Vec<String> {
     out
 }
 
-/// Replaces this server's rules with fresh ones for `subnet`.
-pub fn apply(server_id: &str, subnet: &str) -> Result<(), String> {
+/// Replaces this server's rules with fresh ones for `subnet`; `allow` is
+/// `sandbox.egress_allow`, whose CIDRs stay reachable.
+pub fn apply(server_id: &str, subnet: &str, allow: &[String]) -> Result<(), String> {
+    let listed: Vec<IpNet> = Rules::parse(allow)?.nets().copied().collect();
+    let bridged = std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").unwrap_or_default();
+    if bridged.trim() != "1" {
+        tracing::warn!("net.bridge.bridge-nf-call-iptables is not 1: traffic between two sandboxes of one bridge bypasses iptables, and only the engine's inter-container option keeps them apart");
+    }
     remove(server_id)?;
-    for (chain, rule) in rules(server_id, subnet) {
+    // Each rule is inserted first, so they go in last to first.
+    for (chain, rule) in rules(server_id, subnet, &listed).into_iter().rev() {
         let mut args = vec!["-I", chain, "1"];
         args.extend(rule.iter().map(String::as_str));
         iptables(&args)?;
@@ -101,9 +158,24 @@ mod tests {
 
     #[test]
     fn rules_are_tagged_and_split_back_whole() {
-        let r = rules("abc", "172.30.0.0/16");
-        assert_eq!(r.len(), 2);
+        let listed = vec!["10.1.0.0/16".parse().unwrap()];
+        let r = rules("abc", "172.30.0.0/16", &listed);
         assert!(r.iter().all(|(_, args)| args.contains(&"mcp-sandbox:abc".to_string())));
+        let dest = |i: usize| r[i].1[3].clone();
+        assert_eq!((r[0].0, r[1].0), ("INPUT", "DOCKER-USER"));
+        assert_eq!(dest(1), "172.30.0.0/16", "sandbox to sandbox first");
+        let returned = r
+            .iter()
+            .position(|(_, a)| a.contains(&"10.1.0.0/16".to_string()))
+            .unwrap();
+        let dropped = r
+            .iter()
+            .position(|(_, a)| a.contains(&"10.0.0.0/8".to_string()))
+            .unwrap();
+        assert!(
+            returned < dropped,
+            "a listed CIDR is handed back before its range is dropped"
+        );
         assert_eq!(
             split_rule("-s 1.2.3.4/32 -m comment --comment \"a b\" -j DROP")[5],
             "a b"

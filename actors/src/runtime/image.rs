@@ -23,6 +23,7 @@ use crate::labels;
 
 const DOCKERFILE: &[u8] = include_bytes!("../../../docker/Dockerfile");
 const AGENT: &[u8] = include_bytes!("../../../docker/agent.py");
+const EGRESS_RELAY: &[u8] = include_bytes!("../../../docker/egress_relay.py");
 const BOOTSTRAP: &[u8] = include_bytes!("../../../docker/bootstrap-rootfs.sh");
 const REGISTRY_BASE: &str = "python:3.12-slim";
 
@@ -30,7 +31,13 @@ const REGISTRY_BASE: &str = "python:3.12-slim";
 pub fn tag(config: &SandboxConfig) -> String {
     // FNV-1a: stable across builds and platforms, and enough to tell contexts apart.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in DOCKERFILE.iter().chain(b"\0").chain(AGENT) {
+    for byte in DOCKERFILE
+        .iter()
+        .chain(b"\0")
+        .chain(AGENT)
+        .chain(b"\0")
+        .chain(EGRESS_RELAY)
+    {
         h ^= u64::from(*byte);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -80,6 +87,7 @@ fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
     for (name, data) in [
         ("Dockerfile", DOCKERFILE),
         ("agent.py", AGENT),
+        ("egress_relay.py", EGRESS_RELAY),
         ("ca-bundle.crt", ca.as_slice()),
     ] {
         let mut header = tar::Header::new_gnu();

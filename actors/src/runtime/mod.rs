@@ -27,6 +27,10 @@ pub struct SandboxPaths {
     pub results: PathBuf,
     /// Mounted at `/run/mcp-agent`; holds the agent's socket.
     pub agent: PathBuf,
+    /// For a sandbox whose egress goes through the proxy: the folder of the
+    /// proxy's socket, mounted read-only. Such a sandbox has no network
+    /// interface; the others join the server's bridge network.
+    pub egress: Option<PathBuf>,
 }
 
 /// A sandbox's Docker objects.
@@ -97,8 +101,9 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Extracts a tar archive into `dest_dir` inside the container.
     async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()>;
     /// Runs `argv` (a package installer) in a short-lived container of the
-    /// sandbox image that mounts the sandbox's package volume and has network,
-    /// for sandboxes that have none.
+    /// sandbox image that mounts the sandbox's package volume and joins the
+    /// server's bridge network (under the same firewall rules as bridged
+    /// sandboxes), for sandboxes whose policy does not reach the index.
     async fn run_installer(
         &self,
         paths: &SandboxPaths,
