@@ -32,7 +32,12 @@ async fn main() {
     };
     let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let id = sandboxes
-        .create(OWNER, Some("bench".into()), sandbox_actors::Quota::UNLIMITED)
+        .create(
+            OWNER,
+            Some("bench".into()),
+            sandbox_actors::Quota::UNLIMITED,
+            Default::default(),
+        )
         .await
         .unwrap()
         .sandbox_id;

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_actors::{Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work};
+use sandbox_actors::{CreateOptions, Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -73,11 +73,27 @@ impl Ops {
                     per_owner: self.limits.max_sandboxes(owner),
                     total: self.limits.max_sandboxes_total(),
                 };
-                let info = self.sandboxes.create(owner, name, quota).await?;
+                let info = self
+                    .sandboxes
+                    .create(owner, name, quota, self.create_options(caller))
+                    .await?;
                 tracing::Span::current().record("sandbox_id", tracing::field::display(info.sandbox_id));
                 Ok(CreatedSandbox::from(info))
             })
             .await
+    }
+
+    /// A guest's sandboxes end with its key, and after the guest tier's
+    /// lifetime at the latest.
+    fn create_options(&self, caller: &Caller) -> CreateOptions {
+        let Some(expires_at) = caller.expires_at else {
+            return CreateOptions::default();
+        };
+        let key_left = expires_at.saturating_sub(crate::auth::unix_now()).max(1);
+        let tier = self.limits.guest().sandbox_lifetime_seconds;
+        CreateOptions {
+            lifetime: Some(Duration::from_secs(key_left.min(tier))),
+        }
     }
 
     /// The caller's sandboxes (every tenant's for an administrator).

@@ -29,4 +29,4 @@ pub use link::Ran;
 pub use runtime::Usage;
 pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
 pub use scope::Scope;
-pub use service::{Quota, Sandboxes, Stats};
+pub use service::{CreateOptions, Quota, Sandboxes, Stats};

@@ -38,6 +38,15 @@ pub struct Quota {
     pub total: usize,
 }
 
+/// Choices made when a sandbox is created, beyond the server's settings.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// The sandbox is deleted this long after creation, or earlier when
+    /// `sandbox.max_lifetime_seconds` says so (a short-lived tenant's
+    /// sandboxes end with it).
+    pub lifetime: Option<Duration>,
+}
+
 impl Quota {
     pub const UNLIMITED: Quota = Quota {
         per_owner: usize::MAX,
@@ -267,7 +276,13 @@ impl Sandboxes {
         })
     }
 
-    pub async fn create(&self, owner: &str, name: Option<String>, quota: Quota) -> Result<SandboxInfo> {
+    pub async fn create(
+        &self,
+        owner: &str,
+        name: Option<String>,
+        quota: Quota,
+        options: CreateOptions,
+    ) -> Result<SandboxInfo> {
         let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
             Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {
                 return Err(SandboxError::InvalidArgument(
@@ -284,7 +299,12 @@ impl Sandboxes {
         };
         let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
-        let lifetime = self.ctx.settings.sandbox.max_lifetime_seconds;
+        let configured = self.ctx.settings.sandbox.max_lifetime_seconds;
+        let configured = (configured > 0).then(|| Duration::from_secs(configured));
+        let lifetime = match (configured, options.lifetime) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let record = SandboxRecord {
             id,
             owner: owner.to_string(),
@@ -292,7 +312,7 @@ impl Sandboxes {
             container_id: created.container_id,
             volume: created.volume,
             created_at,
-            expires_at: (lifetime > 0).then(|| created_at + Duration::from_secs(lifetime)),
+            expires_at: lifetime.map(|l| created_at + l),
             installs: BTreeMap::new(),
             packages: vec![],
         };

@@ -18,7 +18,7 @@ async fn sandboxes_come_from_the_warm_pool_which_refills() {
     let quota = Quota { per_owner: 1, total: 1 };
     let id = h
         .sb()
-        .create(OWNER, Some("pooled".into()), quota)
+        .create(OWNER, Some("pooled".into()), quota, Default::default())
         .await
         .unwrap()
         .sandbox_id;

@@ -414,8 +414,13 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
         per_owner: 1,
         total: 10,
     };
-    let id = h.sb().create(OWNER, None, quota).await.unwrap().sandbox_id;
-    let err = h.sb().create(OWNER, None, quota).await.unwrap_err();
+    let id = h
+        .sb()
+        .create(OWNER, None, quota, Default::default())
+        .await
+        .unwrap()
+        .sandbox_id;
+    let err = h.sb().create(OWNER, None, quota, Default::default()).await.unwrap_err();
     assert!(
         matches!(&err, SandboxError::Quota(m) if m.contains("delete_sandbox")),
         "{err}"
@@ -424,7 +429,10 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
     // Another owner has its own count; the total counts everyone.
     let total = Quota { per_owner: 5, total: 1 };
     assert!(matches!(
-        h.sb().create("other", None, total).await.unwrap_err(),
+        h.sb()
+            .create("other", None, total, Default::default())
+            .await
+            .unwrap_err(),
         SandboxError::Quota(_)
     ));
 
@@ -452,4 +460,21 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
     assert!(h.sb().list(OWNER).await.is_empty(), "the idle sandbox was reaped");
     common::eventually("its container and volume are removed", || h.own_objects() == (0, 0)).await;
     assert!(!results.exists(), "its results are removed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lifetime_given_at_creation_ends_the_sandbox() {
+    use sandbox_actors::{CreateOptions, Quota};
+    let h = Harness::new().await;
+    let options = CreateOptions {
+        lifetime: Some(Duration::from_secs(2)),
+    };
+    let info = h.sb().create(OWNER, None, Quota::UNLIMITED, options).await.unwrap();
+    let lifetime = info.expires_at.expect("a lifetime gives an expiry") - info.created_at;
+    assert_eq!(lifetime, Duration::from_secs(2));
+    common::eventually("the sandbox is deleted when its lifetime ends", || {
+        h.own_objects() == (0, 0)
+    })
+    .await;
+    assert!(h.sb().list(OWNER).await.is_empty());
 }

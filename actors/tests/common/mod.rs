@@ -78,7 +78,7 @@ impl Harness {
 
     pub async fn create(&self) -> Uuid {
         self.sb()
-            .create(OWNER, None, Quota::UNLIMITED)
+            .create(OWNER, None, Quota::UNLIMITED, Default::default())
             .await
             .unwrap()
             .sandbox_id
