@@ -302,6 +302,7 @@ async fn guard(
     };
     if let Err(wait) = app.ops.limits.check_request(client, &tenant) {
         app.ops.metrics.rate_limited();
+        tracing::debug!(client = %client, "request rate limited");
         return refusal(
             StatusCode::TOO_MANY_REQUESTS,
             wait.seconds(),

@@ -228,6 +228,9 @@ impl Server {
             .env("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", "200")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_TOTAL", "200")
+            // ... holding as many sessions and connections as it has clients.
+            .env("MCP_SANDBOX_LIMITS_MAX_SESSIONS_PER_TENANT", "2000")
+            .env("MCP_SANDBOX_LIMITS_MAX_CONNECTIONS_PER_IP", "2000")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -258,6 +261,15 @@ impl Server {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0.0);
         kb / 1024.0
+    }
+}
+
+impl Server {
+    /// Descriptors the server process has open.
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
     }
 }
 
