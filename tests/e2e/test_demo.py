@@ -8,6 +8,7 @@ refused. Only 127.0.0.1 is ever contacted; documentation addresses
 (198.51.100.0/24, 203.0.113.0/24) appear in header values only."""
 
 import asyncio
+import http.client
 import json
 import time
 import urllib.request
@@ -111,7 +112,17 @@ def test_an_expired_guest_key_gets_401_and_its_sandboxes_go(server):
     assert status == 201, created
     containers, _ = server.own_objects()
     assert containers, "the guest's sandbox has a container"
-    time.sleep(KEY_TTL + 1)
+    # A session the key opened ends with the key.
+    stream = http.client.HTTPConnection("127.0.0.1", server.port, timeout=KEY_TTL + 15)
+    stream.request("GET", "/sse", headers={"Authorization": f"Bearer {key}"})
+    events = stream.getresponse()
+    assert events.status == 200
+    opened = time.time()
+    while events.readline():
+        pass
+    assert time.time() - opened < KEY_TTL + 10, "the guest's SSE stream outlived its key"
+    stream.close()
+    time.sleep(max(0, opened + KEY_TTL + 1 - time.time()))
     status, body = api(server, "GET", "/api/sandboxes", key)
     assert status == 401 and "expired" in body["error"], body
     deadline = time.time() + 30

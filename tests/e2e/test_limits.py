@@ -89,7 +89,7 @@ class SseStream:
         self.endpoint = None
         if self.status == 200:
             while self.endpoint is None:
-                line = self.r.fp.readline().decode()
+                line = self.r.readline().decode()
                 if line.startswith("data:"):
                     self.endpoint = line[5:].strip()
         else:
@@ -99,7 +99,7 @@ class SseStream:
         """Reads until the server ends the stream; the seconds it took."""
         started = time.time()
         self.c.sock.settimeout(timeout)
-        while self.r.fp.readline():
+        while self.r.readline():
             pass
         return time.time() - started
 
