@@ -420,6 +420,24 @@ mod tests {
     }
 
     #[test]
+    fn guest_keys_need_no_configured_key_and_expire_into_401() {
+        assert!(Keys::from_config(&config(vec![]), false).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let signer = LinkSigner::load(&AuthConfig::default(), dir.path()).unwrap();
+        let guests = GuestKeys::new(signer, &crate::guest::GuestConfig::default());
+        let keys = Keys::from_config(&config(vec![]), true)
+            .unwrap()
+            .with_guests(guests.clone());
+        let (key, guest) = guests.issue(unix_now());
+        let caller = keys.identify(&key).caller().expect("a fresh guest key");
+        assert_eq!(caller.owner, guest.owner);
+        assert_eq!(caller.expires_at, Some(guest.expires_at));
+        let (old, _) = guests.issue(unix_now() - 2 * 3600);
+        assert!(matches!(keys.identify(&old), Identified::Expired));
+        assert!(matches!(keys.identify("msg_forged.1.x"), Identified::Unknown));
+    }
+
+    #[test]
     fn admin_keys_must_name_a_key() {
         let key = |name: &str| KeyConfig {
             name: name.into(),

@@ -365,5 +365,10 @@ mod tests {
         );
         assert!(text.contains("mcp_sandbox_rate_limited_total 1"));
         assert!(text.contains("mcp_sandbox_sandboxes{status=\"paused\"} 0"));
+        m.connection_opened();
+        m.session_refused(Refused::Tenant(1));
+        let text = m.render(&Stats::default());
+        assert!(text.contains("mcp_sandbox_connections 1"));
+        assert!(text.contains("mcp_sandbox_sessions_refused_total{reason=\"per_tenant\"} 1"));
     }
 }
