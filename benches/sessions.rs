@@ -77,7 +77,7 @@ async fn main() {
         .unwrap()
         .to_string();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (rss_before, fds_before) = (server.rss_mb(), server.fds());
+    let (rss_before, fds_before) = (server.rss_mb(), server.descriptors());
     let quiet = Series::new(
         "another tenant's print(1), no sessions held",
         calls(&probe, &sid, n).await,
@@ -98,7 +98,7 @@ async fn main() {
     // Streamable HTTP sessions hold no connection once initialized: let the
     // kept-alive ones idle out, as they would.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    let (rss_held, fds_held) = (server.rss_mb(), server.fds());
+    let (rss_held, fds_held) = (server.rss_mb(), server.descriptors());
     let busy = Series::new(
         format!("the same with {} idle sessions held", held.len()),
         calls(&probe, &sid, n).await,
