@@ -238,17 +238,18 @@ def test_messages_are_charged_to_their_sessions_key(server):
     stream = SseStream(server, SLOW)
     assert stream.status == 200
     statuses = []
-    c = conn(server)
     messages = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}] + [
         {"jsonrpc": "2.0", "id": 10 + i, "method": "ping"} for i in range(4)]
     for message in messages:
         # No key on the POST: the session id is the capability, and the
-        # session's key (1 request/s, burst 2) pays for it.
+        # session's key (1 request/s, burst 2) pays for it. (A connection
+        # per message: a refused request's unread body ends its connection.)
+        c = conn(server)
         c.request("POST", stream.endpoint, body=json.dumps(message), headers={"Content-Type": "application/json"})
         r = c.getresponse()
         r.read()
         statuses.append(r.status)
-    c.close()
+        c.close()
     stream.close()
     assert statuses[0] == 202 and 429 in statuses and 404 not in statuses, statuses
 
