@@ -165,7 +165,7 @@ pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, String> {
             }
         }
     }
-    let have = lim.rlim_cur as u64;
+    let have = lim.rlim_cur;
     let need = limits.max_connections as u64
         + REFUSALS_IN_FLIGHT as u64
         + limits.max_sandboxes_total as u64 * DESCRIPTORS_PER_SANDBOX
