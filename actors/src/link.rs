@@ -113,7 +113,13 @@ impl Link {
     /// Thaws the container if this link froze it (or found it frozen).
     pub async fn wake(&mut self) -> Result<()> {
         if self.paused {
-            self.ctx.runtime.unpause(&self.container_id).await?;
+            if let Err(e) = self.ctx.runtime.unpause(&self.container_id).await {
+                // It may have died (or been thawed) meanwhile: only a
+                // container that is still frozen is an error here.
+                if let Ok(ContainerState::Paused) = self.ctx.runtime.state(&self.container_id).await {
+                    return Err(e);
+                }
+            }
             self.paused = false;
         }
         Ok(())
@@ -330,6 +336,8 @@ impl Link {
             return Ok(lost_state);
         }
         let runtime = &self.ctx.runtime;
+        // Whatever the branch, the container is left running, not frozen.
+        self.paused = false;
         let notice = match runtime.state(&self.container_id).await? {
             ContainerState::Running => lost_state,
             ContainerState::Paused => {
@@ -339,6 +347,7 @@ impl Link {
             ContainerState::Stopped { exit_code, oom_killed } => {
                 info!(sandbox = %self.paths.id, exit_code, oom_killed, "restarting a stopped sandbox container");
                 runtime.start(&self.container_id).await?;
+                self.check_retired()?;
                 Counters::bump(&self.ctx.counters.container_restarts);
                 let why = if oom_killed {
                     "it ran out of memory".to_string()
@@ -352,13 +361,40 @@ impl Link {
             ContainerState::Missing => {
                 info!(sandbox = %self.paths.id, "re-creating a removed sandbox container");
                 let created = runtime.create(&self.paths, Some(&self.volume)).await?;
+                if self.retirement.is_retired() {
+                    // Deleted while it was being made: it must not outlive the removal.
+                    let _ = runtime.remove(&created.container_id, Some(&created.volume)).await;
+                    return Err(self.retirement.error(self.paths.id));
+                }
                 self.container_id = created.container_id;
                 Counters::bump(&self.ctx.counters.container_restarts);
                 Some("The sandbox's container had been removed and was re-created. Files in /app/results and installed packages are kept; Python variables were lost.".to_string())
             }
         };
-        self.client = Some(wait_for_agent(&self.ctx, &self.paths, &self.container_id).await?);
-        Ok(notice)
+        let waited = tokio::select! {
+            waited = wait_for_agent(&self.ctx, &self.paths, &self.container_id) => waited,
+            _ = self.retirement.token.cancelled() => return Err(self.retirement.error(self.paths.id)),
+        };
+        match waited {
+            Ok(client) => {
+                self.client = Some(client);
+                Ok(notice)
+            }
+            // A running container whose agent never answers: restart it,
+            // which ends whatever took the agent's place.
+            Err(SandboxError::Agent(why))
+                if matches!(runtime.state(&self.container_id).await, Ok(ContainerState::Running)) =>
+            {
+                warn!(sandbox = %self.paths.id, error = %why, "the agent of a running container does not answer; restarting it");
+                self.restart_unresponsive().await;
+                Err(SandboxError::Unresponsive {
+                    id: self.paths.id,
+                    what: "its agent did not answer after a start",
+                    seconds: AGENT_START.as_secs(),
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

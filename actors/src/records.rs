@@ -71,6 +71,10 @@ pub struct SandboxRecord {
     pub installs: BTreeMap<String, InstallRecord>,
     /// Distributions in the sandbox's venv, as of the last install.
     pub packages: Vec<Package>,
+    /// Its removal has begun: a server that stopped meanwhile finishes it
+    /// at its next start instead of adopting the sandbox.
+    #[serde(default)]
+    pub deleting: bool,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -229,6 +233,7 @@ mod tests {
             expires_at: None,
             installs: BTreeMap::new(),
             packages: vec![],
+            deleting: false,
         }
     }
 

@@ -254,6 +254,8 @@ pub struct SandboxState {
     restarting: bool,
     /// The container was found dead while idle and is being brought back.
     stopped: bool,
+    /// A package check over a second connection to the agent is running.
+    checking_venv: Arc<std::sync::atomic::AtomicBool>,
     history: History,
     /// When the last call ended (or the actor started): idle expiry counts from it.
     last_used: OffsetDateTime,
@@ -276,7 +278,6 @@ impl Actor for SandboxActor {
         } = args;
         // An install that was running when the server (or this actor) went
         // away has no one to finish it.
-        let mut changed = false;
         for install in record
             .installs
             .values_mut()
@@ -288,12 +289,7 @@ impl Actor for SandboxActor {
                 install.package
             );
             install.finished_at = Some(OffsetDateTime::now_utc());
-            changed = true;
-        }
-        if changed {
-            for install in record.installs.values().filter(|i| i.status == InstallState::Failed) {
-                ctx.store.put_install(record.id, install.clone(), vec![]).await?;
-            }
+            ctx.store.put_install(record.id, install.clone(), vec![]).await?;
         }
         let retirement = Retirement::default();
         let mut link = new_link(&ctx, &record, &retirement);
@@ -319,6 +315,7 @@ impl Actor for SandboxActor {
             retirement,
             restarting: false,
             stopped,
+            checking_venv: Arc::default(),
             history: History::default(),
             last_used: OffsetDateTime::now_utc(),
         })
@@ -376,7 +373,17 @@ impl Actor for SandboxActor {
                         let _ = link.wake().await;
                     }
                     // Never installed through the tool: ask the sandbox what
-                    // its venv holds (installed from the shell, say).
+                    // its venv holds (installed from the shell, say); one
+                    // such question at a time, so no flood of them holds
+                    // the server's descriptors.
+                    if state.checking_venv.load(std::sync::atomic::Ordering::SeqCst) {
+                        let _ = reply.send(Err(SandboxError::Quota(
+                            "another package check of this sandbox is running; try again in a few seconds".into(),
+                        )));
+                        return Ok(());
+                    }
+                    state.checking_venv.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let checking = state.checking_venv.clone();
                     let ctx = state.ctx.clone();
                     let paths = ctx.paths(state.record.id);
                     let me = myself.clone();
@@ -384,6 +391,7 @@ impl Actor for SandboxActor {
                         let answer = Link::packages(&ctx, &paths)
                             .await
                             .map(|list| status_from_venv(&package, &list));
+                        checking.store(false, std::sync::atomic::Ordering::SeqCst);
                         if let Err(SandboxError::Unresponsive { .. }) = &answer {
                             let _ = me.cast(SandboxMsg::Unhealthy);
                         }
@@ -580,16 +588,23 @@ fn begin_deletion(
         }
     }
     deletion.removing = true;
+    state.record.deleting = true;
     let ctx = state.ctx.clone();
     let record = state.record.clone();
     let link_home = state.link.is_some();
     let me = myself.clone();
     tokio::spawn(async move {
+        // Durable first: a server killed during the removal finishes it at
+        // its next start.
+        let marked = ctx.store.put(record.clone()).await;
         if !link_home {
             tokio::time::sleep(DELETE_GRACE).await;
         }
-        let result = remove_everything(&ctx, &record).await.map_err(|e| e.to_string());
-        let _ = me.send_message(SandboxMsg::Removed(result));
+        let result = match marked {
+            Ok(()) => remove_everything(&ctx, &record).await,
+            Err(e) => Err(e),
+        };
+        let _ = me.send_message(SandboxMsg::Removed(result.map_err(|e| e.to_string())));
     });
 }
 
@@ -760,7 +775,8 @@ impl SandboxActor {
 
     async fn finished(&self, state: &mut SandboxState, f: Finished) -> Result<(), ActorProcessingErr> {
         state.restarting = false;
-        state.stopped = f.still_stopped;
+        // Still dead if the job said so, or if it could not reconnect either.
+        state.stopped = f.still_stopped || (state.stopped && f.link.is_disconnected());
         // Idle time counts from the last call, not from upkeep.
         if f.call.is_some() || f.install.is_some() {
             state.last_used = OffsetDateTime::now_utc();
@@ -845,9 +861,13 @@ fn info(state: &SandboxState) -> SandboxInfo {
     }
 }
 
+/// Notices for the next result: each said once, and only so many kept,
+/// however often a sandbox dies while nobody calls.
 fn join_notices(a: Option<String>, b: Option<String>) -> Option<String> {
+    const MAX_NOTICE: usize = 2048;
     match (a, b) {
-        (Some(a), Some(b)) => Some(format!("{a} {b}")),
+        (Some(a), Some(b)) if a.contains(&b) => Some(a),
+        (Some(a), Some(b)) if a.len() + b.len() < MAX_NOTICE => Some(format!("{a} {b}")),
         (a, b) => a.or(b),
     }
 }

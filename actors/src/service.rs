@@ -179,8 +179,8 @@ impl Sandboxes {
         // leftover (an installer, a container replaced by a re-creation).
         let mut known: HashMap<Uuid, String> = HashMap::new();
         for record in self.ctx.store.all().await? {
-            if record.expires_at.is_some_and(|t| t <= now) {
-                info!(sandbox = %record.id, "removing an expired sandbox");
+            if record.deleting || record.expires_at.is_some_and(|t| t <= now) {
+                info!(sandbox = %record.id, deleting = record.deleting, "removing a deleted or expired sandbox");
                 remove_everything(&self.ctx, &record).await?;
                 continue;
             }
@@ -627,6 +627,7 @@ impl Creation {
             expires_at: self.lifetime.map(|l| created_at + l),
             installs: BTreeMap::new(),
             packages: vec![],
+            deleting: false,
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             let _ = remove_everything(&self.ctx, &record).await;

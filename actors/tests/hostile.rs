@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{docker, Harness, OWNER};
 use sandbox_actors::config::NetworkMode;
+use sandbox_actors::records::RecordStore;
 use sandbox_actors::runtime::{ContainerRuntime, DockerRuntime, SandboxPaths};
 use sandbox_actors::{InstallStatusKind, Quota, SandboxError, SandboxStatus, Work};
 
@@ -276,4 +277,36 @@ async fn a_container_that_dies_while_idle_shows_it_until_brought_back() {
     let ran = h.py(id, "print(2)").await;
     assert_eq!(ran.output.stdout, "2\n");
     assert!(ran.notice.is_some_and(|n| n.contains("restarted")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removal_cut_short_by_a_crash_is_finished_at_the_next_start() {
+    let mut h = Harness::new().await;
+    let id = h.create().await;
+    h.sandboxes.take().unwrap().shutdown().await;
+    {
+        // As a server killed in the middle of a delete leaves it.
+        let store = RecordStore::open(&h.root.path().join("state").join("records.redb")).unwrap();
+        let mut record = store.all().await.unwrap().into_iter().find(|r| r.id == id).unwrap();
+        record.deleting = true;
+        store.put(record).await.unwrap();
+    }
+    h.restart().await;
+    assert!(h.sb().list(OWNER).await.is_empty(), "not adopted");
+    assert_eq!(h.own_objects(), (0, 0), "its container and volume are gone");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_sandbox_whose_container_died_works_on_the_next_call() {
+    let h = Harness::with(|s| s.sandbox.pause_after_seconds = 1).await;
+    let id = h.create().await;
+    h.py(id, "print(1)").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.sb().info(OWNER, id).await.unwrap().status != SandboxStatus::Paused {
+        assert!(Instant::now() < deadline, "the idle sandbox was never paused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    docker(&["kill", &h.container_of(id)]);
+    let ran = h.py(id, "print('after')").await;
+    assert_eq!(ran.output.stdout, "after\n", "{}", ran.output.stderr);
 }

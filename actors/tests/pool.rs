@@ -64,14 +64,28 @@ async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pooled_sandbox_that_died_is_never_handed_out() {
     let h = Harness::with(|s| s.pool.size = 1).await;
-    eventually("the pool fills", || h.own_objects() == (1, 1)).await;
+    for _ in 0..600 {
+        if h.sb().stats().await.pool_ready == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(h.sb().stats().await.pool_ready, 1, "the pool holds a ready sandbox");
     let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
     let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
         .trim()
         .to_string();
-    docker(&["kill", &pooled]);
+    let killed = std::process::Command::new("docker")
+        .args(["kill", &pooled])
+        .output()
+        .unwrap();
+    assert!(
+        killed.status.success(),
+        "{pooled:?}: {}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
     eventually("the pooled container is dead", || {
-        docker(&["inspect", "-f", "{{.State.Running}}", &pooled]).trim() == "false"
+        docker(&["inspect", "-f", "{{.State.Running}}", &pooled]).trim() != "true"
     })
     .await;
     // Before the pool's own periodic look: the claim must notice, throw the
