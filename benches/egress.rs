@@ -39,7 +39,10 @@ async fn main() {
     let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let mut ids = vec![];
     for egress in [EgressPolicy::Open, EgressPolicy::Packages] {
-        let options = CreateOptions { egress: Some(egress) };
+        let options = CreateOptions {
+            egress: Some(egress),
+            ..Default::default()
+        };
         let info = sandboxes.create(OWNER, None, Quota::UNLIMITED, options).await.unwrap();
         ids.push((egress, info.sandbox_id));
     }

@@ -17,6 +17,9 @@ use sandbox_actors::EgressPolicy;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::caller::Caller;
+use crate::guest::{Guest, GuestKeys};
+
 /// `[auth]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -78,13 +81,28 @@ pub struct Tenant {
 #[derive(Debug, Clone)]
 pub enum Identified<'a> {
     Tenant(&'a Tenant),
+    Guest(Guest),
     Revoked,
+    /// A guest key past its expiry.
+    Expired,
     Unknown,
+}
+
+impl Identified<'_> {
+    /// The caller a usable key stands for.
+    pub fn caller(&self) -> Option<Caller> {
+        match self {
+            Identified::Tenant(t) => Some(Caller::tenant(&t.name, t.admin)),
+            Identified::Guest(g) => Some(crate::guest::caller(g.clone())),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct Keys {
     tenants: Vec<Tenant>,
+    guests: Option<GuestKeys>,
 }
 
 fn sha256(data: &[u8]) -> [u8; 32] {
@@ -97,7 +115,9 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 impl Keys {
-    pub fn from_config(config: &AuthConfig) -> Result<Self, String> {
+    /// The configured keys; `guests` says whether guest keys will be added
+    /// (then authentication needs no configured key).
+    pub fn from_config(config: &AuthConfig, guests: bool) -> Result<Self, String> {
         let mut tenants: Vec<Tenant> = Vec::new();
         for (i, k) in config.keys.iter().enumerate() {
             let at = format!("auth.keys[{i}]");
@@ -138,14 +158,34 @@ impl Keys {
                 "auth.admin_keys: {unknown:?} is not the name of a key in [[auth.keys]]"
             ));
         }
-        if config.enabled && !tenants.iter().any(|t| !t.revoked) {
+        if config.enabled && !guests && !tenants.iter().any(|t| !t.revoked) {
             return Err("auth.keys: authentication is enabled but no usable key is configured".into());
         }
-        Ok(Self { tenants })
+        Ok(Self { tenants, guests: None })
     }
 
-    /// Looks `presented` up, comparing against every key.
+    /// Accepts guest keys too.
+    pub fn with_guests(self, guests: GuestKeys) -> Self {
+        Self {
+            guests: Some(guests),
+            ..self
+        }
+    }
+
+    pub fn guests(&self) -> Option<&GuestKeys> {
+        self.guests.as_ref()
+    }
+
+    /// Looks `presented` up: a guest key by its signature, any other by
+    /// comparing against every configured key.
     pub fn identify(&self, presented: &str) -> Identified<'_> {
+        if let Some(guests) = self.guests.as_ref().filter(|_| GuestKeys::is_guest_key(presented)) {
+            return match guests.verify(presented, unix_now()) {
+                Ok(g) => Identified::Guest(g),
+                Err(TokenError::Expired) => Identified::Expired,
+                Err(_) => Identified::Unknown,
+            };
+        }
         let digest = sha256(presented.as_bytes());
         let mut found = None;
         for t in &self.tenants {
@@ -228,7 +268,7 @@ impl LinkSigner {
         })
     }
 
-    fn mac(&self, sandbox: &str, path: &str, expiry: u64) -> Hmac<Sha256> {
+    pub(crate) fn mac(&self, sandbox: &str, path: &str, expiry: u64) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
         mac.update(format!("{sandbox}\n{path}\n{expiry}").as_bytes());
         mac
@@ -305,24 +345,27 @@ mod tests {
     fn keys_identify_tenants_in_clear_and_hashed_form() {
         let (key, lines) = new_key("bob");
         let digest = lines.split('"').nth(3).unwrap().to_string();
-        let keys = Keys::from_config(&config(vec![
-            KeyConfig {
-                name: "alice".into(),
-                key: Some("alice-key-0123456789".into()),
-                ..Default::default()
-            },
-            KeyConfig {
-                name: "bob".into(),
-                key_sha256: Some(digest),
-                ..Default::default()
-            },
-            KeyConfig {
-                name: "old".into(),
-                key: Some("old-key-0123456789ab".into()),
-                revoked: true,
-                ..Default::default()
-            },
-        ]))
+        let keys = Keys::from_config(
+            &config(vec![
+                KeyConfig {
+                    name: "alice".into(),
+                    key: Some("alice-key-0123456789".into()),
+                    ..Default::default()
+                },
+                KeyConfig {
+                    name: "bob".into(),
+                    key_sha256: Some(digest),
+                    ..Default::default()
+                },
+                KeyConfig {
+                    name: "old".into(),
+                    key: Some("old-key-0123456789ab".into()),
+                    revoked: true,
+                    ..Default::default()
+                },
+            ]),
+            false,
+        )
         .unwrap();
         assert!(matches!(keys.identify("alice-key-0123456789"), Identified::Tenant(t) if t.name == "alice"));
         assert!(matches!(keys.identify(&key), Identified::Tenant(t) if t.name == "bob"));
@@ -365,7 +408,7 @@ mod tests {
                 "exactly one",
             ),
         ] {
-            let err = Keys::from_config(&config(vec![k])).unwrap_err();
+            let err = Keys::from_config(&config(vec![k]), false).unwrap_err();
             assert!(err.contains(want), "{err}");
         }
     }
@@ -382,6 +425,24 @@ mod tests {
     }
 
     #[test]
+    fn guest_keys_need_no_configured_key_and_expire_into_401() {
+        assert!(Keys::from_config(&config(vec![]), false).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let signer = LinkSigner::load(&AuthConfig::default(), dir.path()).unwrap();
+        let guests = GuestKeys::new(signer, &crate::guest::GuestConfig::default());
+        let keys = Keys::from_config(&config(vec![]), true)
+            .unwrap()
+            .with_guests(guests.clone());
+        let (key, guest) = guests.issue(unix_now());
+        let caller = keys.identify(&key).caller().expect("a fresh guest key");
+        assert_eq!(caller.owner, guest.owner);
+        assert_eq!(caller.expires_at, Some(guest.expires_at));
+        let (old, _) = guests.issue(unix_now() - 2 * 3600);
+        assert!(matches!(keys.identify(&old), Identified::Expired));
+        assert!(matches!(keys.identify("msg_forged.1.x"), Identified::Unknown));
+    }
+
+    #[test]
     fn admin_keys_must_name_a_key() {
         let key = |name: &str| KeyConfig {
             name: name.into(),
@@ -390,11 +451,11 @@ mod tests {
         };
         let mut c = config(vec![key("ops"), key("alice")]);
         c.admin_keys = vec!["ops".into()];
-        let keys = Keys::from_config(&c).unwrap();
+        let keys = Keys::from_config(&c, false).unwrap();
         assert!(keys.tenant("ops").unwrap().admin);
         assert!(!keys.tenant("alice").unwrap().admin);
         c.admin_keys = vec!["nobody".into()];
-        assert!(Keys::from_config(&c).unwrap_err().contains("auth.admin_keys"));
+        assert!(Keys::from_config(&c, false).unwrap_err().contains("auth.admin_keys"));
     }
 
     #[test]

@@ -12,12 +12,16 @@ use sandbox_actors::Scope;
 
 /// The tenant of calls from this machine when authentication is off.
 pub const LOCAL_OWNER: &str = "local";
+/// How a guest tenant's name starts (key names cannot contain ':').
+pub const GUEST_PREFIX: &str = "guest:";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     pub owner: String,
     /// An administrator's key (`[auth] admin_keys`) reaches every tenant's sandboxes.
     pub admin: bool,
+    /// When the caller's key stops working (Unix seconds; guest keys).
+    pub expires_at: Option<u64>,
 }
 
 impl Caller {
@@ -25,6 +29,7 @@ impl Caller {
         Self {
             owner: LOCAL_OWNER.into(),
             admin: false,
+            expires_at: None,
         }
     }
 
@@ -39,16 +44,14 @@ impl Caller {
     /// Without authentication the tenant is the client's address; clients on
     /// this machine are one tenant.
     pub fn anonymous(ip: IpAddr) -> Self {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
-            v4 => v4,
-        };
+        let ip = crate::client_ip::canonical(ip);
         if ip.is_loopback() {
             Self::local()
         } else {
             Self {
                 owner: format!("ip:{ip}"),
                 admin: false,
+                expires_at: None,
             }
         }
     }
@@ -58,7 +61,22 @@ impl Caller {
         Self {
             owner: name.to_string(),
             admin,
+            expires_at: None,
         }
+    }
+
+    /// A guest key's own tenant, valid until `expires_at` (Unix seconds).
+    pub fn guest(owner: String, expires_at: u64) -> Self {
+        Self {
+            owner,
+            admin: false,
+            expires_at: Some(expires_at),
+        }
+    }
+
+    /// Whether this is a guest key's tenant (whose owner names start so).
+    pub fn is_guest_owner(owner: &str) -> bool {
+        owner.starts_with(GUEST_PREFIX)
     }
 
     /// The caller the HTTP front end attached to this MCP request, if any.

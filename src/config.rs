@@ -10,6 +10,8 @@ use sandbox_actors::Settings;
 use serde::Deserialize;
 
 use crate::auth::{AuthConfig, Keys};
+use crate::client_ip::TrustedProxies;
+use crate::guest::GuestConfig;
 use crate::limits::LimitsConfig;
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -23,6 +25,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub limits: LimitsConfig,
     pub pool: PoolConfig,
+    pub guest: GuestConfig,
 }
 
 /// `[server]`
@@ -38,6 +41,12 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Records, agent sockets and other server state.
     pub state_dir: PathBuf,
+    /// Proxies (addresses or CIDR networks) whose `Forwarded` /
+    /// `X-Forwarded-For` headers name the client; nobody else's are read.
+    pub trusted_proxies: Vec<String>,
+    /// Host names (`Host` header) served besides the public URL's, IP
+    /// literals and `localhost`; others get 403 (DNS-rebinding protection).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +57,8 @@ impl Default for ServerConfig {
             public_url: None,
             allowed_origins: vec![],
             state_dir: PathBuf::from("state"),
+            trusted_proxies: vec![],
+            allowed_hosts: vec![],
         }
     }
 }
@@ -68,8 +79,8 @@ impl Default for ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 8] = [
-    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool",
+const SECTIONS: [&str; 9] = [
+    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 
@@ -143,7 +154,19 @@ impl Config {
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
         self.packages.validate().map_err(ConfigError::Invalid)?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
-        Keys::from_config(&self.auth).map_err(ConfigError::Invalid)?;
+        Keys::from_config(&self.auth, self.guest.enabled).map_err(ConfigError::Invalid)?;
+        self.guest.validate(self.auth.enabled).map_err(ConfigError::Invalid)?;
+        TrustedProxies::parse(&self.server.trusted_proxies).map_err(ConfigError::Invalid)?;
+        if let Some(bad) = self
+            .server
+            .allowed_hosts
+            .iter()
+            .find(|h| h.trim().is_empty() || h.contains('/'))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "server.allowed_hosts: {bad:?} is not a host name"
+            )));
+        }
         if let Some(url) = &self.server.public_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(ConfigError::Invalid(format!(
@@ -281,6 +304,23 @@ mod tests {
                 "[[auth.keys]]\nname = \"a\"\nkey = \"0123456789abcdef\"\negress = \"wide\"\n",
                 vec![],
                 "egress",
+            ),
+            (
+                "[server]\ntrusted_proxies = [\"10.0.0.0/40\"]\n",
+                vec![],
+                "server.trusted_proxies",
+            ),
+            ("[server]\nallowed_hosts = [\"\"]\n", vec![], "server.allowed_hosts"),
+            ("[guest]\nenabled = true\n", vec![], "guest.enabled"),
+            (
+                "[limits]\nmax_sessions_total = 0\n",
+                vec![],
+                "limits.max_sessions_total",
+            ),
+            (
+                "",
+                vec![("MCP_SANDBOX_GUEST_KEY_TTL_SECONDS", "0")],
+                "guest.key_ttl_seconds",
             ),
         ] {
             let err = load(text, &env).unwrap_err().to_string();

@@ -1,9 +1,10 @@
 //! The HTTP front end on one port: MCP over Streamable HTTP (`/mcp`) and the
 //! legacy HTTP+SSE transport (`/sse`, `/messages`), the REST API (`/api`)
 //! and the web UI (`/ui`) on top of it, artifacts (`/results`), `/health`
-//! and `/metrics`. Every request passes one guard (Host and Origin, who is
-//! asking, CSRF for browser sessions, rate limits); handlers then only parse
-//! and call the shared operations.
+//! and `/metrics`, guest keys (`/api/guest`). Every request passes one
+//! guard (Host and Origin, the client's address behind trusted proxies, who
+//! is asking, CSRF for browser sessions, rate limits); handlers then only
+//! parse and call the shared operations.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -20,19 +21,30 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Identified, LinkSigner};
 use crate::caller::Caller;
+use crate::client_ip::{is_forwarded, ClientIp, TrustedProxies};
 use crate::config::Config;
+use crate::health::Health;
+use crate::mcp_sessions::{self, CappedSessions};
 use crate::ops::{Ops, MAX_CODE_BYTES};
+use crate::sessions::Sessions;
 use crate::sse::{self, SseSessions};
 use crate::tools::SandboxServer;
-use crate::{api, artifacts, ui};
+use crate::{api, artifacts, guest, health, ui};
 
 /// Largest request body: the largest `code`, JSON-escaped, with room to spare.
 pub const MAX_BODY_BYTES: usize = 8 * MAX_CODE_BYTES;
+
+/// The Streamable HTTP service, with sessions under the server's caps.
+pub type McpService = StreamableHttpService<SandboxServer, CappedSessions<LocalSessionManager>>;
 
 #[derive(Clone)]
 pub struct AppState {
     pub ops: Ops,
     pub sse: SseSessions,
+    /// Open MCP sessions of both transports, under their caps.
+    pub sessions: Sessions,
+    pub mcp: McpService,
+    pub health: Arc<Health>,
     /// Cancelled when the server stops: long-lived streams end with it.
     pub shutdown: CancellationToken,
     /// Set when authentication is on: artifact links must carry its tokens.
@@ -48,13 +60,16 @@ impl AppState {
     }
 }
 
-/// DNS-rebinding protection: which `Host` and `Origin` values are accepted.
+/// DNS-rebinding protection (which `Host` and `Origin` values are
+/// accepted), and who the client is behind trusted proxies.
 #[derive(Debug)]
 struct Guard {
-    /// `None`: any host (the server listens beyond loopback).
-    hosts: Option<Vec<String>>,
+    /// Host names accepted besides IP literals and `localhost`, which a
+    /// rebinding attack cannot use (it needs a name its attacker resolves).
+    hosts: Vec<String>,
     origins: Vec<String>,
     auth: bool,
+    proxies: TrustedProxies,
 }
 
 /// `host:port` → `host` (IPv6 literals keep their brackets).
@@ -65,8 +80,14 @@ fn host_only(authority: &str) -> &str {
     authority.split(':').next().unwrap_or(authority)
 }
 
+/// Whether `host` (from a `Host` header) is an IP literal or `localhost`.
+fn is_address_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok()
+}
+
 impl Guard {
-    fn new(config: &Config) -> Self {
+    fn new(config: &Config, proxies: TrustedProxies) -> Self {
         let port = config.server.port;
         let public = config.public_url();
         let public_host = public
@@ -77,14 +98,13 @@ impl Guard {
             .next()
             .unwrap_or("")
             .to_string();
-        let hosts = config.server.host.is_loopback().then(|| {
-            let mut h: Vec<String> = ["localhost", "127.0.0.1", "[::1]"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            h.push(host_only(&public_host).to_string());
-            h
-        });
+        let mut hosts: Vec<String> = config
+            .server
+            .allowed_hosts
+            .iter()
+            .map(|h| host_only(h).to_string())
+            .collect();
+        hosts.push(host_only(&public_host).to_string());
         let mut origins = config.server.allowed_origins.clone();
         origins.extend([
             public.clone(),
@@ -95,16 +115,15 @@ impl Guard {
             hosts,
             origins,
             auth: config.auth.enabled,
+            proxies,
         }
     }
 
     fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), &'static str> {
         let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        if let Some(hosts) = &self.hosts {
-            let host = header(header::HOST).map(host_only).unwrap_or("");
-            if !hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
-                return Err("this Host is not served here (DNS-rebinding protection)");
-            }
+        let host = header(header::HOST).map(host_only).unwrap_or("");
+        if !is_address_host(host) && !self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+            return Err("this Host is not served here (DNS-rebinding protection); add it to server.allowed_hosts");
         }
         if let Some(origin) = header(header::ORIGIN) {
             if !self
@@ -121,6 +140,15 @@ impl Guard {
 
 pub fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// A refusal to hold more for a client: 429 or 503, `Retry-After` and a
+/// JSON message.
+pub fn refusal(status: StatusCode, retry_after_seconds: u64, message: &str) -> Response {
+    let mut r = error(status, message);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds.max(1)));
+    r
 }
 
 const HOW_TO_AUTHENTICATE: &str =
@@ -172,11 +200,22 @@ fn is_ui(path: &str) -> bool {
 
 /// Routes a request may reach without a key when authentication is on:
 /// artifacts (their links carry a token), SSE messages (the session id from
-/// the authenticated stream is the capability), the liveness check, and the
-/// UI (whose pages offer the sign-in form).
+/// the authenticated stream is the capability), the liveness check, the UI
+/// (whose pages offer the sign-in form), and guest key issuance.
 fn keyless(path: &str) -> bool {
-    path.starts_with("/results/") || path.starts_with("/messages") || path == "/health" || is_ui(path)
+    path.starts_with("/results/")
+        || path.starts_with("/messages")
+        || path == "/health"
+        || is_ui(path)
+        || path == GUEST_ROUTE
 }
+
+/// Where guest keys are handed out.
+const GUEST_ROUTE: &str = "/api/guest";
+
+const UNTRUSTED_PROXY: &str = "this request came through a proxy (it carries Forwarded or X-Forwarded-For) \
+     that the server does not trust, and without authentication the server would take all of that proxy's \
+     visitors for one tenant: add the proxy to server.trusted_proxies, or turn on authentication";
 
 /// Whether a request authenticated by the session cookie carries the
 /// session's CSRF token. Safe methods change nothing; the UI's own forms
@@ -201,23 +240,46 @@ async fn guard(
     if let Err(why) = app.guard.check_host_and_origin(req.headers()) {
         return error(StatusCode::FORBIDDEN, why);
     }
-    let path = req.uri().path();
+    let path = req.uri().path().to_string();
+    // Probes are answered whoever sends them, however fast.
+    if path == "/health" {
+        return next.run(req).await;
+    }
+    let client = match app.guard.proxies.client(peer.ip(), req.headers()) {
+        Ok(ip) => ip,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    // Without keys the tenant is the address: one that stands for a whole
+    // proxy's visitors would merge them silently.
+    if !app.guard.auth && !app.guard.proxies.trusts(peer.ip()) && is_forwarded(req.headers()) {
+        return error(StatusCode::FORBIDDEN, UNTRUSTED_PROXY);
+    }
+    req.extensions_mut().insert(ClientIp(client));
     let caller = if app.guard.auth {
         match presented_key(&req) {
-            Some(p) => match app.ops.limits.keys().identify(&p.key) {
-                Identified::Tenant(_) if p.from_cookie && !csrf_ok(&app, &req, &p.key) => {
-                    return error(
-                        StatusCode::FORBIDDEN,
-                        "this request needs the session's CSRF token (X-CSRF-Token); reload the page",
-                    )
+            Some(p) => {
+                let identified = app.ops.limits.keys().identify(&p.key);
+                match identified.caller() {
+                    Some(_) if p.from_cookie && !csrf_ok(&app, &req, &p.key) => {
+                        return error(
+                            StatusCode::FORBIDDEN,
+                            "this request needs the session's CSRF token (X-CSRF-Token); reload the page",
+                        )
+                    }
+                    Some(c) => Some(c),
+                    // A stale session cookie: the UI shows its sign-in form.
+                    None if p.from_cookie && is_ui(&path) => None,
+                    None => {
+                        let why = match identified {
+                            Identified::Revoked => "this API key has been revoked",
+                            Identified::Expired => "this guest key has expired; get a new one with POST /api/guest",
+                            _ => "unknown API key",
+                        };
+                        return error(StatusCode::UNAUTHORIZED, why);
+                    }
                 }
-                Identified::Tenant(t) => Some(Caller::tenant(&t.name, t.admin)),
-                // A stale session cookie: the UI shows its sign-in form.
-                _ if p.from_cookie && is_ui(path) => None,
-                Identified::Revoked => return error(StatusCode::UNAUTHORIZED, "this API key has been revoked"),
-                Identified::Unknown => return error(StatusCode::UNAUTHORIZED, "unknown API key"),
-            },
-            None if keyless(path) => None,
+            }
+            None if keyless(&path) => None,
             None => {
                 let mut r = error(StatusCode::UNAUTHORIZED, HOW_TO_AUTHENTICATE);
                 r.headers_mut()
@@ -226,37 +288,31 @@ async fn guard(
             }
         }
     } else {
-        Some(Caller::anonymous(peer.ip()))
+        Some(Caller::anonymous(client))
     };
-    let tenant = caller
-        .as_ref()
-        .map(|c| c.owner.clone())
-        .unwrap_or_else(|| format!("ip:{}", peer.ip()));
-    if let Err(wait) = app.ops.limits.check_request(peer.ip(), &tenant) {
+    // A message to an SSE session is charged to the tenant that opened it.
+    let tenant = match &caller {
+        Some(c) => c.owner.clone(),
+        None => path
+            .starts_with("/messages")
+            .then(|| sse::session_id(req.uri().query()).and_then(|id| app.sse.caller_of(&id)))
+            .flatten()
+            .map(|c| c.owner)
+            .unwrap_or_else(|| format!("ip:{client}")),
+    };
+    if let Err(wait) = app.ops.limits.check_request(client, &tenant) {
         app.ops.metrics.rate_limited();
-        let mut r = error(
+        tracing::debug!(client = %client, "request rate limited");
+        return refusal(
             StatusCode::TOO_MANY_REQUESTS,
+            wait.seconds(),
             &format!("rate limit reached; retry in {} s", wait.seconds()),
         );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(wait.seconds()));
-        return r;
     }
     if let Some(c) = caller {
         req.extensions_mut().insert(c);
     }
     next.run(req).await
-}
-
-async fn health(State(app): State<AppState>) -> Response {
-    match app.ops.sandboxes.ping().await {
-        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok" })).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "unavailable", "docker": e.to_string() })),
-        )
-            .into_response(),
-    }
 }
 
 /// `/metrics`: open without authentication; with it, administrators only
@@ -277,32 +333,44 @@ async fn metrics(State(app): State<AppState>, caller: Option<axum::Extension<Cal
 }
 
 pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: CancellationToken) -> Router {
-    let state = AppState {
-        ops: ops.clone(),
-        sse: SseSessions::default(),
-        shutdown: shutdown.clone(),
-        signer,
-        secure_cookies: config.public_url().starts_with("https://"),
-        guard: Arc::new(Guard::new(config)),
-    };
+    let proxies = TrustedProxies::parse(&config.server.trusted_proxies).expect("validated with the configuration");
+    let sessions = Sessions::new(&config.limits, ops.metrics.clone());
+    sessions.spawn_sweeper(shutdown.clone());
     let mut mcp_config = StreamableHttpServerConfig::default();
-    mcp_config.cancellation_token = shutdown;
+    mcp_config.cancellation_token = shutdown.clone();
     mcp_config.max_request_body_bytes = MAX_BODY_BYTES;
     // Host and Origin are checked for every route by `guard`.
     mcp_config.allowed_hosts = vec![];
+    // Idle sessions are closed by `Sessions`, which tells a running call
+    // from silence; rmcp's own idle timer would end a long call.
+    let mut local = LocalSessionManager::default();
+    local.session_config.keep_alive = None;
+    let handler_ops = ops.clone();
     let mcp = StreamableHttpService::new(
-        move || Ok(SandboxServer::new(ops.clone(), None)),
-        Arc::new(LocalSessionManager::default()),
+        move || Ok(SandboxServer::new(handler_ops.clone(), None)),
+        Arc::new(CappedSessions::new(local, sessions.clone())),
         mcp_config,
     );
+    let state = AppState {
+        health: Arc::new(Health::new(ops.sandboxes.clone())),
+        ops,
+        sse: SseSessions::default(),
+        sessions,
+        mcp,
+        shutdown,
+        signer,
+        secure_cookies: config.public_url().starts_with("https://"),
+        guard: Arc::new(Guard::new(config, proxies)),
+    };
     Router::new()
-        .nest_service("/mcp", mcp)
+        .route("/mcp", any(mcp_sessions::route))
         .route("/sse", get(sse::open))
         .route("/messages", post(sse::post))
         .route("/messages/", post(sse::post))
         .route("/results/{sandbox_id}/{*path}", get(artifacts::get))
-        .route("/health", get(health))
+        .route("/health", get(health::route))
         .route("/metrics", get(metrics))
+        .route(GUEST_ROUTE, post(guest::issue))
         .merge(api::routes(config.uploads.max_upload_mb as usize * 1024 * 1024))
         .merge(ui::routes())
         .layer(middleware::from_fn_with_state(state.clone(), guard))

@@ -1,8 +1,10 @@
 //! `[limits]`: request rates per tenant and per client IP (HTTP answers 429
-//! with `Retry-After`), sandbox creations per minute, and how many sandboxes
-//! a tenant and the whole server may hold. With authentication off the
-//! tenant is the client's IP address, so a public demo is limited by
-//! configuration alone.
+//! with `Retry-After`), sandbox creations per minute, how many sandboxes a
+//! tenant and the whole server may hold, and the bounds on what a client can
+//! make the server hold open (sessions, connections). With authentication
+//! off the tenant is the client's IP address, so a public demo is limited by
+//! configuration alone. The keyed limiters forget idle clients
+//! ([`Limits::prune`]), so churning addresses cannot grow them.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -15,6 +17,8 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLim
 use serde::Deserialize;
 
 use crate::auth::Keys;
+use crate::caller::Caller;
+use crate::guest::GuestConfig;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -31,6 +35,20 @@ pub struct LimitsConfig {
     pub max_sandboxes_per_tenant: usize,
     /// Sandboxes the whole server may hold.
     pub max_sandboxes_total: usize,
+    /// Open MCP sessions (SSE streams, Streamable HTTP sessions) per tenant.
+    pub max_sessions_per_tenant: usize,
+    /// Open MCP sessions on the whole server.
+    pub max_sessions_total: usize,
+    /// A session without a message from its client (and no call running)
+    /// for this long is closed; keep-alive comments do not count.
+    pub session_idle_seconds: u64,
+    /// Open HTTP connections on the whole server.
+    pub max_connections: usize,
+    /// Open HTTP connections from one address (trusted proxies excepted).
+    pub max_connections_per_ip: usize,
+    /// A request's headers must arrive within this long; an idle kept-alive
+    /// connection is closed after it too.
+    pub header_timeout_seconds: u64,
 }
 
 impl Default for LimitsConfig {
@@ -42,6 +60,12 @@ impl Default for LimitsConfig {
             creations_per_minute: 10,
             max_sandboxes_per_tenant: 3,
             max_sandboxes_total: 50,
+            max_sessions_per_tenant: 100,
+            max_sessions_total: 2000,
+            session_idle_seconds: 600,
+            max_connections: 4096,
+            max_connections_per_ip: 128,
+            header_timeout_seconds: 10,
         }
     }
 }
@@ -55,6 +79,12 @@ impl LimitsConfig {
             ("creations_per_minute", self.creations_per_minute as usize),
             ("max_sandboxes_per_tenant", self.max_sandboxes_per_tenant),
             ("max_sandboxes_total", self.max_sandboxes_total),
+            ("max_sessions_per_tenant", self.max_sessions_per_tenant),
+            ("max_sessions_total", self.max_sessions_total),
+            ("session_idle_seconds", self.session_idle_seconds as usize),
+            ("max_connections", self.max_connections),
+            ("max_connections_per_ip", self.max_connections_per_ip),
+            ("header_timeout_seconds", self.header_timeout_seconds as usize),
         ] {
             if v == 0 {
                 return Err(format!("limits.{key}: at least 1"));
@@ -70,15 +100,21 @@ fn nz(n: u32) -> NonZeroU32 {
 
 pub struct Limits {
     config: LimitsConfig,
+    guest: GuestConfig,
     keys: Keys,
     per_tenant: DefaultKeyedRateLimiter<String>,
     /// Tenants whose key sets its own rate.
     per_key: HashMap<String, DefaultDirectRateLimiter>,
+    /// Guest tenants, at the guest tier's rate.
+    per_guest: DefaultKeyedRateLimiter<String>,
     per_ip: DefaultKeyedRateLimiter<IpAddr>,
     creations: DefaultKeyedRateLimiter<String>,
+    /// Guest keys handed out per client address.
+    guest_keys: DefaultKeyedRateLimiter<IpAddr>,
 }
 
 /// How long to wait before trying again.
+#[derive(Debug)]
 pub struct RetryAfter(pub Duration);
 
 impl RetryAfter {
@@ -94,7 +130,12 @@ fn check_keyed<K: Hash + Eq + Clone>(limiter: &DefaultKeyedRateLimiter<K>, key: 
 }
 
 impl Limits {
-    pub fn new(config: LimitsConfig, keys: Keys, key_rates: impl Iterator<Item = (String, u32)>) -> Self {
+    pub fn new(
+        config: LimitsConfig,
+        guest: GuestConfig,
+        keys: Keys,
+        key_rates: impl Iterator<Item = (String, u32)>,
+    ) -> Self {
         let burst = nz(config.burst.max(config.requests_per_second));
         let per_key = key_rates
             .map(|(name, rps)| {
@@ -110,10 +151,53 @@ impl Limits {
                 Quota::per_second(nz(config.ip_requests_per_second)).allow_burst(nz(config.ip_requests_per_second * 2)),
             ),
             creations: RateLimiter::keyed(Quota::per_minute(nz(config.creations_per_minute))),
+            per_guest: RateLimiter::keyed(
+                Quota::per_second(nz(guest.requests_per_second))
+                    .allow_burst(nz(guest.requests_per_second.saturating_mul(2))),
+            ),
+            guest_keys: RateLimiter::keyed(
+                Quota::with_period(Duration::from_secs(3600) / guest.keys_per_ip_per_hour.max(1))
+                    .expect("a positive period")
+                    .allow_burst(nz(guest.keys_per_ip_per_hour)),
+            ),
             per_key,
             keys,
             config,
+            guest,
         }
+    }
+
+    pub fn config(&self) -> &LimitsConfig {
+        &self.config
+    }
+
+    pub fn guest(&self) -> &GuestConfig {
+        &self.guest
+    }
+
+    /// Forgets the clients whose limits have recovered fully: what a churn
+    /// of addresses or guest keys leaves in the keyed limiters.
+    pub fn prune(&self) {
+        self.per_tenant.retain_recent();
+        self.per_tenant.shrink_to_fit();
+        self.per_guest.retain_recent();
+        self.per_guest.shrink_to_fit();
+        self.per_ip.retain_recent();
+        self.per_ip.shrink_to_fit();
+        self.creations.retain_recent();
+        self.creations.shrink_to_fit();
+        self.guest_keys.retain_recent();
+        self.guest_keys.shrink_to_fit();
+    }
+
+    /// Clients the keyed limiters remember.
+    pub fn remembered(&self) -> usize {
+        self.per_tenant.len() + self.per_guest.len() + self.per_ip.len() + self.creations.len() + self.guest_keys.len()
+    }
+
+    /// One guest key handed out to `ip`.
+    pub fn check_guest_issue(&self, ip: IpAddr) -> Result<(), RetryAfter> {
+        check_keyed(&self.guest_keys, &ip)
     }
 
     pub fn keys(&self) -> &Keys {
@@ -127,6 +211,7 @@ impl Limits {
             Some(l) => l
                 .check()
                 .map_err(|n| RetryAfter(n.wait_time_from(DefaultClock::default().now()))),
+            None if Caller::is_guest_owner(tenant) => check_keyed(&self.per_guest, &tenant.to_string()),
             None => check_keyed(&self.per_tenant, &tenant.to_string()),
         }
     }
@@ -137,6 +222,9 @@ impl Limits {
     }
 
     pub fn max_sandboxes(&self, tenant: &str) -> usize {
+        if Caller::is_guest_owner(tenant) {
+            return self.guest.max_sandboxes;
+        }
         self.keys
             .tenant(tenant)
             .and_then(|t| t.max_sandboxes)
@@ -164,7 +252,12 @@ mod tests {
             burst: 2,
             ..Default::default()
         };
-        let limits = Limits::new(config, Keys::default(), std::iter::once(("vip".to_string(), 50)));
+        let limits = Limits::new(
+            config,
+            GuestConfig::default(),
+            Keys::default(),
+            std::iter::once(("vip".to_string(), 50)),
+        );
         let ip: IpAddr = [127, 0, 0, 1].into();
         assert!(limits.check_request(ip, "a").is_ok());
         assert!(limits.check_request(ip, "a").is_ok());
@@ -176,5 +269,49 @@ mod tests {
         for _ in 0..20 {
             assert!(limits.check_request(ip, "vip").is_ok(), "a key's own rate applies");
         }
+    }
+
+    #[test]
+    fn churning_addresses_leave_nothing_behind_once_pruned() {
+        let limits = Limits::new(
+            LimitsConfig::default(),
+            GuestConfig::default(),
+            Keys::default(),
+            std::iter::empty(),
+        );
+        for i in 0..5000u32 {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0xC633_6400 + i));
+            limits.check_request(ip, &format!("ip:{ip}")).unwrap();
+        }
+        assert!(limits.remembered() >= 10_000, "{}", limits.remembered());
+        // Each address made one request: its limits recover within 1/20 s.
+        std::thread::sleep(Duration::from_millis(200));
+        limits.prune();
+        assert_eq!(limits.remembered(), 0);
+    }
+
+    #[test]
+    fn guests_get_the_guest_tier_and_keys_per_address_are_limited() {
+        let guest = GuestConfig {
+            requests_per_second: 1,
+            keys_per_ip_per_hour: 2,
+            max_sandboxes: 1,
+            ..Default::default()
+        };
+        let limits = Limits::new(LimitsConfig::default(), guest, Keys::default(), std::iter::empty());
+        let ip: IpAddr = [198, 51, 100, 7].into();
+        assert!(limits.check_request(ip, "guest:a").is_ok());
+        assert!(limits.check_request(ip, "guest:a").is_ok());
+        assert!(limits.check_request(ip, "guest:a").is_err(), "burst of 2 at 1/s");
+        assert!(limits.check_request(ip, "guest:b").is_ok(), "each guest its own");
+        assert_eq!(limits.max_sandboxes("guest:a"), 1);
+        assert_eq!(
+            limits.max_sandboxes("alice"),
+            LimitsConfig::default().max_sandboxes_per_tenant
+        );
+        assert!(limits.check_guest_issue(ip).is_ok() && limits.check_guest_issue(ip).is_ok());
+        let wait = limits.check_guest_issue(ip).expect_err("a third key in the hour");
+        assert!(wait.seconds() > 60, "{}", wait.seconds());
+        assert!(limits.check_guest_issue([198, 51, 100, 8].into()).is_ok());
     }
 }

@@ -17,6 +17,8 @@ use sandbox_actors::{SandboxError, SandboxStatus, Stats};
 use tracing::{field, info, Instrument};
 use uuid::Uuid;
 
+use crate::sessions::Refused;
+
 /// Upper bounds (seconds) of the execution latency histogram's buckets.
 const BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
@@ -54,6 +56,33 @@ pub struct Metrics {
     calls: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     executions: Mutex<BTreeMap<&'static str, Histogram>>,
     rate_limited: AtomicU64,
+    /// What clients hold open, and what was refused or closed for them.
+    front: Front,
+}
+
+/// Connections and sessions: gauges and counters kept by the front end.
+#[derive(Debug, Default)]
+struct Front {
+    connections: AtomicU64,
+    connections_refused_per_ip: AtomicU64,
+    connections_refused_total: AtomicU64,
+    header_timeouts: AtomicU64,
+    sessions: AtomicU64,
+    sessions_refused_per_tenant: AtomicU64,
+    sessions_refused_total: AtomicU64,
+    sessions_idle_closed: AtomicU64,
+    guest_keys: AtomicU64,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy)]
+pub enum ConnectionRefusal {
+    PerIp,
+    Total,
+}
+
+fn add(n: &AtomicU64) {
+    n.fetch_add(1, Ordering::Relaxed);
 }
 
 impl Metrics {
@@ -97,6 +126,113 @@ impl Metrics {
     /// A request refused by a rate limit.
     pub fn rate_limited(&self) {
         self.rate_limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_opened(&self) {
+        add(&self.front.connections);
+    }
+
+    pub fn connection_closed(&self) {
+        self.front.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_refused(&self, why: ConnectionRefusal) {
+        add(match why {
+            ConnectionRefusal::PerIp => &self.front.connections_refused_per_ip,
+            ConnectionRefusal::Total => &self.front.connections_refused_total,
+        });
+    }
+
+    /// A connection dropped because its request headers were too slow.
+    pub fn header_timeout(&self) {
+        add(&self.front.header_timeouts);
+    }
+
+    pub fn session_opened(&self) {
+        add(&self.front.sessions);
+    }
+
+    pub fn session_closed(&self) {
+        self.front.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn session_refused(&self, why: Refused) {
+        add(match why {
+            Refused::Tenant(_) => &self.front.sessions_refused_per_tenant,
+            Refused::Total(_) => &self.front.sessions_refused_total,
+        });
+    }
+
+    /// Sessions told to close for idling (or outliving their key).
+    pub fn sessions_idled(&self, n: usize) {
+        self.front.sessions_idle_closed.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn guest_key_issued(&self) {
+        add(&self.front.guest_keys);
+    }
+
+    fn render_front(&self, out: &mut String) {
+        let f = &self.front;
+        let read = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        header(out, "mcp_sandbox_connections", "gauge", "Open HTTP connections.");
+        let _ = writeln!(out, "mcp_sandbox_connections {}", read(&f.connections));
+        header(
+            out,
+            "mcp_sandbox_connections_refused_total",
+            "counter",
+            "HTTP connections refused by a cap (reason: per_ip, total).",
+        );
+        let _ = writeln!(
+            out,
+            "mcp_sandbox_connections_refused_total{{reason=\"per_ip\"}} {}\nmcp_sandbox_connections_refused_total{{reason=\"total\"}} {}",
+            read(&f.connections_refused_per_ip),
+            read(&f.connections_refused_total)
+        );
+        header(
+            out,
+            "mcp_sandbox_header_timeouts_total",
+            "counter",
+            "Connections dropped because request headers did not arrive in time.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_header_timeouts_total {}", read(&f.header_timeouts));
+        header(
+            out,
+            "mcp_sandbox_sessions",
+            "gauge",
+            "Open MCP sessions (SSE and Streamable HTTP).",
+        );
+        let _ = writeln!(out, "mcp_sandbox_sessions {}", read(&f.sessions));
+        header(
+            out,
+            "mcp_sandbox_sessions_refused_total",
+            "counter",
+            "MCP sessions refused by a cap (reason: per_tenant, total).",
+        );
+        let _ = writeln!(
+            out,
+            "mcp_sandbox_sessions_refused_total{{reason=\"per_tenant\"}} {}\nmcp_sandbox_sessions_refused_total{{reason=\"total\"}} {}",
+            read(&f.sessions_refused_per_tenant),
+            read(&f.sessions_refused_total)
+        );
+        header(
+            out,
+            "mcp_sandbox_sessions_idle_closed_total",
+            "counter",
+            "MCP sessions closed for idling or for outliving their key.",
+        );
+        let _ = writeln!(
+            out,
+            "mcp_sandbox_sessions_idle_closed_total {}",
+            read(&f.sessions_idle_closed)
+        );
+        header(
+            out,
+            "mcp_sandbox_guest_keys_issued_total",
+            "counter",
+            "Guest keys handed out.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_guest_keys_issued_total {}", read(&f.guest_keys));
     }
 
     /// The Prometheus text exposition of everything counted, with `stats`.
@@ -203,6 +339,7 @@ impl Metrics {
             let n = stats.egress_denied.get(reason).copied().unwrap_or(0);
             let _ = writeln!(out, "mcp_sandbox_egress_denied_total{{reason=\"{reason}\"}} {n}");
         }
+        self.render_front(&mut out);
         out
     }
 }
@@ -243,5 +380,10 @@ mod tests {
         let text = m.render(&stats);
         assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"policy\"} 3"));
         assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"sni\"} 0"));
+        m.connection_opened();
+        m.session_refused(Refused::Tenant(1));
+        let text = m.render(&Stats::default());
+        assert!(text.contains("mcp_sandbox_connections 1"));
+        assert!(text.contains("mcp_sandbox_sessions_refused_total{reason=\"per_tenant\"} 1"));
     }
 }

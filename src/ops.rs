@@ -73,14 +73,33 @@ impl Ops {
                     per_owner: self.limits.max_sandboxes(owner),
                     total: self.limits.max_sandboxes_total(),
                 };
-                let options = CreateOptions {
-                    egress: self.limits.egress(owner),
-                };
-                let info = self.sandboxes.create(owner, name, quota, options).await?;
+                let info = self
+                    .sandboxes
+                    .create(owner, name, quota, self.create_options(caller))
+                    .await?;
                 tracing::Span::current().record("sandbox_id", tracing::field::display(info.sandbox_id));
                 Ok(CreatedSandbox::from(info))
             })
             .await
+    }
+
+    /// A guest's sandboxes end with its key, and after the guest tier's
+    /// lifetime at the latest.
+    /// A guest's sandboxes end with its key (or the tier's lifetime) and
+    /// take the tier's egress policy; a configured key's, its own policy.
+    fn create_options(&self, caller: &Caller) -> CreateOptions {
+        let Some(expires_at) = caller.expires_at else {
+            return CreateOptions {
+                egress: self.limits.egress(&caller.owner),
+                ..Default::default()
+            };
+        };
+        let key_left = expires_at.saturating_sub(crate::auth::unix_now()).max(1);
+        let guest = self.limits.guest();
+        CreateOptions {
+            lifetime: Some(Duration::from_secs(key_left.min(guest.sandbox_lifetime_seconds))),
+            egress: guest.network,
+        }
     }
 
     /// The caller's sandboxes (every tenant's for an administrator).

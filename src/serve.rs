@@ -12,7 +12,10 @@ use tracing::info;
 
 use crate::auth::{Keys, LinkSigner};
 use crate::caller::Caller;
+use crate::client_ip::TrustedProxies;
 use crate::config::Config;
+use crate::connections;
+use crate::guest::GuestKeys;
 use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
@@ -31,21 +34,32 @@ async fn start_sandboxes(config: &Config, config_path: Option<&Path>) -> anyhow:
 fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -> anyhow::Result<Ops> {
     Ok(Ops {
         sandboxes,
+        limits: limits(config, signer.as_ref())?,
         links: Links::new(&config.public_url(), signer),
-        limits: limits(config)?,
         metrics: Arc::new(Metrics::default()),
     })
 }
 
-fn limits(config: &Config) -> anyhow::Result<Arc<Limits>> {
-    let keys = Keys::from_config(&config.auth).map_err(anyhow::Error::msg)?;
+fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Result<Arc<Limits>> {
+    let mut keys = Keys::from_config(&config.auth, config.guest.enabled).map_err(anyhow::Error::msg)?;
+    if let Some(signer) = signer.filter(|_| config.guest.enabled) {
+        keys = keys.with_guests(GuestKeys::new(signer.clone(), &config.guest));
+    }
     let rates = config
         .auth
         .keys
         .iter()
         .filter_map(|k| k.requests_per_second.map(|r| (k.name.clone(), r)));
-    Ok(Arc::new(Limits::new(config.limits.clone(), keys, rates)))
+    Ok(Arc::new(Limits::new(
+        config.limits.clone(),
+        config.guest.clone(),
+        keys,
+        rates,
+    )))
 }
+
+/// How often the rate limiters forget clients that have gone quiet.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long requests in flight may finish after a stop signal.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -67,37 +81,38 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         )?),
         false => None,
     };
+    let open_files = connections::raise_open_file_limit(&config.limits).map_err(anyhow::Error::msg)?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    // Streamed responses are written in several small pieces: without
-    // TCP_NODELAY, Nagle's algorithm waits for the client's delayed ACK
-    // (~40 ms) before sending the rest of a response.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let shutdown = CancellationToken::new();
     let ops = ops(&config, sandboxes.clone(), signer.clone())?;
+    let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
     let app = crate::http::router(&config, ops, signer, shutdown.clone());
-    info!(%addr, auth = config.auth.enabled, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
+    info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
+    let pruning = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PRUNE_EVERY);
+        while tokio::select! { _ = tick.tick() => true, _ = pruning.cancelled() => false } {
+            limits.prune();
+        }
+    });
     let stop = shutdown.clone();
-    let serving = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
+    tokio::spawn(async move {
         stop_signal().await;
         stop.cancel();
     });
+    let proxies = TrustedProxies::parse(&config.server.trusted_proxies).map_err(anyhow::Error::msg)?;
+    let serving = connections::serve(listener, app, &config.limits, proxies, metrics, shutdown.clone());
     // Requests in flight get a grace period; then the server stops anyway.
     let deadline = async {
         shutdown.cancelled().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     tokio::select! {
-        served = serving => served?,
+        _ = serving => {}
         _ = deadline => tracing::warn!("connections still open {SHUTDOWN_GRACE:?} after the stop signal; stopping anyway"),
     }
     // Containers keep running: the next start adopts them.

@@ -3,7 +3,9 @@
 //! `endpoint`, names `/messages?sessionId=…`; the client POSTs JSON-RPC
 //! messages there (202) and reads the answers as `message` events.
 //! Each stream is one rmcp service over a pair of channels; closing the
-//! stream ends the session.
+//! stream ends the session. Streams hold a place in [`Sessions`]: beyond the
+//! caps `/sse` answers 429 or 503, and a stream idle past the limit (no
+//! message from its client, no call running) is closed.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -15,8 +17,8 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use futures_util::{Stream, StreamExt};
-use rmcp::model::ClientJsonRpcMessage;
+use futures_util::StreamExt;
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage};
 use rmcp::ServiceExt;
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -25,6 +27,7 @@ use tracing::{debug, warn};
 
 use crate::caller::Caller;
 use crate::http::AppState;
+use crate::sessions::Ticket;
 use crate::tools::SandboxServer;
 
 /// Client messages queued per session before POSTs are refused.
@@ -33,6 +36,8 @@ const INBOX: usize = 64;
 struct Session {
     inbox: mpsc::Sender<ClientJsonRpcMessage>,
     caller: Caller,
+    /// Activity of the session, for its idle limit.
+    ticket: Arc<Ticket>,
 }
 
 #[derive(Clone, Default)]
@@ -47,6 +52,25 @@ struct SessionGuard {
     stop: CancellationToken,
 }
 
+impl SseSessions {
+    /// The caller that opened session `id`, if it is open.
+    pub fn caller_of(&self, id: &str) -> Option<Caller> {
+        self.inner
+            .lock()
+            .expect("sessions lock")
+            .get(id)
+            .map(|s| s.caller.clone())
+    }
+}
+
+/// The `sessionId` of a `/messages` query.
+pub fn session_id(query: Option<&str>) -> Option<String> {
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        matches!(k, "sessionId" | "session_id").then(|| v.to_string())
+    })
+}
+
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.sessions.inner.lock().expect("sessions lock").remove(&self.id);
@@ -55,10 +79,11 @@ impl Drop for SessionGuard {
     }
 }
 
-pub async fn open(
-    State(app): State<AppState>,
-    Extension(caller): Extension<Caller>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+pub async fn open(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
+    let ticket = match app.sessions.open(&caller) {
+        Ok(t) => Arc::new(t),
+        Err(refused) => return refused.response(),
+    };
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (inbox_tx, inbox_rx) = mpsc::channel::<ClientJsonRpcMessage>(INBOX);
     let (outbox_tx, outbox_rx) = mpsc::channel::<rmcp::model::ServerJsonRpcMessage>(INBOX);
@@ -67,6 +92,7 @@ pub async fn open(
         Session {
             inbox: inbox_tx,
             caller: caller.clone(),
+            ticket: ticket.clone(),
         },
     );
 
@@ -100,18 +126,26 @@ pub async fn open(
             .event("endpoint")
             .data(format!("/messages?sessionId={id}")))
     });
+    let closed = ticket.closed();
     let messages =
         tokio_stream::wrappers::ReceiverStream::new(outbox_rx).map(move |msg: rmcp::model::ServerJsonRpcMessage| {
             let _keep = &guard;
+            // An answer ends a call of the session.
+            if matches!(msg, JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_)) {
+                ticket.end_call();
+            }
             let data = serde_json::to_string(&msg).unwrap_or_default();
-            Ok(Event::default().event("message").data(data))
+            Ok::<_, Infallible>(Event::default().event("message").data(data))
         });
-    // The stream ends when the server shuts down, or a graceful shutdown
-    // would wait for it forever.
+    // The stream ends when the server shuts down (or a graceful shutdown
+    // would wait for it forever), and when the registry closes the session.
     let events = endpoint
         .chain(messages)
-        .take_until(app.shutdown.clone().cancelled_owned());
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .take_until(app.shutdown.clone().cancelled_owned())
+        .take_until(closed);
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
 }
 
 #[derive(Deserialize)]
@@ -133,13 +167,13 @@ pub async fn post(
         )
             .into_response();
     };
-    let inbox = {
+    let (inbox, ticket) = {
         let sessions = app.sse.inner.lock().expect("sessions lock");
         match sessions.get(&id) {
             // The session id (unguessable, given only to whoever opened the
             // stream) is the capability; a request that names a caller must
             // name the one that opened it.
-            Some(s) if caller.as_ref().is_none_or(|Extension(c)| *c == s.caller) => s.inbox.clone(),
+            Some(s) if caller.as_ref().is_none_or(|Extension(c)| *c == s.caller) => (s.inbox.clone(), s.ticket.clone()),
             _ => {
                 return (
                     StatusCode::NOT_FOUND,
@@ -159,8 +193,15 @@ pub async fn post(
                 .into_response()
         }
     };
+    let is_call = matches!(message, JsonRpcMessage::Request(_));
     match inbox.try_send(message) {
-        Ok(()) => (StatusCode::ACCEPTED, "Accepted").into_response(),
+        Ok(()) => {
+            match is_call {
+                true => ticket.begin_call(),
+                false => ticket.touch(),
+            }
+            (StatusCode::ACCEPTED, "Accepted").into_response()
+        }
         Err(mpsc::error::TrySendError::Full(_)) => (
             StatusCode::TOO_MANY_REQUESTS,
             Json(serde_json::json!({"error": "too many messages in flight"})),

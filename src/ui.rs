@@ -14,8 +14,10 @@ use axum::{Extension, Router};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
-use crate::auth::Identified;
+use crate::auth::{unix_now, Identified};
 use crate::caller::Caller;
+use crate::client_ip::ClientIp;
+use crate::guest::issue_for;
 use crate::http::AppState;
 use crate::ops::parse_id;
 
@@ -40,6 +42,7 @@ pub fn routes() -> Router<AppState> {
         .route("/ui/sandboxes/{id}", get(sandbox_page))
         .route("/ui/login", post(login))
         .route("/ui/logout", post(logout))
+        .route("/ui/guest", post(try_as_guest))
         .route(
             "/ui/assets/app.js",
             get(|| asset("text/javascript; charset=utf-8", APP_JS)),
@@ -173,6 +176,16 @@ fn page(app: &AppState, status: StatusCode, title: &str, viewer: Option<&Viewer>
 }
 
 fn sign_in_page(app: &AppState, status: StatusCode, message: Option<&str>) -> Response {
+    let guest = match app.ops.limits.keys().guests() {
+        Some(_) => format!(
+            r#"<form method="post" action="/ui/guest" id="guest-form">
+<p>No key? A guest key gives you a sandbox for {} minutes.</p>
+<button type="submit" id="try-as-guest" class="secondary">Try without a key</button>
+</form>"#,
+            app.ops.limits.guest().key_ttl_seconds.div_ceil(60)
+        ),
+        None => String::new(),
+    };
     let message = message
         .map(|m| format!(r#"<p class="error" id="sign-in-error">{}</p>"#, esc(m)))
         .unwrap_or_default();
@@ -186,6 +199,7 @@ fn sign_in_page(app: &AppState, status: StatusCode, message: Option<&str>) -> Re
 <input type="password" id="key" name="key" autocomplete="current-password" required>
 <button type="submit">Sign in</button>
 </form>
+{guest}
 </section>"#
     );
     page(app, status, "Sign in", None, &body)
@@ -307,14 +321,37 @@ async fn login(State(app): State<AppState>, Form(form): Form<SignIn>) -> Respons
     }
     let key = form.key.trim();
     match app.ops.limits.keys().identify(key) {
-        Identified::Tenant(_) => {
-            let mut r = Redirect::to("/ui").into_response();
-            r.headers_mut()
-                .insert(header::SET_COOKIE, session_cookie(&app, key, SESSION_SECONDS));
-            r
-        }
+        Identified::Tenant(_) => signed_in(&app, key, SESSION_SECONDS),
+        Identified::Guest(g) => signed_in(&app, key, guest_session_seconds(g.expires_at)),
         Identified::Revoked => sign_in_page(&app, StatusCode::UNAUTHORIZED, Some("This API key has been revoked.")),
+        Identified::Expired => sign_in_page(&app, StatusCode::UNAUTHORIZED, Some("This guest key has expired.")),
         Identified::Unknown => sign_in_page(&app, StatusCode::UNAUTHORIZED, Some("Unknown API key.")),
+    }
+}
+
+/// The answer to a sign-in: the session cookie, and on to the sandboxes.
+fn signed_in(app: &AppState, key: &str, max_age: u64) -> Response {
+    let mut r = Redirect::to("/ui").into_response();
+    r.headers_mut()
+        .insert(header::SET_COOKIE, session_cookie(app, key, max_age));
+    r
+}
+
+/// A guest's browser session lasts as long as its key.
+fn guest_session_seconds(expires_at: u64) -> u64 {
+    expires_at.saturating_sub(unix_now()).min(SESSION_SECONDS)
+}
+
+/// "Try without a key": a fresh guest key, kept in the session cookie.
+async fn try_as_guest(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
+    match issue_for(&app, client) {
+        Ok((key, guest)) => signed_in(&app, &key, guest_session_seconds(guest.expires_at)),
+        Err(refused) if refused.status() == StatusCode::TOO_MANY_REQUESTS => sign_in_page(
+            &app,
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("This address has had its guest keys for this hour; try again later."),
+        ),
+        Err(refused) => refused,
     }
 }
 

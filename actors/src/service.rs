@@ -50,6 +50,17 @@ pub struct Quota {
     pub total: usize,
 }
 
+/// Choices made when a sandbox is created, beyond the server's settings.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// The sandbox is deleted this long after creation, or earlier when
+    /// `sandbox.max_lifetime_seconds` says so (a short-lived tenant's
+    /// sandboxes end with it).
+    pub lifetime: Option<Duration>,
+    /// The egress policy (the caller's key may set one); `None`: the server's.
+    pub egress: Option<EgressPolicy>,
+}
+
 impl Quota {
     pub const UNLIMITED: Quota = Quota {
         per_owner: usize::MAX,
@@ -75,13 +86,6 @@ impl Drop for Reservation {
             }
         }
     }
-}
-
-/// What a caller may choose for a new sandbox beyond its name.
-#[derive(Debug, Clone, Default)]
-pub struct CreateOptions {
-    /// The egress policy (the caller's key may set one); `None`: the server's.
-    pub egress: Option<EgressPolicy>,
 }
 
 /// Figures about the sandboxes of this server, for its metrics.
@@ -332,6 +336,12 @@ impl Sandboxes {
             Some(n) => n,
             None => format!("Sandbox {}", self.list(owner).await.len() + 1),
         };
+        let configured = self.ctx.settings.sandbox.max_lifetime_seconds;
+        let configured = (configured > 0).then(|| Duration::from_secs(configured));
+        let lifetime = match (configured, options.lifetime) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let reservation = self.reserve(owner, quota)?;
         let creation = Creation {
             ctx: self.ctx.clone(),
@@ -341,6 +351,7 @@ impl Sandboxes {
             owner: owner.to_string(),
             name,
             egress: options.egress.unwrap_or(self.ctx.egress.default_policy()),
+            lifetime,
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
@@ -621,6 +632,8 @@ struct Creation {
     owner: String,
     name: String,
     egress: EgressPolicy,
+    /// The sandbox is deleted this long after creation.
+    lifetime: Option<Duration>,
 }
 
 impl Creation {
@@ -643,7 +656,6 @@ impl Creation {
         };
         let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
-        let lifetime = self.ctx.settings.sandbox.max_lifetime_seconds;
         let record = SandboxRecord {
             id,
             owner: self.owner.clone(),
@@ -651,7 +663,7 @@ impl Creation {
             container_id: created.container_id,
             volume: created.volume,
             created_at,
-            expires_at: (lifetime > 0).then(|| created_at + Duration::from_secs(lifetime)),
+            expires_at: self.lifetime.map(|l| created_at + l),
             installs: BTreeMap::new(),
             packages: vec![],
             deleting: false,

@@ -31,7 +31,10 @@ async fn server() -> Harness {
 }
 
 async fn create(h: &Harness, owner: &str, egress: EgressPolicy) -> Uuid {
-    let options = CreateOptions { egress: Some(egress) };
+    let options = CreateOptions {
+        egress: Some(egress),
+        ..Default::default()
+    };
     h.sb()
         .create(owner, None, Quota::UNLIMITED, options)
         .await

@@ -461,3 +461,27 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
     common::eventually("its container and volume are removed", || h.own_objects() == (0, 0)).await;
     assert!(!results.exists(), "its results are removed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lifetime_given_at_creation_ends_the_sandbox() {
+    use sandbox_actors::{CreateOptions, Quota};
+    let h = Harness::new().await;
+    let options = CreateOptions {
+        lifetime: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let info = h.sb().create(OWNER, None, Quota::UNLIMITED, options).await.unwrap();
+    let lifetime = info.expires_at.expect("a lifetime gives an expiry") - info.created_at;
+    assert_eq!(lifetime, Duration::from_secs(2));
+    for _ in 0..100 {
+        if h.sb().list(OWNER).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        h.sb().list(OWNER).await.is_empty(),
+        "the sandbox is deleted when its lifetime ends"
+    );
+    common::eventually("its container and volume are removed", || h.own_objects() == (0, 0)).await;
+}

@@ -342,6 +342,9 @@ impl Server {
             .env("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", "200")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_TOTAL", "200")
+            // ... holding as many sessions and connections as it has clients.
+            .env("MCP_SANDBOX_LIMITS_MAX_SESSIONS_PER_TENANT", "2000")
+            .env("MCP_SANDBOX_LIMITS_MAX_CONNECTIONS_PER_IP", "2000")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

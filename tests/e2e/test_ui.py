@@ -56,6 +56,8 @@ def server():
         MCP_SANDBOX_AUTH_KEYS=keys,
         MCP_SANDBOX_AUTH_ADMIN_KEYS='["ops"]',
         MCP_SANDBOX_UPLOADS_MAX_UPLOAD_MB="1",
+        MCP_SANDBOX_GUEST_ENABLED="true",
+        MCP_SANDBOX_GUEST_KEYS_PER_IP_PER_HOUR="2",
     ).start()
     yield s
     s.cleanup()
@@ -244,6 +246,48 @@ def test_tenants_see_only_their_own_and_admins_see_all(server, browser):
         context.close()
     finally:
         api(server, "DELETE", f"/api/sandboxes/{alice_id}", ALICE)
+
+
+def test_try_without_a_key(server, browser):
+    """A visitor without a key gets a guest key of its own from the sign-in
+    page, works in a sandbox of its own, and cannot have more than the
+    address's share of guest keys."""
+    guests = []
+    for _ in range(2):
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.goto(server.url + "/ui")
+        page.click("#try-as-guest")
+        expect(page.locator("h1")).to_have_text("Sandboxes")
+        expect(page.locator("#who")).to_contain_text("guest:")
+        guests.append((context, page, page.locator("#who").inner_text()))
+    (first, page, me), (second, other_page, other) = guests
+    assert me != other, "each visitor is a tenant of its own"
+    page.fill("#create-name", "guest sandbox")
+    page.click("#create-form button")
+    row = page.locator("#sandboxes tbody tr", has_text="guest sandbox")
+    expect(row).to_have_count(1)
+    expect(row.locator(".status")).to_have_text("running", timeout=60_000)
+    screenshot(page, "sandboxes-guest")
+    other_page.reload()
+    expect(other_page.locator("#sandboxes")).to_have_attribute("data-loaded", "true")
+    expect(other_page.locator("#sandboxes tbody tr", has_text="guest sandbox")).to_have_count(0)
+    row.locator("a.name").click()
+    page.fill("#code", "print(6*7)")
+    page.click("#python-form button")
+    expect(page.locator("#python-stdout")).to_contain_text("42")
+    page.click("#delete")
+    page.wait_for_url(server.url + "/ui")
+    # This address has had its two keys for the hour.
+    third = browser.new_context()
+    refused = third.new_page()
+    refused.goto(server.url + "/ui")
+    with refused.expect_response(lambda r: r.url.endswith("/ui/guest")) as response:
+        refused.click("#try-as-guest")
+    assert response.value.status == 429
+    expect(refused.locator("#sign-in-error")).to_contain_text("guest keys")
+    for c in (first, second, third):
+        c.close()
 
 
 def test_session_requests_need_the_csrf_token(server, browser):

@@ -1,0 +1,269 @@
+//! Accepting HTTP connections under caps: in total and per client address
+//! (`limits.max_connections`, `limits.max_connections_per_ip`; a trusted
+//! proxy carries many clients and counts only in the total), with a deadline
+//! for each request's headers (`limits.header_timeout_seconds`, which also
+//! closes idle kept-alive connections), so slow or silent clients cannot
+//! hold descriptors. A connection over a cap is answered 429 or 503 with
+//! `Retry-After` and closed. `axum::serve` has neither deadline nor caps,
+//! hence this loop over hyper.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+use tracing::{debug, warn};
+
+use crate::client_ip::{canonical, TrustedProxies};
+use crate::limits::LimitsConfig;
+use crate::metrics::{ConnectionRefusal, Metrics};
+
+/// Refusals being written at once; connections beyond are just closed.
+const REFUSALS_IN_FLIGHT: usize = 64;
+/// How long a refusal may take to write (and drain what the client sent).
+const REFUSAL_DEADLINE: Duration = Duration::from_secs(2);
+/// Descriptors kept free for the engine, agents, records and logs.
+const RESERVED_DESCRIPTORS: u64 = 256;
+/// Descriptors one sandbox may take (its agent's socket, inotify, Docker calls).
+const DESCRIPTORS_PER_SANDBOX: u64 = 4;
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+struct Caps {
+    total: usize,
+    per_ip: usize,
+    proxies: TrustedProxies,
+    counts: Mutex<Counts>,
+    metrics: Arc<Metrics>,
+    /// Tells the loop when the last connection closed.
+    open: watch::Sender<usize>,
+}
+
+/// A connection's place under the caps, freed when dropped.
+struct Place {
+    caps: Arc<Caps>,
+    ip: Option<IpAddr>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut counts = self.caps.counts.lock().expect("connections lock");
+        counts.total -= 1;
+        if let Some(ip) = self.ip {
+            if let Some(n) = counts.per_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.per_ip.remove(&ip);
+                }
+            }
+        }
+        let _ = self.caps.open.send(counts.total);
+        self.caps.metrics.connection_closed();
+    }
+}
+
+impl Caps {
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Place, ConnectionRefusal> {
+        let mut counts = self.counts.lock().expect("connections lock");
+        if counts.total >= self.total {
+            return Err(ConnectionRefusal::Total);
+        }
+        // A trusted proxy brings everybody's connections: only the total holds.
+        let counted = (!self.proxies.trusts(ip)).then_some(ip);
+        if let Some(ip) = counted {
+            let n = counts.per_ip.entry(ip).or_default();
+            if *n >= self.per_ip {
+                return Err(ConnectionRefusal::PerIp);
+            }
+            *n += 1;
+        }
+        counts.total += 1;
+        let _ = self.open.send(counts.total);
+        self.metrics.connection_opened();
+        Ok(Place {
+            caps: self.clone(),
+            ip: counted,
+        })
+    }
+}
+
+/// The fixed answer to a connection over a cap.
+fn refusal_bytes(why: ConnectionRefusal, caps: &Caps) -> Vec<u8> {
+    let (status, message) = match why {
+        ConnectionRefusal::PerIp => (
+            "429 Too Many Requests",
+            format!(
+                "too many open connections from your address (at most {}); close some and retry",
+                caps.per_ip
+            ),
+        ),
+        ConnectionRefusal::Total => (
+            "503 Service Unavailable",
+            format!(
+                "the server holds its maximum of {} connections; retry later",
+                caps.total
+            ),
+        ),
+    };
+    let body = serde_json::json!({ "error": message }).to_string();
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Writes the refusal, then reads (and drops) what the client sent for a
+/// moment, so that closing does not reset the connection under the answer.
+async fn refuse(mut tcp: TcpStream, answer: Vec<u8>) {
+    let _ = tokio::time::timeout(REFUSAL_DEADLINE, async {
+        tcp.write_all(&answer).await?;
+        tcp.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while tcp.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+/// Raises the open-file soft limit to the hard limit and checks that the
+/// connection cap, with room for the sandboxes and the server's own files,
+/// fits in it. Returns the limit.
+pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, String> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(format!(
+                "reading the open-file limit: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    let have = lim.rlim_cur;
+    let need = limits.max_connections as u64
+        + REFUSALS_IN_FLIGHT as u64
+        + limits.max_sandboxes_total as u64 * DESCRIPTORS_PER_SANDBOX
+        + RESERVED_DESCRIPTORS;
+    if need > have {
+        return Err(format!(
+            "limits.max_connections ({}) and limits.max_sandboxes_total ({}) need about {need} open files, \
+             but the open-file limit is {have}: lower them or raise the hard limit (ulimit -Hn)",
+            limits.max_connections, limits.max_sandboxes_total
+        ));
+    }
+    Ok(have)
+}
+
+/// Serves `app` on `listener` until `shutdown`, then lets open connections
+/// finish their requests (the caller bounds how long).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: &LimitsConfig,
+    proxies: TrustedProxies,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let (open_tx, mut open_rx) = watch::channel(0usize);
+    let caps = Arc::new(Caps {
+        total: limits.max_connections,
+        per_ip: limits.max_connections_per_ip,
+        proxies,
+        counts: Mutex::default(),
+        metrics: metrics.clone(),
+        open: open_tx,
+    });
+    let header_timeout = Duration::from_secs(limits.header_timeout_seconds);
+    let refusals = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT));
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors, most likely: wait for some to free.
+                    warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let ip = canonical(peer.ip());
+        let place = match caps.admit(ip) {
+            Ok(p) => p,
+            Err(why) => {
+                metrics.connection_refused(why);
+                debug!(client = %ip, ?why, "connection refused");
+                if let Ok(permit) = refusals.clone().try_acquire_owned() {
+                    let answer = refusal_bytes(why, &caps);
+                    tokio::spawn(async move {
+                        refuse(tcp, answer).await;
+                        drop(permit);
+                    });
+                }
+                continue;
+            }
+        };
+        // Streamed responses are written in several small pieces: without
+        // TCP_NODELAY, Nagle's algorithm waits for the client's delayed ACK
+        // (~40 ms) before sending the rest of a response.
+        let _ = tcp.set_nodelay(true);
+        let app = app.clone();
+        let stop = shutdown.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _place = place;
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
+                let mut app = app.clone();
+                async move { app.call(req.map(axum::body::Body::new)).await }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            tokio::pin!(conn);
+            let outcome = tokio::select! {
+                outcome = conn.as_mut() => outcome,
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = outcome {
+                if e.is_timeout() {
+                    metrics.header_timeout();
+                    debug!(client = %ip, "request headers too slow: connection dropped");
+                }
+            }
+        });
+    }
+    // Stop accepting; wait for the connections still open.
+    drop(listener);
+    let _ = open_rx.wait_for(|n| *n == 0).await;
+}

@@ -1,0 +1,66 @@
+//! `/health`: liveness with the Docker engine's state, from a check made at
+//! most once a second whatever the number of probes, so that probes (and
+//! floods of them) cost the engine nothing. The route is exempt from
+//! request-rate limits: a load balancer's probe must not read somebody
+//! else's flood from the same address as the server being down.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sandbox_actors::Sandboxes;
+
+use crate::http::AppState;
+
+/// How long one engine check answers for.
+const FRESH_FOR: Duration = Duration::from_secs(1);
+/// An engine that does not answer within this is reported unavailable.
+const PING_DEADLINE: Duration = Duration::from_secs(3);
+
+pub struct Health {
+    sandboxes: Arc<Sandboxes>,
+    /// The last check and its outcome; held across a check, so concurrent
+    /// probes wait for the one check in flight instead of making their own.
+    last: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+}
+
+impl Health {
+    pub fn new(sandboxes: Arc<Sandboxes>) -> Self {
+        Self {
+            sandboxes,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The engine's state, checked anew when the last check is over a
+    /// second old.
+    pub async fn engine(&self) -> Result<(), String> {
+        let mut last = self.last.lock().await;
+        if let Some((at, outcome)) = last.as_ref() {
+            if at.elapsed() < FRESH_FOR {
+                return outcome.clone();
+            }
+        }
+        let outcome = match tokio::time::timeout(PING_DEADLINE, self.sandboxes.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("the Docker engine did not answer within {PING_DEADLINE:?}")),
+        };
+        *last = Some((Instant::now(), outcome.clone()));
+        outcome
+    }
+}
+
+pub async fn route(State(app): State<AppState>) -> Response {
+    match app.health.engine().await {
+        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok" })).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "unavailable", "docker": e })),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,220 @@
+//! Streamable HTTP sessions under the server's caps: a [`SessionManager`]
+//! around rmcp's own that takes a place in [`Sessions`] for each session it
+//! creates, marks the session busy while a call's response stream is open,
+//! and closes it when the registry says so (idle, key expired).
+//!
+//! rmcp does not tell a session manager who asks; the `/mcp` route runs
+//! rmcp inside [`OPENER`], a task-local naming the caller, so that
+//! `create_session` can charge the right tenant and record a refusal that
+//! the route then answers as 429/503 (rmcp itself would say 500).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use futures_util::{Stream, StreamExt};
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage};
+use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
+use tower::Service;
+
+use crate::caller::Caller;
+use crate::http::AppState;
+use crate::sessions::{Refused, Sessions, Ticket};
+
+/// Who is opening sessions in this request, and whether one was refused.
+#[derive(Clone)]
+pub struct Opener {
+    caller: Option<Caller>,
+    refused: Arc<Mutex<Option<Refused>>>,
+}
+
+tokio::task_local! {
+    /// The caller of the `/mcp` request being served.
+    pub static OPENER: Opener;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError<E: std::error::Error> {
+    #[error(transparent)]
+    Refused(Refused),
+    #[error("a session can only be opened through the /mcp route")]
+    NoCaller,
+    #[error(transparent)]
+    Inner(E),
+}
+
+struct Shared<M> {
+    inner: M,
+    sessions: Sessions,
+    tickets: Mutex<HashMap<SessionId, Ticket>>,
+}
+
+/// rmcp's session manager `M`, counted and expired by [`Sessions`].
+pub struct CappedSessions<M> {
+    shared: Arc<Shared<M>>,
+}
+
+impl<M> CappedSessions<M> {
+    pub fn new(inner: M, sessions: Sessions) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                inner,
+                sessions,
+                tickets: Mutex::default(),
+            }),
+        }
+    }
+}
+
+impl<M: SessionManager> Shared<M> {
+    fn touch(&self, id: &SessionId) {
+        if let Some(t) = self.tickets.lock().expect("tickets lock").get(id) {
+            t.touch();
+        }
+    }
+
+    fn busy(&self, id: &SessionId) -> Option<crate::sessions::Busy> {
+        self.tickets.lock().expect("tickets lock").get(id).map(Ticket::busy)
+    }
+}
+
+impl<M: SessionManager> SessionManager for CappedSessions<M> {
+    type Error = SessionError<M::Error>;
+    type Transport = M::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let opener = OPENER.try_with(Clone::clone).ok();
+        let Some(Opener {
+            caller: Some(caller),
+            refused,
+        }) = opener
+        else {
+            return Err(SessionError::NoCaller);
+        };
+        let ticket = match self.shared.sessions.open(&caller) {
+            Ok(t) => t,
+            Err(r) => {
+                *refused.lock().expect("opener lock") = Some(r);
+                return Err(SessionError::Refused(r));
+            }
+        };
+        let (id, transport) = self.shared.inner.create_session().await.map_err(SessionError::Inner)?;
+        let closed = ticket.closed();
+        self.shared
+            .tickets
+            .lock()
+            .expect("tickets lock")
+            .insert(id.clone(), ticket);
+        // Closed by the registry (or after a normal close, a no-op).
+        let shared = self.shared.clone();
+        let watched = id.clone();
+        tokio::spawn(async move {
+            closed.await;
+            let _ = shared.inner.close_session(&watched).await;
+            shared.tickets.lock().expect("tickets lock").remove(&watched);
+        });
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        let _busy = self.shared.busy(id);
+        self.shared
+            .inner
+            .initialize_session(id, message)
+            .await
+            .map_err(SessionError::Inner)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.shared.inner.has_session(id).await.map_err(SessionError::Inner)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        let ticket = self.shared.tickets.lock().expect("tickets lock").remove(id);
+        drop(ticket);
+        self.shared.inner.close_session(id).await.map_err(SessionError::Inner)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        // The call runs until its response stream ends.
+        let busy = self.shared.busy(id);
+        let stream = self
+            .shared
+            .inner
+            .create_stream(id, message)
+            .await
+            .map_err(SessionError::Inner)?;
+        Ok(stream.map(move |m| {
+            let _running = &busy;
+            m
+        }))
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        self.shared.touch(id);
+        self.shared
+            .inner
+            .accept_message(id, message)
+            .await
+            .map_err(SessionError::Inner)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        // A stream held open for notifications is not activity.
+        self.shared
+            .inner
+            .create_standalone_stream(id)
+            .await
+            .map_err(SessionError::Inner)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.shared.touch(id);
+        self.shared
+            .inner
+            .resume(id, last_event_id)
+            .await
+            .map_err(SessionError::Inner)
+    }
+
+    async fn restore_session(&self, _id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        // Sessions live in this process only; an unknown id is a 404.
+        Ok(RestoreOutcome::NotSupported)
+    }
+}
+
+/// The `/mcp` route: rmcp's service, run as the request's caller.
+pub async fn route(State(app): State<AppState>, caller: Option<Extension<Caller>>, req: Request) -> Response {
+    let opener = Opener {
+        caller: caller.map(|Extension(c)| c),
+        refused: Arc::default(),
+    };
+    let refused = opener.refused.clone();
+    let mut service = app.mcp.clone();
+    let response = OPENER.scope(opener, service.call(req)).await;
+    if let Some(r) = *refused.lock().expect("opener lock") {
+        return r.response();
+    }
+    match response {
+        Ok(r) => r.into_response(),
+        Err(never) => match never {},
+    }
+}
