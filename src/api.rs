@@ -50,7 +50,9 @@ impl IntoResponse for ApiError {
             SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
             SandboxError::Agent(_) => StatusCode::BAD_GATEWAY,
-            SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SandboxError::Disk(_) | SandboxError::Store(_) | SandboxError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         error(status, &self.0.to_string())
     }

@@ -198,6 +198,7 @@ impl Config {
                 .into_iter()
                 .chain([abs(Path::new("config.toml"))])
                 .collect(),
+            min_free_disk_mb: self.limits.min_free_disk_mb,
         })
     }
 }
@@ -248,6 +249,8 @@ mod tests {
             ("[server]\npublic_url = \"ftp://x\"\n", vec![], "server.public_url"),
             ("[uploads]\nmax_upload_mb = 0\n", vec![], "uploads.max_upload_mb"),
             ("[uploads]\nmax_upload_mb = 257\n", vec![], "uploads.max_upload_mb"),
+            ("[sandbox]\nresults_mb = 8\n", vec![], "sandbox.results_mb"),
+            ("[sandbox]\npackages_inodes = 10\n", vec![], "sandbox.packages_inodes"),
         ] {
             let err = load(text, &env).unwrap_err().to_string();
             assert!(err.contains(key), "{err:?} does not name {key}");

@@ -248,12 +248,21 @@ async fn guard(
     next.run(req).await
 }
 
+/// `/health`: whether Docker answers, and the host resources the sandboxes
+/// draw on (free disk, their memory limits added up, the host's memory).
 async fn health(State(app): State<AppState>) -> Response {
+    let r = app.ops.sandboxes.resources();
+    let mb = |b: u64| b >> 20;
+    let resources = serde_json::json!({
+        "disk_free_mb": r.disk_free_bytes.map(mb),
+        "sandbox_memory_limits_mb": mb(r.memory_limits_bytes),
+        "host_memory_mb": r.host_memory_bytes.map(mb),
+    });
     match app.ops.sandboxes.ping().await {
-        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok" })).into_response(),
+        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok", "resources": resources })).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "unavailable", "docker": e.to_string() })),
+            Json(serde_json::json!({ "status": "unavailable", "docker": e.to_string(), "resources": resources })),
         )
             .into_response(),
     }

@@ -31,6 +31,9 @@ pub struct LimitsConfig {
     pub max_sandboxes_per_tenant: usize,
     /// Sandboxes the whole server may hold.
     pub max_sandboxes_total: usize,
+    /// Free disk space, in MB, below which new sandboxes and installs are
+    /// refused (0: no check).
+    pub min_free_disk_mb: u64,
 }
 
 impl Default for LimitsConfig {
@@ -42,6 +45,7 @@ impl Default for LimitsConfig {
             creations_per_minute: 10,
             max_sandboxes_per_tenant: 3,
             max_sandboxes_total: 50,
+            min_free_disk_mb: 1024,
         }
     }
 }

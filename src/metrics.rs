@@ -193,6 +193,32 @@ impl Metrics {
             "Sandbox containers started again, re-created or restarted.",
         );
         let _ = writeln!(out, "mcp_sandbox_container_restarts_total {}", stats.container_restarts);
+        let r = &stats.resources;
+        if let Some(free) = r.disk_free_bytes {
+            header(
+                &mut out,
+                "mcp_sandbox_disk_free_bytes",
+                "gauge",
+                "Free space on the file system of the sandboxes' disks (the fuller of the state and results folders').",
+            );
+            let _ = writeln!(out, "mcp_sandbox_disk_free_bytes {free}");
+        }
+        header(
+            &mut out,
+            "mcp_sandbox_memory_limits_bytes",
+            "gauge",
+            "Memory limits of all sandbox containers (pooled ones included), added up.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_memory_limits_bytes {}", r.memory_limits_bytes);
+        if let Some(host) = r.host_memory_bytes {
+            header(
+                &mut out,
+                "mcp_sandbox_host_memory_bytes",
+                "gauge",
+                "Memory of the host.",
+            );
+            let _ = writeln!(out, "mcp_sandbox_host_memory_bytes {host}");
+        }
         out
     }
 }
@@ -228,5 +254,6 @@ mod tests {
         );
         assert!(text.contains("mcp_sandbox_rate_limited_total 1"));
         assert!(text.contains("mcp_sandbox_sandboxes{status=\"paused\"} 0"));
+        assert!(text.contains("mcp_sandbox_memory_limits_bytes 0"));
     }
 }

@@ -20,6 +20,9 @@ pub enum SandboxError {
     Agent(String),
     #[error("sandbox image: {0}")]
     Image(String),
+    /// A sandbox's capped file systems could not be made or mounted.
+    #[error("sandbox disk: {0}")]
+    Disk(String),
     #[error("record store: {0}")]
     Store(String),
     #[error("internal error: {0}")]
@@ -37,6 +40,7 @@ impl SandboxError {
             SandboxError::Docker(_) => "docker",
             SandboxError::Agent(_) => "agent",
             SandboxError::Image(_) => "image",
+            SandboxError::Disk(_) => "disk",
             SandboxError::Store(_) => "store",
             SandboxError::Internal(_) => "internal",
         }
@@ -46,6 +50,12 @@ impl SandboxError {
 impl From<bollard::errors::Error> for SandboxError {
     fn from(e: bollard::errors::Error) -> Self {
         SandboxError::Docker(e.to_string())
+    }
+}
+
+impl From<crate::runtime::disk::DiskError> for SandboxError {
+    fn from(e: crate::runtime::disk::DiskError) -> Self {
+        SandboxError::Disk(e.to_string())
     }
 }
 

@@ -41,32 +41,39 @@ fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Makes the folders, package volume and running container of a new sandbox.
+/// Makes the folders, capped file systems, package volume and running
+/// container of a new sandbox.
 pub async fn provision(ctx: &Context) -> Result<Provisioned> {
     let id = Uuid::new_v4();
     let paths = ctx.paths(id);
-    let cleanup = || {
-        let _ = std::fs::remove_dir_all(&paths.results);
-        let _ = std::fs::remove_dir_all(&paths.agent);
-    };
-    for dir in [&paths.results, &paths.agent] {
-        if let Err(e) = prepare_dir(dir) {
-            cleanup();
-            return Err(SandboxError::Internal(format!("preparing {}: {e}", dir.display())));
+    let made = async {
+        for dir in [&paths.results, &paths.agent] {
+            prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
         }
-    }
-    match ctx.runtime.create(&paths, None).await {
+        ctx.disks.prepare(id).await?;
+        ctx.runtime.create(&paths, None).await
+    };
+    match made.await {
         Ok(container) => Ok(Provisioned { id, container }),
         Err(e) => {
-            cleanup();
+            remove_host_side(ctx, id).await;
             Err(e)
         }
     }
 }
 
+/// Removes a sandbox's capped file systems and folders (its container gone).
+async fn remove_host_side(ctx: &Context, id: Uuid) {
+    if let Err(e) = ctx.disks.remove(id).await {
+        warn!(sandbox = %id, error = %e, "could not remove a sandbox's disks");
+    }
+    let paths = ctx.paths(id);
+    let _ = std::fs::remove_dir_all(&paths.results);
+    let _ = std::fs::remove_dir_all(&paths.agent);
+}
+
 /// Removes a provisioned sandbox that was never handed out.
 pub async fn discard(ctx: &Context, p: &Provisioned) {
-    let paths = ctx.paths(p.id);
     if let Err(e) = ctx
         .runtime
         .remove(&p.container.container_id, Some(&p.container.volume))
@@ -74,8 +81,7 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
     {
         warn!(sandbox = %p.id, error = %e, "could not remove a pooled sandbox");
     }
-    let _ = std::fs::remove_dir_all(&paths.results);
-    let _ = std::fs::remove_dir_all(&paths.agent);
+    remove_host_side(ctx, p.id).await;
 }
 
 /// Provisions a sandbox and waits until its worker is up, so that the first

@@ -26,6 +26,7 @@ use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
+use crate::runtime::disk::DiskUsage;
 use crate::runtime::ContainerState;
 use crate::uploads::{self, UploadSource};
 
@@ -96,6 +97,9 @@ pub struct SandboxInfo {
     #[serde(with = "time::serde::rfc3339::option")]
     pub expires_at: Option<OffsetDateTime>,
     pub installed_packages: Vec<Package>,
+    /// Use of the sandbox's capped folders (absent when disks are not capped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskUsage>,
 }
 
 pub enum SandboxMsg {
@@ -455,8 +459,9 @@ impl SandboxActor {
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
                             .await;
+                        let full = link.ctx().disks.full_notice(link.paths.id);
                         let result = result.map(|mut ran| {
-                            ran.notice = join_notices(notice, ran.notice.take());
+                            ran.notice = join_notices(join_notices(notice, ran.notice.take()), full);
                             ran
                         });
                         let call = run_record(started, &req.work, &result);
@@ -597,6 +602,7 @@ fn info(state: &SandboxState) -> SandboxInfo {
         created_at: r.created_at,
         expires_at: expires_at(state),
         installed_packages: r.packages.clone(),
+        disk: state.ctx.disks.usage(r.id),
     }
 }
 
@@ -680,9 +686,10 @@ async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Upl
     })
 }
 
-/// Removes the container, its package volume, its results and its record.
+/// Removes the container, its package volume, its disks, its results and its record.
 pub async fn remove_everything(ctx: &Context, record: &SandboxRecord, container_id: &str) -> Result<()> {
     ctx.runtime.remove(container_id, Some(&record.volume)).await?;
+    ctx.disks.remove(record.id).await?;
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = tokio::fs::remove_dir_all(dir).await {

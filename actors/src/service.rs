@@ -21,11 +21,13 @@ use crate::config::NetworkMode;
 use crate::context::{Context, Counters, Settings};
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
+use crate::host;
 use crate::link::Ran;
 use crate::packages;
 use crate::pool::{self, Pool};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
-use crate::runtime::{ContainerRuntime, DockerRuntime, Usage};
+use crate::runtime::disk::Disks;
+use crate::runtime::{ContainerRuntime, ContainerState, DockerRuntime, Usage};
 use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
 use crate::scope::Scope;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
@@ -75,6 +77,17 @@ pub struct Stats {
     pub container_restarts: u64,
     pub installs_succeeded: u64,
     pub installs_failed: u64,
+    pub resources: Resources,
+}
+
+/// What the sandboxes take from the host.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resources {
+    /// Free space where sandbox data lives (see [`host::sandbox_disk_free_bytes`]).
+    pub disk_free_bytes: Option<u64>,
+    /// Memory limits of every sandbox container, pooled ones included, added up.
+    pub memory_limits_bytes: u64,
+    pub host_memory_bytes: Option<u64>,
 }
 
 pub struct Sandboxes {
@@ -120,9 +133,11 @@ impl Sandboxes {
         let ctx = Arc::new(Context {
             runtime,
             store,
-            settings,
             counters: Counters::default(),
+            disks: Disks::new(&settings.sandbox, &settings.state_dir, &settings.results_dir),
+            settings,
         });
+        ctx.disks.check().await?;
         let registry = Registry::default();
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
             .await
@@ -164,6 +179,7 @@ impl Sandboxes {
                 continue;
             }
             known.insert(record.id, record.container_id.clone());
+            self.remount(&record).await?;
             self.spawn(record).await?;
         }
         let runtime = &self.ctx.runtime;
@@ -179,6 +195,7 @@ impl Sandboxes {
                 runtime.remove_volume(&v.id).await?;
             }
         }
+        self.ctx.disks.remove_orphans(&known.keys().copied().collect()).await;
         let s = &self.ctx.settings;
         for dir in [s.state_dir.join("agents"), s.results_dir.clone()] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -197,6 +214,19 @@ impl Sandboxes {
             adopted = known.len(),
             "reconciled sandbox records with Docker"
         );
+        Ok(())
+    }
+
+    /// Mounts an adopted sandbox's capped file systems again where they are
+    /// missing (after a host reboot); a container that kept running on the
+    /// bare folders meanwhile is restarted onto them.
+    async fn remount(&self, record: &SandboxRecord) -> Result<()> {
+        if self.ctx.disks.ensure(record.id).await? {
+            info!(sandbox = %record.id, "mounted the sandbox's disks again");
+            if self.ctx.runtime.state(&record.container_id).await? == ContainerState::Running {
+                self.ctx.runtime.restart(&record.container_id).await?;
+            }
+        }
         Ok(())
     }
 
@@ -277,6 +307,7 @@ impl Sandboxes {
             Some(n) => n,
             None => format!("Sandbox {}", self.list(owner).await.len() + 1),
         };
+        host::check_free_disk(&self.ctx.settings)?;
         let _reservation = self.reserve(owner, quota)?;
         let provisioned = match self.pool.take() {
             Some(p) => p,
@@ -377,6 +408,7 @@ impl Sandboxes {
         wait: Duration,
     ) -> Result<InstallStatus> {
         let specs = packages::parse_specs(package)?;
+        host::check_free_disk(&self.ctx.settings)?;
         let package = specs.join(" ");
         let mut rx: watch::Receiver<InstallRecord> = self
             .ask(scope.into(), id, |reply| SandboxMsg::Install {
@@ -476,6 +508,17 @@ impl Sandboxes {
             container_restarts: read(&c.container_restarts),
             installs_succeeded: read(&c.installs_succeeded),
             installs_failed: read(&c.installs_failed),
+            resources: self.resources(),
+        }
+    }
+
+    /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
+    pub fn resources(&self) -> Resources {
+        let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();
+        Resources {
+            disk_free_bytes: host::sandbox_disk_free_bytes(&self.ctx.settings),
+            memory_limits_bytes: containers as u64 * (self.ctx.settings.sandbox.memory_mb << 20),
+            host_memory_bytes: host::memory_bytes(),
         }
     }
 

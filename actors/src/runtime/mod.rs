@@ -1,6 +1,7 @@
 //! The container runtime: everything the sandbox actors ask of Docker, behind
 //! a trait so that unit tests of actor logic can replace it.
 
+pub mod disk;
 mod docker;
 pub mod firewall;
 mod image;
@@ -27,6 +28,9 @@ pub struct SandboxPaths {
     pub results: PathBuf,
     /// Mounted at `/run/mcp-agent`; holds the agent's socket.
     pub agent: PathBuf,
+    /// The capped file system the package volume is bound to (none: a
+    /// plain Docker volume).
+    pub packages: Option<PathBuf>,
 }
 
 /// A sandbox's Docker objects.
