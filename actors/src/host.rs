@@ -7,6 +7,16 @@ use std::path::Path;
 use crate::context::Settings;
 use crate::error::{Result, SandboxError};
 
+/// What the sandboxes take from the host.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resources {
+    /// Free space where sandbox data lives (see [`sandbox_disk_free_bytes`]).
+    pub disk_free_bytes: Option<u64>,
+    /// Memory limits of every sandbox container, pooled ones included, added up.
+    pub memory_limits_bytes: u64,
+    pub host_memory_bytes: Option<u64>,
+}
+
 /// Space of the file system holding `path`, as `statvfs` reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Space {

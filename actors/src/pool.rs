@@ -44,6 +44,8 @@ fn prepare_dir(dir: &Path) -> std::io::Result<()> {
 /// Makes the folders, capped file systems, package volume and running
 /// container of a new sandbox.
 pub async fn provision(ctx: &Context) -> Result<Provisioned> {
+    // The pool does not refill while the host's disk is nearly full.
+    crate::host::check_free_disk(&ctx.settings)?;
     let id = Uuid::new_v4();
     let paths = ctx.paths(id);
     let made = async {

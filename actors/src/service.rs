@@ -21,7 +21,7 @@ use crate::config::NetworkMode;
 use crate::context::{Context, Counters, Settings};
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
-use crate::host;
+use crate::host::{self, Resources};
 use crate::link::Ran;
 use crate::packages;
 use crate::pool::{self, Pool};
@@ -78,16 +78,6 @@ pub struct Stats {
     pub installs_succeeded: u64,
     pub installs_failed: u64,
     pub resources: Resources,
-}
-
-/// What the sandboxes take from the host.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Resources {
-    /// Free space where sandbox data lives (see [`host::sandbox_disk_free_bytes`]).
-    pub disk_free_bytes: Option<u64>,
-    /// Memory limits of every sandbox container, pooled ones included, added up.
-    pub memory_limits_bytes: u64,
-    pub host_memory_bytes: Option<u64>,
 }
 
 pub struct Sandboxes {

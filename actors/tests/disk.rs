@@ -145,6 +145,7 @@ async fn what_a_sandbox_prints_to_its_container_log_stays_within_the_log_cap() {
 async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
     let mut h = Harness::with(small_disks).await;
     let id = h.create().await;
+    let lost = h.create().await;
     h.sh(
         id,
         "echo kept > /app/results/early.txt && echo pkg > /app/.venv/marker",
@@ -162,8 +163,9 @@ async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
 
     // A host reboot: the server and the container stop, every mount goes.
     // Meanwhile a pooled sandbox of the old run left its disks behind.
+    // One sandbox's results image is lost with it.
     h.sandboxes.take().unwrap().shutdown().await;
-    docker(&["stop", "-t", "0", &h.container_of(id)]);
+    docker(&["stop", "-t", "0", &h.container_of(id), &h.container_of(lost)]);
     let orphan = Uuid::new_v4();
     let disks = Disks::new(&h.settings.sandbox, &h.settings.state_dir, &h.settings.results_dir);
     for dir in [
@@ -173,10 +175,14 @@ async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
         std::fs::create_dir_all(dir).unwrap();
     }
     disks.prepare(orphan).await.unwrap();
-    unmount_under(&h.settings.results_dir.join(id.to_string()));
-    unmount_under(&h.settings.state_dir.join("disks").join(id.to_string()));
-    unmount_under(&h.settings.state_dir.join("agents").join(id.to_string()));
+    for sandbox in [id, lost] {
+        unmount_under(&h.settings.results_dir.join(sandbox.to_string()));
+        unmount_under(&h.settings.state_dir.join("disks").join(sandbox.to_string()));
+        unmount_under(&h.settings.state_dir.join("agents").join(sandbox.to_string()));
+    }
+    std::fs::remove_file(image(&h, lost, "results.img")).unwrap();
     h.restart().await;
+    assert_refused(&fill(&h, lost, "/app/results").await, "with a lost image");
     let r = h.sh(id, "cat /app/results/early.txt /app/.venv/marker", None).await;
     assert_eq!(
         r.output.stdout, "kept\npkg\n",

@@ -182,12 +182,7 @@ impl Disks {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         for (image, mount, cap) in self.images(id) {
             std::fs::create_dir_all(&mount).map_err(io(&mount))?;
-            make_image(&image, cap).await?;
-            mount_image(&image, &mount).await?;
-            // A fresh ext4 holds `lost+found`: not the sandbox's, and a
-            // non-empty volume would not be filled from the image.
-            let lost = mount.join("lost+found");
-            std::fs::remove_dir(&lost).map_err(io(&lost))?;
+            make_and_mount(&image, &mount, cap).await?;
         }
         mount_agent_tmpfs(&self.agents_dir.join(id.to_string())).await
     }
@@ -199,16 +194,17 @@ impl Disks {
             return Ok(false);
         }
         let mut remounted = false;
-        for (image, mount, _) in self.images(id) {
+        for (image, mount, cap) in self.images(id) {
             if !is_mount_point(&mount) {
                 std::fs::create_dir_all(&mount).map_err(io(&mount))?;
                 if !image.is_file() {
-                    return Err(DiskError::Tool {
-                        what: format!("mounting {}", mount.display()),
-                        detail: format!("its image {} is missing", image.display()),
-                    });
+                    // Its files went with the image; the cap must not.
+                    warn!(sandbox = %id, image = %image.display(), "a sandbox's disk image is missing; making an empty one");
+                    std::fs::create_dir_all(image.parent().expect("in a folder")).map_err(io(&image))?;
+                    make_and_mount(&image, &mount, cap).await?;
+                } else {
+                    mount_image(&image, &mount).await?;
                 }
-                mount_image(&image, &mount).await?;
                 remounted = true;
             }
         }
@@ -356,6 +352,16 @@ async fn make_image(image: &Path, cap: Cap) -> Result<(), DiskError> {
             .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin"),
     )
     .await
+}
+
+/// A fresh image mounted at `mount`, empty: a fresh ext4 holds
+/// `lost+found`, which is not the sandbox's, and a non-empty volume would
+/// not be filled from the image.
+async fn make_and_mount(image: &Path, mount: &Path, cap: Cap) -> Result<(), DiskError> {
+    make_image(image, cap).await?;
+    mount_image(image, mount).await?;
+    let lost = mount.join("lost+found");
+    std::fs::remove_dir(&lost).map_err(io(&lost))
 }
 
 /// Loop-mounts an image: no device files, no set-uid programs, and no
