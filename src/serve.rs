@@ -27,7 +27,7 @@ const SERVER_OOM_SCORE_ADJ: i32 = -900;
 /// sandboxes may together take more memory than the host has.
 fn guard_host(config: &Config) {
     if let Err(e) = sandbox_actors::host::protect_from_oom_killer(SERVER_OOM_SCORE_ADJ) {
-        tracing::warn!(error = %e, "could not lower the server's OOM score (is it root?): the OOM killer may pick it before a sandbox");
+        tracing::warn!(error = %e, "could not lower the server's OOM score (this needs CAP_SYS_RESOURCE); sandboxes still score higher");
     }
     let most = config.limits.max_sandboxes_total as u64 + config.pool.size as u64;
     let wanted = most * (config.sandbox.memory_mb << 20);

@@ -117,9 +117,16 @@ async fn writes_stop_at_the_caps_and_the_host_keeps_its_space() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn what_a_sandbox_prints_to_its_container_log_stays_within_the_log_cap() {
+async fn the_container_log_stays_within_its_cap_and_sandboxes_die_first_when_memory_runs_out() {
     let h = Harness::with(small_disks).await;
     let id = h.create().await;
+    let score = h
+        .sh(id, "cat /proc/1/oom_score_adj /proc/self/oom_score_adj", None)
+        .await;
+    assert_eq!(
+        score.output.stdout, "500\n500\n",
+        "the OOM killer picks sandboxes first"
+    );
     let flood = "python3 -c \"import sys\nline = b'x' * 1023 + b'\\n'\nfor _ in range(300): sys.stdout.buffer.write(line * 1024)\" > /proc/1/fd/1; echo $?";
     let ran = h.sh(id, flood, Some(300)).await;
     assert_eq!(

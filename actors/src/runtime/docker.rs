@@ -26,6 +26,10 @@ use crate::labels;
 /// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
 const CA_IN_CONTAINER: &str = "/etc/ssl/certs/ca-certificates.crt";
 const VENV_IN_CONTAINER: &str = "/app/.venv";
+/// OOM score of sandbox processes: a host out of memory has the kernel end
+/// a sandbox before the server or the engine. Raising a score needs no
+/// privilege, unlike the server lowering its own.
+const SANDBOX_OOM_SCORE_ADJ: i64 = 500;
 
 pub struct DockerRuntime {
     docker: Docker,
@@ -123,6 +127,7 @@ impl DockerRuntime {
             network_mode: Some(network.to_string()),
             runtime: Some(runtime.to_string()),
             log_config: Some(capped_log()),
+            oom_score_adj: Some(SANDBOX_OOM_SCORE_ADJ),
             ..Default::default()
         };
         ContainerCreateBody {
