@@ -49,7 +49,8 @@ impl IntoResponse for ApiError {
             SandboxError::InvalidArgument(_) | SandboxError::UploadRefused(_) => StatusCode::BAD_REQUEST,
             SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
-            SandboxError::Agent(_) => StatusCode::BAD_GATEWAY,
+            SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
+            SandboxError::Ended { .. } => StatusCode::GONE,
             SandboxError::Disk(_) | SandboxError::Store(_) | SandboxError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

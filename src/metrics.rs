@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use sandbox_actors::{SandboxError, Stats};
+use sandbox_actors::{SandboxError, SandboxStatus, Stats};
 use tracing::{field, info, Instrument};
 use uuid::Uuid;
 
@@ -104,8 +104,8 @@ impl Metrics {
         let mut out = String::new();
         header(&mut out, "mcp_sandbox_sandboxes", "gauge", "Sandboxes by status.");
         let mut by_status = stats.by_status.clone();
-        for status in ["running", "paused", "restarting", "deleting"] {
-            by_status.entry(status.to_string()).or_default();
+        for status in SandboxStatus::ALL {
+            by_status.entry(status).or_default();
         }
         for (status, n) in &by_status {
             let _ = writeln!(out, "mcp_sandbox_sandboxes{{status=\"{status}\"}} {n}");

@@ -161,7 +161,7 @@ impl From<SandboxInfo> for CreatedSandbox {
         Self {
             sandbox_id: i.sandbox_id.to_string(),
             name: i.name,
-            status: i.status,
+            status: i.status.to_string(),
             created_at: rfc3339(i.created_at),
             expires_at: i.expires_at.map(rfc3339),
         }
@@ -173,7 +173,7 @@ impl From<SandboxInfo> for ListedSandbox {
         Self {
             sandbox_id: i.sandbox_id.to_string(),
             name: i.name,
-            status: i.status,
+            status: i.status.to_string(),
             created_at: rfc3339(i.created_at),
             expires_at: i.expires_at.map(rfc3339),
             installed_packages: packages(i.installed_packages),

@@ -44,6 +44,9 @@ enum Request<'a> {
     Packages {
         id: u64,
     },
+    Ping {
+        id: u64,
+    },
     Interrupt {
         id: u64,
     },
@@ -186,6 +189,23 @@ impl AgentClient {
         }
     }
 
+    /// Whether the agent closed the connection. Peeks without consuming,
+    /// so a line still in flight stays whole.
+    pub fn is_closed(&self) -> bool {
+        if !self.reader.buffer().is_empty() {
+            return false;
+        }
+        let fd = self.reader.get_ref().as_ref().as_raw_fd();
+        let mut byte = [0u8; 1];
+        // SAFETY: `fd` is this client's open socket; the buffer is one byte.
+        let n = unsafe { libc::recv(fd, byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        match n {
+            0 => true,
+            n if n > 0 => false,
+            _ => !matches!(std::io::Error::last_os_error().kind(), std::io::ErrorKind::WouldBlock),
+        }
+    }
+
     pub fn interrupter(&self) -> Interrupter {
         Interrupter {
             writer: self.writer.clone(),
@@ -252,6 +272,16 @@ impl AgentClient {
             serde_json::from_value(list).map_err(|e| AgentError::Protocol(e.to_string()))?;
         packages.truncate(10_000);
         Ok(packages)
+    }
+
+    /// Asks the agent whether it is there (callers bound the wait).
+    pub async fn ping(&mut self) -> Result<(), AgentError> {
+        let id = self.take_id();
+        self.send(&Request::Ping { id }).await?;
+        match self.receive(id).await? {
+            reply if reply.kind == "result" => Ok(()),
+            reply => Err(reply_error(reply)),
+        }
     }
 
     fn take_id(&mut self) -> u64 {
@@ -374,6 +404,15 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, AgentError::Protocol(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_is_seen_without_reading_it() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let client = AgentClient::from_stream(a, 1024);
+        assert!(!client.is_closed());
+        drop(b);
+        assert!(client.is_closed());
     }
 
     #[test]

@@ -101,6 +101,10 @@ impl NetworkMode {
 pub struct PackagesConfig {
     pub index_url: Option<String>,
     pub extra_index_url: Option<String>,
+    /// Lets installs for sandboxes without network build source
+    /// distributions. Their build code then runs in the installer container,
+    /// which has network, so it is off: such installs take wheels only.
+    pub allow_source_builds: bool,
 }
 
 /// `[pool]`: sandboxes kept ready for `create_sandbox`.

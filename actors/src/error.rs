@@ -18,6 +18,12 @@ pub enum SandboxError {
     Docker(String),
     #[error("the sandbox's agent failed: {0}")]
     Agent(String),
+    /// The sandbox missed a deadline; its container is being restarted.
+    #[error("sandbox {id} did not answer within {seconds} s ({what}). Its container is being restarted: files in /app/results and installed packages are kept, Python variables are lost. Call again; the next call runs once the sandbox is back.")]
+    Unresponsive { id: Uuid, what: &'static str, seconds: u64 },
+    /// The sandbox went away while the call waited or ran.
+    #[error("sandbox {id} {why}, so this call was ended. Create a new sandbox with create_sandbox.")]
+    Ended { id: Uuid, why: String },
     #[error("sandbox image: {0}")]
     Image(String),
     /// A sandbox's capped file systems could not be made or mounted.
@@ -39,6 +45,8 @@ impl SandboxError {
             SandboxError::Quota(_) => "quota",
             SandboxError::Docker(_) => "docker",
             SandboxError::Agent(_) => "agent",
+            SandboxError::Unresponsive { .. } => "unresponsive",
+            SandboxError::Ended { .. } => "ended",
             SandboxError::Image(_) => "image",
             SandboxError::Disk(_) => "disk",
             SandboxError::Store(_) => "store",

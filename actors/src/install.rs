@@ -5,8 +5,10 @@
 //! A sandbox with network installs in itself. One without (`network =
 //! "none"`, gVisor) gets a short-lived installer container instead: the same
 //! trusted image with network, the sandbox's package volume mounted, and
-//! the image's own interpreter as uv's target, so nothing from the
-//! sandbox-writable volume runs while the network is there.
+//! the image's own uv and interpreter, by absolute path and with an
+//! environment set by the server alone, so nothing from the sandbox-writable
+//! volume runs while the network is there. Such installs take wheels only
+//! (no build code runs), unless `packages.allow_source_builds` says otherwise.
 
 use std::time::Duration;
 
@@ -22,8 +24,13 @@ use crate::records::{InstallRecord, InstallState};
 use crate::sandbox::{Finished, SandboxMsg};
 
 /// The image's uv environment, on the read-only root (docker/Dockerfile).
-const TRUSTED_PYTHON: &str = "/opt/uv/bin/python";
+pub const TRUSTED_UV: &str = "/opt/uv/bin/uv";
+pub const TRUSTED_PYTHON: &str = "/opt/uv/bin/python";
 const VENV: &str = "/app/.venv";
+/// Bytes of the installer's output kept (its end, where the error is).
+const MAX_OUTPUT: usize = 16 * 1024;
+/// What an offline install prints when a package has no wheel.
+const NO_WHEEL_SIGNS: [&str; 3] = ["no-build", "has no usable wheels", "no binary distribution"];
 
 pub struct InstallTask;
 
@@ -47,13 +54,24 @@ pub enum Target {
 /// only, then `--`, then the caller's (validated) requirements.
 pub fn install_argv(packages: &PackagesConfig, specs: &[String], target: Target) -> Vec<String> {
     let mut argv: Vec<String> = match target {
-        Target::Sandbox => ["uv", "pip", "install", "--python", "/app/.venv/bin/python"]
+        Target::Sandbox => [TRUSTED_UV, "pip", "install", "--python", "/app/.venv/bin/python"]
             .map(String::from)
             .into(),
-        Target::Installer => ["uv", "pip", "install", "--python", TRUSTED_PYTHON, "--prefix", VENV]
-            .map(String::from)
-            .into(),
+        Target::Installer => [
+            TRUSTED_UV,
+            "pip",
+            "install",
+            "--python",
+            TRUSTED_PYTHON,
+            "--prefix",
+            VENV,
+        ]
+        .map(String::from)
+        .into(),
     };
+    if target == Target::Installer && !packages.allow_source_builds {
+        argv.push("--no-build".into());
+    }
     if let Some(url) = &packages.index_url {
         argv.extend(["--index-url".into(), url.clone()]);
     }
@@ -86,8 +104,8 @@ async fn install_with_installer(link: &mut Link, argv: Vec<String>, timeout: Dur
         // Scripts were written for the installer's interpreter: point them
         // at the sandbox's own (this runs in the sandbox, as its user).
         let fix =
-            format!("sed -i '1s|^#!{TRUSTED_PYTHON}[0-9.]*$|#!{VENV}/bin/python|' {VENV}/bin/* 2>/dev/null; true");
-        let argv = vec!["sh".into(), "-c".into(), fix];
+            format!("/bin/sed -i '1s|^#!{TRUSTED_PYTHON}[0-9.]*$|#!{VENV}/bin/python|' {VENV}/bin/* 2>/dev/null; true");
+        let argv = vec!["/bin/sh".into(), "-c".into(), fix];
         link.run(
             &Work::Program(argv),
             Duration::from_secs(60),
@@ -140,25 +158,42 @@ impl Actor for InstallTask {
                 .await
             }
         };
+        let offline = ctx.settings.sandbox.network == NetworkMode::None;
         let (status, message, output) = match outcome {
             Ok((0, _, _)) => (InstallState::Success, format!("Successfully installed {package}"), None),
             Ok((code, text, timed_out)) => {
-                let text = text.trim().to_string();
+                let text = tail(text.trim(), MAX_OUTPUT);
                 let why = if timed_out {
                     "timed out".to_string()
                 } else {
                     format!("exit code {code}")
                 };
-                (
-                    InstallState::Failed,
-                    format!("Failed to install {package} ({why}): {text}"),
-                    Some(text),
-                )
+                let mut message =
+                    format!("Failed to install {package} ({why}); the installer's output is in `output`.");
+                if offline
+                    && !ctx.settings.packages.allow_source_builds
+                    && NO_WHEEL_SIGNS.iter().any(|s| text.contains(s))
+                {
+                    message.push_str(
+                        " This server installs only wheels into sandboxes without network, and a package here has no wheel \
+                         for this platform: install a version that has one, or ask the operator to set \
+                         packages.allow_source_builds = true.",
+                    );
+                }
+                (InstallState::Failed, message, Some(text))
             }
             Err(e) => (InstallState::Failed, format!("Failed to install {package}: {e}"), None),
         };
         let packages = match status {
-            InstallState::Success => Link::packages(&ctx, &link.paths).await.ok(),
+            InstallState::Success => match Link::packages(&ctx, &link.paths).await {
+                Ok(list) => Some(list),
+                Err(e) => {
+                    if let crate::error::SandboxError::Unresponsive { .. } = e {
+                        let _ = report.cast(SandboxMsg::Unhealthy);
+                    }
+                    None
+                }
+            },
             _ => None,
         };
         let record = InstallRecord {
@@ -175,17 +210,50 @@ impl Actor for InstallTask {
     }
 }
 
+/// The last `max` bytes of `text` (on a character boundary).
+fn tail(text: &str, max: usize) -> String {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn output_is_cut_to_its_end_on_a_character_boundary() {
+        let text = format!("{}é-the error", "x".repeat(100));
+        let cut = tail(&text, 11);
+        assert_eq!(cut, "-the error");
+        assert_eq!(tail("short", 100), "short");
+    }
+
+    #[test]
     fn caller_specs_come_after_the_options_end() {
         let packages = PackagesConfig {
             index_url: Some("https://mirror/simple".into()),
-            extra_index_url: None,
+            ..Default::default()
         };
         let argv = install_argv(&packages, &["six".into()], Target::Installer);
+        assert_eq!(
+            argv[0], TRUSTED_UV,
+            "the image's own uv, never one found on a search path"
+        );
+        assert!(
+            argv.contains(&"--no-build".to_string()),
+            "offline installs take wheels only"
+        );
+        let sandbox = install_argv(&packages, &["six".into()], Target::Sandbox);
+        assert_eq!(sandbox[0], TRUSTED_UV);
+        assert!(!sandbox.contains(&"--no-build".to_string()));
+        let builds = PackagesConfig {
+            allow_source_builds: true,
+            ..Default::default()
+        };
+        assert!(!install_argv(&builds, &["six".into()], Target::Installer).contains(&"--no-build".to_string()));
         let dashdash = argv.iter().position(|a| a == "--").unwrap();
         assert_eq!(&argv[dashdash + 1..], ["six"]);
         assert!(

@@ -19,6 +19,7 @@ pub mod runtime;
 mod sandbox;
 pub mod scope;
 mod service;
+pub mod status;
 mod supervisor;
 pub mod uploads;
 
@@ -30,6 +31,7 @@ pub use host::Resources;
 pub use link::Ran;
 pub use runtime::disk::{DiskUsage, DiskUse};
 pub use runtime::Usage;
-pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
+pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded, MAX_INSTALL_RECORDS};
 pub use scope::Scope;
 pub use service::{Quota, Sandboxes, Stats};
+pub use status::SandboxStatus;

@@ -2,8 +2,12 @@
 //! gone, the container is inspected and started, unpaused or re-created (its
 //! package volume and results folder are kept), and the run is sent again
 //! only when it provably never reached the agent.
+//!
+//! Every exchange with the agent has a deadline (the agent is the sandbox's
+//! to replace), and a link whose sandbox is being deleted or has expired
+//! stops at once and never brings the container back.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -21,6 +25,36 @@ const AGENT_START: Duration = Duration::from_secs(30);
 const WATCHDOG_SLACK: Duration = Duration::from_secs(15);
 /// How long to wait for an agent that still finishes an abandoned run.
 const BUSY_WAIT: Duration = Duration::from_secs(10);
+/// Opening a connection to the agent, and a short question to it (a ping,
+/// the package listing): a well-behaved agent answers in milliseconds.
+pub const AGENT_CONNECT: Duration = Duration::from_secs(5);
+pub const AGENT_QUERY: Duration = Duration::from_secs(10);
+
+/// Set once when a sandbox is deleted or expires: the link's work ends at
+/// once, with the reason, and no recovery brings the container back.
+#[derive(Clone, Default)]
+pub struct Retirement {
+    token: CancellationToken,
+    why: Arc<OnceLock<String>>,
+}
+
+impl Retirement {
+    pub fn retire(&self, why: impl Into<String>) {
+        let _ = self.why.set(why.into());
+        self.token.cancel();
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    fn error(&self, id: uuid::Uuid) -> SandboxError {
+        SandboxError::Ended {
+            id,
+            why: self.why.get().cloned().unwrap_or_else(|| "was deleted".into()),
+        }
+    }
+}
 
 pub struct Link {
     ctx: Arc<Context>,
@@ -33,6 +67,7 @@ pub struct Link {
     connected_before: bool,
     /// The container is frozen (idle parking); the next call thaws it.
     paused: bool,
+    retirement: Retirement,
 }
 
 /// A run's output and what happened to the sandbox on the way.
@@ -43,7 +78,13 @@ pub struct Ran {
 }
 
 impl Link {
-    pub fn new(ctx: Arc<Context>, paths: SandboxPaths, container_id: String, volume: String) -> Self {
+    pub fn new(
+        ctx: Arc<Context>,
+        paths: SandboxPaths,
+        container_id: String,
+        volume: String,
+        retirement: Retirement,
+    ) -> Self {
         Self {
             ctx,
             paths,
@@ -52,6 +93,7 @@ impl Link {
             client: None,
             connected_before: false,
             paused: false,
+            retirement,
         }
     }
 
@@ -71,7 +113,13 @@ impl Link {
     /// Thaws the container if this link froze it (or found it frozen).
     pub async fn wake(&mut self) -> Result<()> {
         if self.paused {
-            self.ctx.runtime.unpause(&self.container_id).await?;
+            if let Err(e) = self.ctx.runtime.unpause(&self.container_id).await {
+                // It may have died (or been thawed) meanwhile: only a
+                // container that is still frozen is an error here.
+                if let Ok(ContainerState::Paused) = self.ctx.runtime.state(&self.container_id).await {
+                    return Err(e);
+                }
+            }
             self.paused = false;
         }
         Ok(())
@@ -99,6 +147,7 @@ impl Link {
         let mut notices: Vec<String> = Vec::new();
         let mut resent = false;
         let busy_until = tokio::time::Instant::now() + BUSY_WAIT;
+        let retired = self.retirement.token.clone();
         self.wake().await?;
         loop {
             if let Some(n) = self.connect().await? {
@@ -113,13 +162,19 @@ impl Link {
                 let mut interrupted = false;
                 loop {
                     tokio::select! {
-                        r = tokio::time::timeout(watchdog, &mut run) => break r,
+                        r = tokio::time::timeout(watchdog, &mut run) => break Some(r),
+                        _ = retired.cancelled() => break None,
                         _ = cancel.cancelled(), if !interrupted => {
                             interrupted = true;
-                            interrupter.interrupt().await;
+                            // The agent's own socket may be full; never wait on it.
+                            let _ = tokio::time::timeout(AGENT_CONNECT, interrupter.interrupt()).await;
                         }
                     }
                 }
+            };
+            let Some(result) = result else {
+                self.drop_client();
+                return Err(self.retirement.error(self.paths.id));
             };
             match result {
                 Ok(Ok(output)) => {
@@ -150,10 +205,12 @@ impl Link {
                 }
                 Err(_elapsed) => {
                     warn!(sandbox = %self.paths.id, "agent unresponsive past its timeout; restarting the container");
-                    self.drop_client();
-                    Counters::bump(&self.ctx.counters.container_restarts);
-                    let _ = self.ctx.runtime.restart(&self.container_id).await;
-                    return self.died_during_run(notices).await;
+                    self.restart_unresponsive().await;
+                    return Err(SandboxError::Unresponsive {
+                        id: self.paths.id,
+                        what: "the run did not end when its timeout and grace were over",
+                        seconds: (timeout + WATCHDOG_SLACK).as_secs(),
+                    });
                 }
             }
         }
@@ -162,6 +219,7 @@ impl Link {
     /// Restarts the container on request: processes and Python state go,
     /// files and packages stay. Answers once the agent is back.
     pub async fn restart(&mut self) -> Result<()> {
+        self.check_retired()?;
         self.wake().await?;
         self.drop_client();
         Counters::bump(&self.ctx.counters.container_restarts);
@@ -170,15 +228,66 @@ impl Link {
         Ok(())
     }
 
+    /// Restarts a container whose agent missed a deadline, which also ends
+    /// whatever the sandbox left running; the next call reconnects.
+    pub async fn restart_unresponsive(&mut self) {
+        self.drop_client();
+        if self.retirement.is_retired() {
+            return;
+        }
+        self.paused = false;
+        // Frozen behind the server's back (`docker pause`): thaw it first.
+        if let Ok(ContainerState::Paused) = self.ctx.runtime.state(&self.container_id).await {
+            let _ = self.ctx.runtime.unpause(&self.container_id).await;
+        }
+        Counters::bump(&self.ctx.counters.container_restarts);
+        if let Err(e) = self.ctx.runtime.restart(&self.container_id).await {
+            warn!(sandbox = %self.paths.id, error = %e, "could not restart an unresponsive sandbox");
+        }
+    }
+
     /// Lists the venv's distributions over a short-lived second connection,
-    /// so it works while a run holds the main one.
+    /// so it works while a run holds the main one; within [`AGENT_QUERY`].
     pub async fn packages(ctx: &Context, paths: &SandboxPaths) -> Result<Vec<crate::agent::Package>> {
-        let mut client = ctx
-            .runtime
-            .connect_agent(paths)
+        let unresponsive = || SandboxError::Unresponsive {
+            id: paths.id,
+            what: "listing its packages",
+            seconds: AGENT_QUERY.as_secs(),
+        };
+        let ask = async {
+            let mut client = connect_agent(ctx, paths)
+                .await
+                .map_err(|e| SandboxError::Agent(format!("the sandbox is not running ({e})")))?;
+            client.packages().await.map_err(|e| SandboxError::Agent(e.to_string()))
+        };
+        tokio::time::timeout(AGENT_QUERY, ask)
             .await
-            .map_err(|e| SandboxError::Agent(format!("the sandbox is not running ({e})")))?;
-        client.packages().await.map_err(|e| SandboxError::Agent(e.to_string()))
+            .unwrap_or_else(|_| Err(unresponsive()))
+    }
+
+    /// Whether the connection the link holds was closed by the other end
+    /// (the agent or its container died while nobody was calling).
+    pub fn agent_gone(&self) -> bool {
+        self.client.as_ref().is_some_and(AgentClient::is_closed)
+    }
+
+    /// Brings back a container found dead while idle; says what was done,
+    /// for the next caller.
+    pub async fn revive(&mut self) -> Result<Option<String>> {
+        self.drop_client();
+        self.connect().await
+    }
+
+    /// Whether the link holds no connection (none made yet, or one dropped).
+    pub fn is_disconnected(&self) -> bool {
+        self.client.is_none()
+    }
+
+    fn check_retired(&self) -> Result<()> {
+        match self.retirement.is_retired() {
+            true => Err(self.retirement.error(self.paths.id)),
+            false => Ok(()),
+        }
     }
 
     fn drop_client(&mut self) {
@@ -215,26 +324,30 @@ impl Link {
 
     /// Makes sure a connection is open; says what had to be done for it.
     async fn connect(&mut self) -> Result<Option<String>> {
+        self.check_retired()?;
         if self.client.is_some() {
             return Ok(None);
         }
-        let lost_state = self.connected_before;
-        if let Ok(client) = self.ctx.runtime.connect_agent(&self.paths).await {
+        let lost_state = self.connected_before.then(|| {
+            "The sandbox's agent was restarted since your last call: Python variables were lost; files and packages are kept.".to_string()
+        });
+        if let Ok(client) = ready_agent(&self.ctx, &self.paths).await {
             self.client = Some(client);
-            return Ok(lost_state.then(|| {
-                "The sandbox's agent was restarted since your last call: Python variables were lost; files and packages are kept.".to_string()
-            }));
+            return Ok(lost_state);
         }
         let runtime = &self.ctx.runtime;
+        // Whatever the branch, the container is left running, not frozen.
+        self.paused = false;
         let notice = match runtime.state(&self.container_id).await? {
-            ContainerState::Running => None,
+            ContainerState::Running => lost_state,
             ContainerState::Paused => {
                 runtime.unpause(&self.container_id).await?;
-                None
+                lost_state
             }
             ContainerState::Stopped { exit_code, oom_killed } => {
                 info!(sandbox = %self.paths.id, exit_code, oom_killed, "restarting a stopped sandbox container");
                 runtime.start(&self.container_id).await?;
+                self.check_retired()?;
                 Counters::bump(&self.ctx.counters.container_restarts);
                 let why = if oom_killed {
                     "it ran out of memory".to_string()
@@ -248,22 +361,70 @@ impl Link {
             ContainerState::Missing => {
                 info!(sandbox = %self.paths.id, "re-creating a removed sandbox container");
                 let created = runtime.create(&self.paths, Some(&self.volume)).await?;
+                if self.retirement.is_retired() {
+                    // Deleted while it was being made: it must not outlive the removal.
+                    let _ = runtime.remove(&created.container_id, Some(&created.volume)).await;
+                    return Err(self.retirement.error(self.paths.id));
+                }
                 self.container_id = created.container_id;
                 Counters::bump(&self.ctx.counters.container_restarts);
                 Some("The sandbox's container had been removed and was re-created. Files in /app/results and installed packages are kept; Python variables were lost.".to_string())
             }
         };
-        self.client = Some(wait_for_agent(&self.ctx, &self.paths, &self.container_id).await?);
-        Ok(notice)
+        let waited = tokio::select! {
+            waited = wait_for_agent(&self.ctx, &self.paths, &self.container_id) => waited,
+            _ = self.retirement.token.cancelled() => return Err(self.retirement.error(self.paths.id)),
+        };
+        match waited {
+            Ok(client) => {
+                self.client = Some(client);
+                Ok(notice)
+            }
+            // A running container whose agent never answers: restart it,
+            // which ends whatever took the agent's place.
+            Err(SandboxError::Agent(why))
+                if matches!(runtime.state(&self.container_id).await, Ok(ContainerState::Running)) =>
+            {
+                warn!(sandbox = %self.paths.id, error = %why, "the agent of a running container does not answer; restarting it");
+                self.restart_unresponsive().await;
+                Err(SandboxError::Unresponsive {
+                    id: self.paths.id,
+                    what: "its agent did not answer after a start",
+                    seconds: AGENT_START.as_secs(),
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
-/// Waits until a (re)started container's agent accepts a connection.
+/// Connects to the agent within [`AGENT_CONNECT`].
+async fn connect_agent(ctx: &Context, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
+    tokio::time::timeout(AGENT_CONNECT, ctx.runtime.connect_agent(paths))
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")))
+}
+
+/// A connection whose agent answered a ping within [`AGENT_CONNECT`]: a
+/// socket that accepts but never answers is no agent.
+async fn ready_agent(ctx: &Context, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
+    let mut client = connect_agent(ctx, paths).await?;
+    match tokio::time::timeout(AGENT_CONNECT, client.ping()).await {
+        Ok(Ok(())) => Ok(client),
+        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the agent did not answer a ping",
+        )),
+    }
+}
+
+/// Waits until a (re)started container's agent answers.
 pub async fn wait_for_agent(ctx: &Context, paths: &SandboxPaths, container_id: &str) -> Result<AgentClient> {
     let deadline = tokio::time::Instant::now() + AGENT_START;
     let mut last = String::new();
     while tokio::time::Instant::now() < deadline {
-        match ctx.runtime.connect_agent(paths).await {
+        match ready_agent(ctx, paths).await {
             Ok(client) => return Ok(client),
             Err(e) => last = e.to_string(),
         }

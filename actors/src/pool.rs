@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::agent::Work;
+use crate::agent::{AgentClient, Work};
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::link::wait_for_agent;
@@ -29,6 +29,15 @@ use crate::runtime::{ContainerRef, SANDBOX_UID};
 pub struct Provisioned {
     pub id: Uuid,
     pub container: ContainerRef,
+    /// The warm pool's connection to the agent, kept only to notice that
+    /// the container died while it waited (an engine restart, a kill).
+    warm: Option<AgentClient>,
+}
+
+impl Provisioned {
+    fn is_dead(&self) -> bool {
+        self.warm.as_ref().is_some_and(AgentClient::is_closed)
+    }
 }
 
 /// Creates a host folder that the sandbox user (not root) must write.
@@ -56,7 +65,11 @@ pub async fn provision(ctx: &Context) -> Result<Provisioned> {
         ctx.runtime.create(&paths, None).await
     };
     match made.await {
-        Ok(container) => Ok(Provisioned { id, container }),
+        Ok(container) => Ok(Provisioned {
+            id,
+            container,
+            warm: None,
+        }),
         Err(e) => {
             remove_host_side(ctx, id).await;
             Err(e)
@@ -89,22 +102,32 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
 /// Provisions a sandbox and waits until its worker is up, so that the first
 /// call of its owner costs what any later call costs.
 async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
-    let p = provision(ctx).await?;
+    let mut p = provision(ctx).await?;
     let warmed = async {
         let mut client = wait_for_agent(ctx, &ctx.paths(p.id), &p.container.container_id).await?;
-        client
-            .run(&Work::Python("pass".into()), 30.0, 1024, None)
+        let warm_up = Work::Python("pass".into());
+        tokio::time::timeout(WARM_DEADLINE, client.run(&warm_up, 30.0, 1024, None))
             .await
-            .map_err(|e| SandboxError::Agent(e.to_string()))
+            .map_err(|_| SandboxError::Agent("the Python worker did not start in time".into()))?
+            .map_err(|e| SandboxError::Agent(e.to_string()))?;
+        Ok(client)
     };
     match warmed.await {
-        Ok(_) => Ok(p),
+        Ok(client) => {
+            p.warm = Some(client);
+            Ok(p)
+        }
         Err(e) => {
             discard(ctx, &p).await;
             Err(e)
         }
     }
 }
+
+/// How long a pooled sandbox's Python worker may take to start.
+const WARM_DEADLINE: Duration = Duration::from_secs(30);
+/// How often the pool looks for pooled sandboxes that died while waiting.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Pool {
     ctx: Arc<Context>,
@@ -132,11 +155,37 @@ impl Pool {
         pool
     }
 
-    /// Takes a ready sandbox, if any, and asks for a replacement.
-    pub fn take(&self) -> Option<Provisioned> {
-        let taken = self.ready.lock().expect("pool lock").pop_front();
+    /// Takes a ready sandbox, if any, and asks for a replacement. One whose
+    /// container died while it waited is thrown away, never handed out.
+    pub fn take(self: &Arc<Self>) -> Option<Provisioned> {
+        let taken = loop {
+            let next = self.ready.lock().expect("pool lock").pop_front();
+            match next {
+                Some(p) if p.is_dead() => self.throw_away(p),
+                other => break other,
+            }
+        };
         self.wake.notify_one();
         taken
+    }
+
+    fn throw_away(self: &Arc<Self>, p: Provisioned) {
+        info!(sandbox = %p.id, "a pooled sandbox died while waiting; removing it");
+        let pool = self.clone();
+        tokio::spawn(async move { discard(&pool.ctx, &p).await });
+    }
+
+    /// Throws away pooled sandboxes that died while waiting.
+    fn prune(self: &Arc<Self>) {
+        let dead: Vec<Provisioned> = {
+            let mut ready = self.ready.lock().expect("pool lock");
+            let (dead, alive): (VecDeque<_>, VecDeque<_>) = ready.drain(..).partition(Provisioned::is_dead);
+            *ready = alive;
+            dead.into()
+        };
+        for p in dead {
+            self.throw_away(p);
+        }
     }
 
     pub fn ready(&self) -> usize {
@@ -160,6 +209,7 @@ impl Pool {
             }
             tokio::select! {
                 _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(PRUNE_EVERY) => self.prune(),
                 _ = self.stop.cancelled() => return,
             }
         }

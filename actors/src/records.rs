@@ -1,6 +1,10 @@
 //! Sandbox records in an embedded database (redb) in the server's state
 //! folder: who owns a sandbox, its container, its times and its installs.
 //! The records, never Docker labels, are the truth about ownership.
+//!
+//! A sandbox's installs live in a table of their own, one row per
+//! requirement, so that an install changes one small row instead of
+//! rewriting the whole record, however many installs the sandbox made.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,6 +19,17 @@ use crate::agent::Package;
 use crate::error::{Result, SandboxError};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
+/// `"{sandbox id}/{requirement}"` → [`InstallRecord`].
+const INSTALLS: TableDefinition<&str, &[u8]> = TableDefinition::new("installs");
+
+fn install_key(id: Uuid, package: &str) -> String {
+    format!("{id}/{package}")
+}
+
+/// The key range holding one sandbox's installs (`'0'` follows `'/'`).
+fn installs_of(id: Uuid) -> std::ops::Range<String> {
+    format!("{id}/")..format!("{id}0")
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -50,9 +65,16 @@ pub struct SandboxRecord {
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
     pub expires_at: Option<OffsetDateTime>,
+    /// Loaded from, and written to, the installs table; records written by
+    /// earlier versions carry them inline and are moved on first load.
+    #[serde(default, skip_serializing)]
     pub installs: BTreeMap<String, InstallRecord>,
     /// Distributions in the sandbox's venv, as of the last install.
     pub packages: Vec<Package>,
+    /// Its removal has begun: a server that stopped meanwhile finishes it
+    /// at its next start instead of adopting the sandbox.
+    #[serde(default)]
+    pub deleting: bool,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -72,29 +94,53 @@ impl RecordStore {
             e => e.into(),
         })?;
         let txn = db.begin_write()?;
-        txn.open_table(SANDBOXES)?;
+        move_inline_installs(&mut txn.open_table(SANDBOXES)?, &mut txn.open_table(INSTALLS)?)?;
         txn.commit()?;
         Ok(Self { db: Arc::new(db) })
     }
 
+    /// Writes the sandbox's own fields (its installs have rows of their own).
     pub async fn put(&self, record: SandboxRecord) -> Result<()> {
         let db = self.db.clone();
         blocking(move || {
-            let bytes = serde_json::to_vec(&record).map_err(|e| SandboxError::Store(e.to_string()))?;
             let txn = db.begin_write()?;
             txn.open_table(SANDBOXES)?
-                .insert(record.id.to_string().as_str(), bytes.as_slice())?;
+                .insert(record.id.to_string().as_str(), to_json(&record)?.as_slice())?;
             txn.commit()?;
             Ok(())
         })
         .await
     }
 
+    /// Writes one install of a sandbox, and forgets those in `forget`.
+    pub async fn put_install(&self, id: Uuid, install: InstallRecord, forget: Vec<String>) -> Result<()> {
+        let db = self.db.clone();
+        blocking(move || {
+            let txn = db.begin_write()?;
+            let mut installs = txn.open_table(INSTALLS)?;
+            installs.insert(
+                install_key(id, &install.package).as_str(),
+                to_json(&install)?.as_slice(),
+            )?;
+            for package in forget {
+                installs.remove(install_key(id, &package).as_str())?;
+            }
+            drop(installs);
+            txn.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Removes a sandbox's record and its installs.
     pub async fn delete(&self, id: Uuid) -> Result<()> {
         let db = self.db.clone();
         blocking(move || {
             let txn = db.begin_write()?;
             txn.open_table(SANDBOXES)?.remove(id.to_string().as_str())?;
+            let range = installs_of(id);
+            txn.open_table(INSTALLS)?
+                .retain_in::<&str, _>(range.start.as_str()..range.end.as_str(), |_, _| false)?;
             txn.commit()?;
             Ok(())
         })
@@ -106,18 +152,64 @@ impl RecordStore {
         blocking(move || {
             let txn = db.begin_read()?;
             let table = txn.open_table(SANDBOXES)?;
+            let installs = txn.open_table(INSTALLS)?;
             let mut out = Vec::new();
             for entry in table.iter()? {
                 let (_, value) = entry?;
-                match serde_json::from_slice(value.value()) {
-                    Ok(record) => out.push(record),
-                    Err(e) => tracing::warn!(error = %e, "skipping an unreadable sandbox record"),
+                let mut record: SandboxRecord = match serde_json::from_slice(value.value()) {
+                    Ok(record) => record,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "skipping an unreadable sandbox record");
+                        continue;
+                    }
+                };
+                let range = installs_of(record.id);
+                for entry in installs.range::<&str>(range.start.as_str()..range.end.as_str())? {
+                    let (_, value) = entry?;
+                    match serde_json::from_slice::<InstallRecord>(value.value()) {
+                        Ok(install) => {
+                            record.installs.insert(install.package.clone(), install);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "skipping an unreadable install record"),
+                    }
                 }
+                out.push(record);
             }
             Ok(out)
         })
         .await
     }
+}
+
+/// Records written by earlier versions carry their installs inline: each
+/// install moves to a row of its own and the record is rewritten without.
+fn move_inline_installs(
+    sandboxes: &mut redb::Table<&str, &[u8]>,
+    installs: &mut redb::Table<&str, &[u8]>,
+) -> Result<()> {
+    let mut legacy = Vec::new();
+    for entry in sandboxes.iter()? {
+        let (_, value) = entry?;
+        if let Ok(record) = serde_json::from_slice::<SandboxRecord>(value.value()) {
+            if !record.installs.is_empty() {
+                legacy.push(record);
+            }
+        }
+    }
+    for record in legacy {
+        for install in record.installs.values() {
+            installs.insert(
+                install_key(record.id, &install.package).as_str(),
+                to_json(install)?.as_slice(),
+            )?;
+        }
+        sandboxes.insert(record.id.to_string().as_str(), to_json(&record)?.as_slice())?;
+    }
+    Ok(())
+}
+
+fn to_json(value: &impl Serialize) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| SandboxError::Store(e.to_string()))
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -141,6 +233,7 @@ mod tests {
             expires_at: None,
             installs: BTreeMap::new(),
             packages: vec![],
+            deleting: false,
         }
     }
 
@@ -158,5 +251,66 @@ mod tests {
         }
         let store = RecordStore::open(&path).unwrap();
         assert_eq!(store.all().await.unwrap(), vec![a]);
+    }
+
+    fn install(package: &str) -> InstallRecord {
+        InstallRecord {
+            package: package.into(),
+            status: InstallState::Failed,
+            message: "m".into(),
+            output: None,
+            started_at: OffsetDateTime::now_utc(),
+            finished_at: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn installs_are_rows_of_their_own_and_go_with_their_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(&dir.path().join("db.redb")).unwrap();
+        let (a, b) = (record("alice"), record("bob"));
+        store.put(a.clone()).await.unwrap();
+        store.put(b.clone()).await.unwrap();
+        store.put_install(a.id, install("six"), vec![]).await.unwrap();
+        store
+            .put_install(a.id, install("numpy"), vec!["six".into()])
+            .await
+            .unwrap();
+        store.put_install(b.id, install("pandas"), vec![]).await.unwrap();
+        let all = store.all().await.unwrap();
+        let of = |id| all.iter().find(|r| r.id == id).unwrap();
+        assert_eq!(of(a.id).installs.keys().collect::<Vec<_>>(), ["numpy"]);
+        assert_eq!(of(b.id).installs.keys().collect::<Vec<_>>(), ["pandas"]);
+        // The sandbox's own row no longer carries installs.
+        store.put(of(a.id).clone()).await.unwrap();
+        store.delete(a.id).await.unwrap();
+        let all = store.all().await.unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].installs.keys().collect::<Vec<_>>(), ["pandas"]);
+    }
+
+    #[tokio::test]
+    async fn inline_installs_of_earlier_versions_move_to_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.redb");
+        let mut legacy = serde_json::to_value(record("alice")).unwrap();
+        let id = legacy["id"].as_str().unwrap().to_string();
+        legacy["installs"] = serde_json::json!({ "six": install("six") });
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            let bytes = serde_json::to_vec(&legacy).unwrap();
+            txn.open_table(SANDBOXES)
+                .unwrap()
+                .insert(id.as_str(), bytes.as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let store = RecordStore::open(&path).unwrap();
+        let mut all = store.all().await.unwrap();
+        assert_eq!(all[0].installs.keys().collect::<Vec<_>>(), ["six"]);
+        all[0].installs.clear();
+        store.put(all.remove(0)).await.unwrap();
+        assert_eq!(store.all().await.unwrap()[0].installs.len(), 1, "kept in its own row");
     }
 }

@@ -1,10 +1,15 @@
 //! The sandbox actor: one per sandbox, owner of its container.
 //!
-//! Runs, installs, uploads and the delete are queued and carried out strictly
+//! Runs, installs, uploads and restarts are queued and carried out strictly
 //! in arrival order, each in a task (or the install-task actor) that holds
 //! the sandbox's [`Link`] while it works; the actor itself only queues and
 //! answers, so queries (info, install status) never wait behind a long run,
 //! and no sandbox ever waits on another.
+//!
+//! Deleting and expiring never wait on the sandbox: the link is retired (the
+//! job in flight ends at once with the reason), queued calls are answered,
+//! and after a short grace the container is removed. A sandbox that misses
+//! a deadline is restarted in turn with its calls.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -23,12 +28,20 @@ use crate::context::{Context, Counters};
 use crate::error::{Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
 use crate::install::{InstallArgs, InstallTask};
-use crate::link::{Link, Ran};
+use crate::link::{Link, Ran, Retirement};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
 use crate::runtime::disk::DiskUsage;
 use crate::runtime::ContainerState;
+use crate::status::SandboxStatus;
 use crate::uploads::{self, UploadSource};
+
+/// How long a delete waits for the job in flight to hand its link back
+/// before it removes the container anyway.
+const DELETE_GRACE: Duration = Duration::from_secs(2);
+/// Requirement strings whose last install a sandbox remembers; past it the
+/// oldest finished ones are forgotten.
+pub const MAX_INSTALL_RECORDS: usize = 100;
 
 /// A run of Python code or of a shell command.
 pub struct RunRequest {
@@ -91,7 +104,7 @@ pub struct SandboxInfo {
     pub owner: String,
     #[serde(skip)]
     pub container_id: String,
-    pub status: String,
+    pub status: SandboxStatus,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339::option")]
@@ -130,19 +143,29 @@ pub enum SandboxMsg {
     },
     Info(RpcReplyPort<SandboxInfo>),
     History(RpcReplyPort<Vec<CallRecord>>),
-    /// Periodic: deletes the sandbox if its lifetime is over, or pauses it
-    /// if it has been idle long enough.
+    /// Periodic: deletes the sandbox if its lifetime is over, pauses it if
+    /// it has been idle long enough, and notices a container that died.
     Tick,
     /// A job ended and hands the link back.
     Done(Box<Finished>),
+    /// A job's task panicked: its link is gone and must be rebuilt.
+    JobPanicked(String),
+    /// The sandbox missed a deadline outside a job (a query over a second
+    /// connection): restart its container in turn with its calls.
+    Unhealthy,
+    /// The removal of a deleted or expired sandbox ended.
+    Removed(std::result::Result<(), String>),
 }
 
 pub struct Finished {
     link: Link,
     install: Option<(InstallRecord, Option<Vec<Package>>)>,
-    deleted: bool,
     /// The call, for the sandbox's history.
     call: Option<CallRecord>,
+    /// Told with the next result (the container had to be brought back).
+    notice: Option<String>,
+    /// The container is still dead (it could not be brought back yet).
+    still_stopped: bool,
 }
 
 impl Finished {
@@ -157,8 +180,9 @@ impl Finished {
         Self {
             link,
             install: None,
-            deleted: false,
             call,
+            notice: None,
+            still_stopped: false,
         }
     }
 }
@@ -177,9 +201,37 @@ enum Job {
     Restart {
         reply: RpcReplyPort<Result<()>>,
     },
-    Delete {
-        reply: RpcReplyPort<Result<()>>,
-    },
+    /// Restarts a container that missed a deadline.
+    Recover,
+    /// Brings back a container that died while the sandbox was idle.
+    Revive,
+}
+
+impl Job {
+    /// Answers the caller of a job that will not run.
+    fn refuse(self, error: SandboxError) {
+        match self {
+            Job::Run(req) => {
+                let _ = req.reply.send(Err(error));
+            }
+            Job::Upload { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::Restart { reply } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::Install { .. } | Job::Recover | Job::Revive => {}
+        }
+    }
+}
+
+/// Where a delete (or an expiry) stands.
+#[derive(Default)]
+struct Deletion {
+    /// Callers waiting for the removal.
+    waiters: Vec<RpcReplyPort<Result<()>>>,
+    /// A removal task is running.
+    removing: bool,
 }
 
 pub struct SandboxActor;
@@ -199,9 +251,15 @@ pub struct SandboxState {
     queue: VecDeque<Job>,
     installs: HashMap<String, watch::Sender<InstallRecord>>,
     notice: Option<String>,
-    deleting: bool,
-    /// A requested restart is under way.
+    /// Set once the sandbox is being deleted or has expired.
+    deletion: Option<Deletion>,
+    retirement: Retirement,
+    /// A restart is under way (asked for, or after a missed deadline).
     restarting: bool,
+    /// The container was found dead while idle and is being brought back.
+    stopped: bool,
+    /// A package check over a second connection to the agent is running.
+    checking_venv: Arc<std::sync::atomic::AtomicBool>,
     history: History,
     /// When the last call ended (or the actor started): idle expiry counts from it.
     last_used: OffsetDateTime,
@@ -224,7 +282,6 @@ impl Actor for SandboxActor {
         } = args;
         // An install that was running when the server (or this actor) went
         // away has no one to finish it.
-        let mut changed = false;
         for install in record
             .installs
             .values_mut()
@@ -236,30 +293,38 @@ impl Actor for SandboxActor {
                 install.package
             );
             install.finished_at = Some(OffsetDateTime::now_utc());
-            changed = true;
+            ctx.store.put_install(record.id, install.clone(), vec![]).await?;
         }
-        if changed {
-            ctx.store.put(record.clone()).await?;
-        }
-        let mut link = Link::new(
-            ctx.clone(),
-            ctx.paths(record.id),
-            record.container_id.clone(),
-            record.volume.clone(),
-        );
-        // An adopted sandbox may have been paused by the previous server.
-        if let Ok(ContainerState::Paused) = ctx.runtime.state(&record.container_id).await {
+        let retirement = Retirement::default();
+        // A delete that an earlier server began is finished by this actor.
+        let deletion = record.deleting.then(|| {
+            retirement.retire("was deleted");
+            Deletion::default()
+        });
+        let mut link = new_link(&ctx, &record, &retirement);
+        let mut queue = VecDeque::new();
+        // An adopted sandbox may have been paused by the previous server, or
+        // its container may have died meanwhile.
+        let found = ctx.runtime.state(&record.container_id).await;
+        let stopped = matches!(found, Ok(ContainerState::Stopped { .. } | ContainerState::Missing));
+        if let Ok(ContainerState::Paused) = found {
             link.found_paused();
+        }
+        if stopped && !record.deleting {
+            queue.push_back(Job::Revive);
         }
         Ok(SandboxState {
             ctx,
             record,
             link: Some(link),
-            queue: VecDeque::new(),
+            queue,
             installs: HashMap::new(),
             notice,
-            deleting: false,
+            deletion,
+            retirement,
             restarting: false,
+            stopped,
+            checking_venv: Arc::default(),
             history: History::default(),
             last_used: OffsetDateTime::now_utc(),
         })
@@ -297,30 +362,48 @@ impl Actor for SandboxActor {
                         finished_at: None,
                     };
                     let (tx, rx) = watch::channel(record.clone());
+                    let forget = forget_oldest_installs(state, &package);
                     state.installs.insert(package.clone(), tx);
-                    state.record.installs.insert(package.clone(), record);
-                    state.ctx.store.put(state.record.clone()).await?;
+                    state.record.installs.insert(package.clone(), record.clone());
+                    state.ctx.store.put_install(state.record.id, record, forget).await?;
                     let _ = reply.send(Ok(rx));
                     state.queue.push_back(Job::Install { package, specs });
                 }
             }
             SandboxMsg::InstallStatus { package, reply } => {
-                if let Some(link) = state.link.as_mut() {
-                    // The fallback below asks the agent, which must be awake;
-                    // if it cannot be woken, that query reports the failure.
-                    let _ = link.wake().await;
-                }
                 if let Some(record) = state.record.installs.get(&package) {
                     let _ = reply.send(Ok(record.into()));
+                } else if state.deletion.is_some() {
+                    let _ = reply.send(Err(state.retirement_error()));
                 } else {
+                    if let Some(link) = state.link.as_mut() {
+                        // The fallback below asks the agent, which must be
+                        // awake; if it cannot be woken, that query says so.
+                        let _ = link.wake().await;
+                    }
                     // Never installed through the tool: ask the sandbox what
-                    // its venv holds (installed from the shell, say).
+                    // its venv holds (installed from the shell, say); one
+                    // such question at a time, so no flood of them holds
+                    // the server's descriptors.
+                    if state.checking_venv.load(std::sync::atomic::Ordering::SeqCst) {
+                        let _ = reply.send(Err(SandboxError::Quota(
+                            "another package check of this sandbox is running; try again in a few seconds".into(),
+                        )));
+                        return Ok(());
+                    }
+                    state.checking_venv.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let checking = state.checking_venv.clone();
                     let ctx = state.ctx.clone();
                     let paths = ctx.paths(state.record.id);
+                    let me = myself.clone();
                     tokio::spawn(async move {
                         let answer = Link::packages(&ctx, &paths)
                             .await
                             .map(|list| status_from_venv(&package, &list));
+                        checking.store(false, std::sync::atomic::Ordering::SeqCst);
+                        if let Err(SandboxError::Unresponsive { .. }) = &answer {
+                            let _ = me.cast(SandboxMsg::Unhealthy);
+                        }
                         let _ = reply.send(answer);
                     });
                 }
@@ -340,32 +423,51 @@ impl Actor for SandboxActor {
             SandboxMsg::History(reply) => {
                 let _ = reply.send(state.history.to_vec());
             }
-            SandboxMsg::Delete { reply } => {
-                state.deleting = true;
-                state.queue.push_back(Job::Delete { reply });
-            }
+            SandboxMsg::Delete { reply } => begin_deletion(&myself, state, "was deleted", Some(reply)),
             SandboxMsg::Info(reply) => {
                 let _ = reply.send(info(state));
             }
-            SandboxMsg::Tick => {
-                let idle = state.link.is_some() && state.queue.is_empty() && !state.deleting;
-                let now = OffsetDateTime::now_utc();
-                let pause_after = state.ctx.settings.sandbox.pause_after_seconds;
-                if idle && expires_at(state).is_some_and(|t| t <= now) {
-                    tracing::info!(sandbox = %state.record.id, "lifetime over: deleting the sandbox");
-                    state.deleting = true;
-                    let (tx, _) = ractor::concurrency::oneshot();
-                    state.queue.push_back(Job::Delete { reply: tx.into() });
-                } else if idle && pause_after > 0 && now - state.last_used >= Duration::from_secs(pause_after) {
-                    let link = state.link.as_mut().expect("idle");
-                    if !link.is_paused() {
-                        if let Err(e) = link.pause().await {
-                            tracing::warn!(sandbox = %state.record.id, error = %e, "could not pause an idle sandbox");
+            SandboxMsg::Tick => self.tick(&myself, state).await,
+            SandboxMsg::Done(finished) => self.finished(state, *finished).await?,
+            SandboxMsg::JobPanicked(why) => {
+                warn!(sandbox = %state.record.id, error = %why, "a sandbox job panicked; rebuilding its link");
+                state.restarting = false;
+                state.link = Some(new_link(&state.ctx, &state.record, &state.retirement));
+                state.notice = Some(
+                    "An internal error ended an earlier call on this sandbox; if its result is missing, run it again."
+                        .into(),
+                );
+            }
+            SandboxMsg::Unhealthy => {
+                let queued = state.queue.iter().any(|j| matches!(j, Job::Recover));
+                if state.deletion.is_none() && !queued && !state.restarting {
+                    warn!(sandbox = %state.record.id, "the sandbox missed a deadline; restarting its container");
+                    state.queue.push_back(Job::Recover);
+                }
+            }
+            SandboxMsg::Removed(result) => {
+                let deletion = state.deletion.as_mut().expect("a removal follows a deletion");
+                deletion.removing = false;
+                match result {
+                    Ok(()) => {
+                        for waiter in deletion.waiters.drain(..) {
+                            let _ = waiter.send(Ok(()));
+                        }
+                        myself.stop(Some("deleted".into()));
+                        return Ok(());
+                    }
+                    // The removal is retried at every tick until Docker
+                    // answers; the sandbox stays deleted meanwhile.
+                    Err(e) => {
+                        warn!(sandbox = %state.record.id, error = %e, "could not remove a deleted sandbox; retrying");
+                        for waiter in deletion.waiters.drain(..) {
+                            let _ = waiter.send(Err(SandboxError::Docker(format!(
+                                "{e}; the sandbox stays deleted and its removal is retried"
+                            ))));
                         }
                     }
                 }
             }
-            SandboxMsg::Done(finished) => self.finished(&myself, state, *finished).await?,
         }
         self.pump(&myself, state).await?;
         Ok(())
@@ -381,13 +483,7 @@ impl Actor for SandboxActor {
         // with it: make a new one and record the install as failed.
         if let SupervisionEvent::ActorFailed(_, err) = event {
             warn!(sandbox = %state.record.id, error = %err, "an install task failed");
-            let ctx = state.ctx.clone();
-            let link = Link::new(
-                ctx.clone(),
-                ctx.paths(state.record.id),
-                state.record.container_id.clone(),
-                state.record.volume.clone(),
-            );
+            let link = new_link(&state.ctx, &state.record, &state.retirement);
             let failed = state
                 .installs
                 .iter()
@@ -403,17 +499,36 @@ impl Actor for SandboxActor {
                 Some(record) => Finished::install(link, record, None),
                 None => Finished::job(link, None),
             };
-            self.finished(&myself, state, finished).await?;
+            self.finished(state, finished).await?;
             self.pump(&myself, state).await?;
         }
         Ok(())
     }
 }
 
+fn new_link(ctx: &Arc<Context>, record: &SandboxRecord, retirement: &Retirement) -> Link {
+    Link::new(
+        ctx.clone(),
+        ctx.paths(record.id),
+        record.container_id.clone(),
+        record.volume.clone(),
+        retirement.clone(),
+    )
+}
+
+impl SandboxState {
+    fn retirement_error(&self) -> SandboxError {
+        SandboxError::Ended {
+            id: self.record.id,
+            why: "was deleted".into(),
+        }
+    }
+}
+
 /// Whether another call may join the queue.
 fn admit(state: &SandboxState) -> Result<()> {
-    if state.deleting {
-        return Err(SandboxError::NotFound(state.record.id));
+    if state.deletion.is_some() {
+        return Err(state.retirement_error());
     }
     let max = state.ctx.settings.sandbox.max_queued_calls;
     if state.queue.len() >= max {
@@ -423,6 +538,83 @@ fn admit(state: &SandboxState) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Forgets the oldest finished installs so that, with `package` added, no
+/// more than [`MAX_INSTALL_RECORDS`] are remembered; returns the forgotten.
+fn forget_oldest_installs(state: &mut SandboxState, package: &str) -> Vec<String> {
+    let installs = &state.record.installs;
+    let count = installs.len() + usize::from(!installs.contains_key(package));
+    let excess = count.saturating_sub(MAX_INSTALL_RECORDS);
+    let mut finished: Vec<(&String, OffsetDateTime)> = installs
+        .iter()
+        .filter(|(p, r)| r.status != InstallState::Installing && p.as_str() != package)
+        .map(|(p, r)| (p, r.finished_at.unwrap_or(r.started_at)))
+        .collect();
+    finished.sort_by_key(|(_, t)| *t);
+    let forget: Vec<String> = finished.into_iter().take(excess).map(|(p, _)| p.clone()).collect();
+    for p in &forget {
+        state.record.installs.remove(p);
+        state.installs.remove(p);
+    }
+    forget
+}
+
+/// Marks the sandbox deleted and starts its removal: the job in flight ends
+/// at once (its link is retired), queued calls are refused with `why`, and
+/// the container goes after a short grace, whatever its agent does.
+fn begin_deletion(
+    myself: &ActorRef<SandboxMsg>,
+    state: &mut SandboxState,
+    why: &str,
+    reply: Option<RpcReplyPort<Result<()>>>,
+) {
+    let deletion = state.deletion.get_or_insert_with(Deletion::default);
+    deletion.waiters.extend(reply);
+    if deletion.removing {
+        return;
+    }
+    if !state.retirement.is_retired() {
+        tracing::info!(sandbox = %state.record.id, why, "deleting the sandbox");
+        state.retirement.retire(why);
+        let error = SandboxError::Ended {
+            id: state.record.id,
+            why: why.to_string(),
+        };
+        for job in state.queue.drain(..) {
+            job.refuse(SandboxError::Ended {
+                id: state.record.id,
+                why: why.to_string(),
+            });
+        }
+        for tx in state.installs.values() {
+            if tx.borrow().status == InstallState::Installing {
+                tx.send_modify(|r| {
+                    r.status = InstallState::Failed;
+                    r.message = error.to_string();
+                });
+            }
+        }
+    }
+    deletion.removing = true;
+    state.record.deleting = true;
+    let ctx = state.ctx.clone();
+    let record = state.record.clone();
+    let link_home = state.link.is_some();
+    let me = myself.clone();
+    tokio::spawn(async move {
+        // Durable first: a server killed during the removal finishes it at
+        // its next start.
+        let marked = ctx.store.put(record.clone()).await;
+        if !link_home {
+            tokio::time::sleep(DELETE_GRACE).await;
+        }
+        let result = match marked {
+            Ok(()) => remove_everything(&ctx, &record).await,
+            Err(e) => Err(e),
+        };
+        let _ = me.send_message(SandboxMsg::Removed(result.map_err(|e| e.to_string())));
+    });
 }
 
 /// The earlier of the end of the sandbox's lifetime and of its idle time.
@@ -435,13 +627,26 @@ fn expires_at(state: &SandboxState) -> Option<OffsetDateTime> {
     }
 }
 
+/// Spawns a job's task; if it panics, the actor hears of it (the link the
+/// task held is gone with it) instead of waiting for it forever.
+fn spawn_job(me: ActorRef<SandboxMsg>, job: impl std::future::Future<Output = ()> + Send + 'static) {
+    let task = tokio::spawn(job);
+    tokio::spawn(async move {
+        if let Err(e) = task.await {
+            if e.is_panic() {
+                let _ = me.send_message(SandboxMsg::JobPanicked(e.to_string()));
+            }
+        }
+    });
+}
+
 impl SandboxActor {
     /// Starts the next job when none is running. Each job hands its link
     /// back (`Done`) before it answers, so that a query the caller sends
     /// once answered queues behind it in the mailbox and finds the job over
     /// and in the history.
     async fn pump(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) -> Result<(), ActorProcessingErr> {
-        while state.link.is_some() {
+        while state.link.is_some() && state.deletion.is_none() {
             let Some(job) = state.queue.pop_front() else {
                 return Ok(());
             };
@@ -454,7 +659,7 @@ impl SandboxActor {
                         continue;
                     }
                     let notice = state.notice.take();
-                    tokio::spawn(async move {
+                    spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
@@ -479,7 +684,7 @@ impl SandboxActor {
                     Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
                 }
                 Job::Upload { source, dest, reply } => {
-                    tokio::spawn(async move {
+                    spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();
                         let what = match &source {
                             UploadSource::Host(path) => format!("{} → {dest}", path.display()),
@@ -493,7 +698,7 @@ impl SandboxActor {
                 }
                 Job::Restart { reply } => {
                     state.restarting = true;
-                    tokio::spawn(async move {
+                    spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();
                         let result = link.restart().await;
                         let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
@@ -501,16 +706,24 @@ impl SandboxActor {
                         let _ = reply.send(result);
                     });
                 }
-                Job::Delete { reply } => {
-                    let record = state.record.clone();
-                    tokio::spawn(async move {
-                        let result = remove_everything(link.ctx(), &record, &link.container_id).await;
-                        let deleted = result.is_ok();
+                Job::Recover => {
+                    state.restarting = true;
+                    spawn_job(me.clone(), async move {
+                        link.restart_unresponsive().await;
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, None))));
+                    });
+                }
+                Job::Revive => {
+                    spawn_job(me.clone(), async move {
+                        let revived = link.revive().await;
+                        if let Err(e) = &revived {
+                            warn!(sandbox = %link.paths.id, error = %e, "could not bring a stopped sandbox back; retrying");
+                        }
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
-                            deleted,
+                            still_stopped: revived.is_err(),
+                            notice: revived.ok().flatten(),
                             ..Finished::job(link, None)
                         })));
-                        let _ = reply.send(result);
                     });
                 }
             }
@@ -518,29 +731,86 @@ impl SandboxActor {
         Ok(())
     }
 
-    async fn finished(
-        &self,
-        myself: &ActorRef<SandboxMsg>,
-        state: &mut SandboxState,
-        f: Finished,
-    ) -> Result<(), ActorProcessingErr> {
-        let mut dirty = false;
-        if f.link.container_id != state.record.container_id {
-            state.record.container_id = f.link.container_id.clone();
-            dirty = true;
+    /// Periodic upkeep: lifetime (busy or not), idle expiry, pausing, and a
+    /// container that died while nobody was calling.
+    async fn tick(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) {
+        let now = OffsetDateTime::now_utc();
+        if let Some(removing) = state.deletion.as_ref().map(|d| d.removing) {
+            if !removing {
+                begin_deletion(myself, state, "was deleted", None);
+            }
+            return;
         }
+        if state.record.expires_at.is_some_and(|t| t <= now) {
+            begin_deletion(
+                myself,
+                state,
+                "reached the end of its lifetime (sandbox.max_lifetime_seconds)",
+                None,
+            );
+            return;
+        }
+        let idle = state.link.is_some() && state.queue.is_empty();
+        if !idle {
+            return;
+        }
+        if expires_at(state).is_some_and(|t| t <= now) {
+            begin_deletion(
+                myself,
+                state,
+                "was idle for longer than sandbox.idle_timeout_seconds",
+                None,
+            );
+            return;
+        }
+        let link = state.link.as_mut().expect("idle");
+        if state.stopped && link.is_disconnected() {
+            // An earlier attempt failed (the engine was down, say): retry.
+            state.queue.push_back(Job::Revive);
+            return;
+        }
+        if link.agent_gone() {
+            tracing::info!(sandbox = %state.record.id, "the sandbox's agent went away while idle; bringing it back");
+            state.stopped = true;
+            state.queue.push_back(Job::Revive);
+            return;
+        }
+        let pause_after = state.ctx.settings.sandbox.pause_after_seconds;
+        if pause_after > 0 && now - state.last_used >= Duration::from_secs(pause_after) && !link.is_paused() {
+            if let Err(e) = link.pause().await {
+                warn!(sandbox = %state.record.id, error = %e, "could not pause an idle sandbox");
+            }
+        }
+    }
+
+    async fn finished(&self, state: &mut SandboxState, f: Finished) -> Result<(), ActorProcessingErr> {
+        state.restarting = false;
+        // Still dead if the job said so, or if it could not reconnect either.
+        state.stopped = f.still_stopped || (state.stopped && f.link.is_disconnected());
+        // Idle time counts from the last call, not from upkeep.
+        if f.call.is_some() || f.install.is_some() {
+            state.last_used = OffsetDateTime::now_utc();
+        }
+        state.notice = join_notices(state.notice.take(), f.notice);
+        let container_changed = f.link.container_id != state.record.container_id;
+        if container_changed {
+            state.record.container_id = f.link.container_id.clone();
+        }
+        state.link = Some(f.link);
         if let Some(call) = f.call {
-            if call.kind == CallKind::Restart {
-                state.restarting = false;
-                if call.ok {
-                    state.notice = Some(
-                        "The sandbox was restarted on request: Python variables were lost; files and packages are kept."
-                            .into(),
-                    );
-                }
+            if call.kind == CallKind::Restart && call.ok {
+                state.notice = Some(
+                    "The sandbox was restarted on request: Python variables were lost; files and packages are kept."
+                        .into(),
+                );
             }
             state.history.push(call);
         }
+        // A deleted sandbox writes nothing more: its records are going.
+        if state.deletion.is_some() {
+            return Ok(());
+        }
+        let mut packages_changed = false;
         if let Some((install, packages)) = f.install {
             let counters = &state.ctx.counters;
             let ended = match install.status {
@@ -562,23 +832,14 @@ impl SandboxActor {
             if let Some(tx) = state.installs.get(&install.package) {
                 tx.send_replace(install.clone());
             }
-            state.record.installs.insert(install.package.clone(), install);
+            state.record.installs.insert(install.package.clone(), install.clone());
+            state.ctx.store.put_install(state.record.id, install, vec![]).await?;
             if let Some(p) = packages {
                 state.record.packages = p;
+                packages_changed = true;
             }
-            dirty = true;
         }
-        state.link = Some(f.link);
-        state.last_used = OffsetDateTime::now_utc();
-        if f.deleted {
-            state.queue.clear();
-            myself.stop(Some("deleted".into()));
-            return Ok(());
-        }
-        if state.deleting && !state.queue.iter().any(|j| matches!(j, Job::Delete { .. })) {
-            state.deleting = false; // the delete failed; the sandbox stays usable
-        }
-        if dirty {
+        if container_changed || packages_changed {
             state.ctx.store.put(state.record.clone()).await?;
         }
         Ok(())
@@ -587,18 +848,23 @@ impl SandboxActor {
 
 fn info(state: &SandboxState) -> SandboxInfo {
     let r = &state.record;
+    let status = if state.deletion.is_some() {
+        SandboxStatus::Deleting
+    } else if state.restarting {
+        SandboxStatus::Restarting
+    } else if state.stopped {
+        SandboxStatus::Stopped
+    } else if state.link.as_ref().is_some_and(Link::is_paused) {
+        SandboxStatus::Paused
+    } else {
+        SandboxStatus::Running
+    };
     SandboxInfo {
         sandbox_id: r.id,
         name: r.name.clone(),
         owner: r.owner.clone(),
         container_id: r.container_id.clone(),
-        status: match (&state.link, state.deleting) {
-            (_, true) => "deleting",
-            _ if state.restarting => "restarting",
-            (Some(link), _) if link.is_paused() => "paused",
-            _ => "running",
-        }
-        .into(),
+        status,
         created_at: r.created_at,
         expires_at: expires_at(state),
         installed_packages: r.packages.clone(),
@@ -606,9 +872,13 @@ fn info(state: &SandboxState) -> SandboxInfo {
     }
 }
 
+/// Notices for the next result: each said once, and only so many kept,
+/// however often a sandbox dies while nobody calls.
 fn join_notices(a: Option<String>, b: Option<String>) -> Option<String> {
+    const MAX_NOTICE: usize = 2048;
     match (a, b) {
-        (Some(a), Some(b)) => Some(format!("{a} {b}")),
+        (Some(a), Some(b)) if a.contains(&b) => Some(a),
+        (Some(a), Some(b)) if a.len() + b.len() < MAX_NOTICE => Some(format!("{a} {b}")),
         (a, b) => a.or(b),
     }
 }
@@ -668,7 +938,7 @@ async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Upl
         .map_err(|e| SandboxError::Internal(e.to_string()))??;
     // The folder must exist for the archive API; mkdir runs as the sandbox
     // user, inside the sandbox.
-    let mkdir = Work::Program(vec!["mkdir".into(), "-p".into(), "--".into(), dest.to_string()]);
+    let mkdir = Work::Program(vec!["/bin/mkdir".into(), "-p".into(), "--".into(), dest.to_string()]);
     let ran = link
         .run(&mkdir, Duration::from_secs(30), None, &CancellationToken::new())
         .await?;
@@ -686,9 +956,26 @@ async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Upl
     })
 }
 
-/// Removes the container, its package volume, its disks, its results and its record.
-pub async fn remove_everything(ctx: &Context, record: &SandboxRecord, container_id: &str) -> Result<()> {
-    ctx.runtime.remove(container_id, Some(&record.volume)).await?;
+/// Removes the sandbox's containers (its own and any installer, found by
+/// their label, so a re-created container is never missed), its package
+/// volume, its disks, its folders and its record. Removal kills: it never waits on
+/// anything inside the sandbox.
+pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<()> {
+    let mut containers: Vec<String> = ctx
+        .runtime
+        .list_containers()
+        .await?
+        .into_iter()
+        .filter(|c| c.sandbox == Some(record.id))
+        .map(|c| c.id)
+        .collect();
+    if !containers.contains(&record.container_id) {
+        containers.push(record.container_id.clone());
+    }
+    for container in &containers {
+        ctx.runtime.remove(container, None).await?;
+    }
+    ctx.runtime.remove_volume(&record.volume).await?;
     ctx.disks.remove(record.id).await?;
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
@@ -699,4 +986,53 @@ pub async fn remove_everything(ctx: &Context, record: &SandboxRecord, container_
         }
     }
     ctx.store.delete(record.id).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    /// Stands in for a sandbox actor: passes on what the job guard reports.
+    struct Relay;
+
+    impl Actor for Relay {
+        type Msg = SandboxMsg;
+        type State = Option<oneshot::Sender<String>>;
+        type Arguments = oneshot::Sender<String>;
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<SandboxMsg>,
+            tx: oneshot::Sender<String>,
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(Some(tx))
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<SandboxMsg>,
+            msg: SandboxMsg,
+            state: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            if let (SandboxMsg::JobPanicked(why), Some(tx)) = (msg, state.take()) {
+                let _ = tx.send(why);
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_reported_instead_of_lost() {
+        let (tx, rx) = oneshot::channel();
+        let (relay, handle) = Actor::spawn(None, Relay, tx).await.unwrap();
+        spawn_job(relay.clone(), async { panic!("job exploded") });
+        let why = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(why.contains("job exploded"), "{why}");
+        relay.stop(None);
+        handle.await.unwrap();
+    }
 }

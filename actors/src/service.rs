@@ -2,6 +2,11 @@
 //! method checks who asks, finds the sandbox's actor and sends it a message;
 //! only creation, start-up reconciliation and the reading of CPU and memory
 //! figures talk to the runtime directly.
+//!
+//! Every question to an actor (info, history, install status, usage) has a
+//! deadline, so no sandbox can stall a listing, the metrics or the UI, and
+//! a creation runs to its end in a task of its own: a caller that hangs up
+//! midway leaves no container that nobody counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -30,8 +35,14 @@ use crate::runtime::disk::Disks;
 use crate::runtime::{ContainerRuntime, ContainerState, DockerRuntime, Usage};
 use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
 use crate::scope::Scope;
+use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
 use crate::uploads::{self, UploadSource};
+
+/// How long a question to a sandbox's actor may take (it answers from its
+/// own state; an install status may ask the agent, within its own deadline).
+const QUERY_DEADLINE: Duration = Duration::from_secs(5);
+const STATUS_DEADLINE: Duration = Duration::from_secs(15);
 
 /// How many sandboxes one owner, and the server in total, may hold.
 #[derive(Debug, Clone, Copy)]
@@ -70,8 +81,7 @@ impl Drop for Reservation {
 /// Figures about the sandboxes of this server, for its metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
-    /// Sandboxes by status (running, paused, restarting, deleting).
-    pub by_status: BTreeMap<String, usize>,
+    pub by_status: BTreeMap<SandboxStatus, usize>,
     pub pool_ready: usize,
     pub pool_size: usize,
     pub container_restarts: u64,
@@ -100,7 +110,9 @@ impl Sandboxes {
         let server_id = server_id(&settings.state_dir)?;
         let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
-        if settings.sandbox.network == NetworkMode::Bridge && settings.sandbox.isolate_host {
+        // Bridged sandboxes join the server's own network; so do the
+        // installer containers of sandboxes without one.
+        if settings.sandbox.network == NetworkMode::None || settings.sandbox.isolate_host {
             runtime.isolate_network().await?;
         }
         Self::with_runtime(settings, store, server_id, Arc::new(runtime)).await
@@ -162,11 +174,19 @@ impl Sandboxes {
         // Sandbox → its current container; anything else labelled is a
         // leftover (an installer, a container replaced by a re-creation).
         let mut known: HashMap<Uuid, String> = HashMap::new();
-        for record in self.ctx.store.all().await? {
-            if record.expires_at.is_some_and(|t| t <= now) {
-                info!(sandbox = %record.id, "removing an expired sandbox");
-                remove_everything(&self.ctx, &record, &record.container_id).await?;
-                continue;
+        // One object that cannot be removed now (the engine is still busy
+        // with a removal the previous server began, say) never stops the
+        // start: it is logged, and a deleted sandbox's actor retries.
+        for mut record in self.ctx.store.all().await? {
+            if record.deleting || record.expires_at.is_some_and(|t| t <= now) {
+                info!(sandbox = %record.id, deleting = record.deleting, "removing a deleted or expired sandbox");
+                match remove_everything(&self.ctx, &record).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        warn!(sandbox = %record.id, error = %e, "could not remove a deleted sandbox yet; retrying");
+                        record.deleting = true;
+                    }
+                }
             }
             known.insert(record.id, record.container_id.clone());
             self.remount(&record).await?;
@@ -176,13 +196,17 @@ impl Sandboxes {
         for c in runtime.list_containers().await? {
             if c.sandbox.is_none_or(|id| known.get(&id) != Some(&c.id)) {
                 info!(container = %c.id, "removing a container no record explains");
-                runtime.remove(&c.id, None).await?;
+                if let Err(e) = runtime.remove(&c.id, None).await {
+                    warn!(container = %c.id, error = %e, "could not remove a leftover container; the next start tries again");
+                }
             }
         }
         for v in runtime.list_volumes().await? {
             if !v.sandbox.is_some_and(|id| known.contains_key(&id)) {
                 info!(volume = %v.id, "removing a volume no record explains");
-                runtime.remove_volume(&v.id).await?;
+                if let Err(e) = runtime.remove_volume(&v.id).await {
+                    warn!(volume = %v.id, error = %e, "could not remove a leftover volume; the next start tries again");
+                }
             }
         }
         self.ctx.disks.remove_orphans(&known.keys().copied().collect()).await;
@@ -221,9 +245,7 @@ impl Sandboxes {
     }
 
     async fn spawn(&self, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
-        ractor::call!(self.supervisor, |reply| SupervisorMsg::Spawn { record, reply })
-            .map_err(|e| SandboxError::Internal(e.to_string()))?
-            .map_err(SandboxError::Internal)
+        spawn_actor(&self.supervisor, record).await
     }
 
     fn actor(&self, scope: Scope, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
@@ -234,19 +256,28 @@ impl Sandboxes {
         }
     }
 
-    /// Sends a request to a sandbox's actor; a stopped actor (deleted
-    /// meanwhile) reads as not found.
+    /// Sends a request to a sandbox's actor. A stopped actor (deleted
+    /// meanwhile) reads as not found; a reply port dropped by a live actor
+    /// is a failure inside the server; a query past `deadline` says so.
     async fn ask<T: Send + 'static>(
+        &self,
+        scope: Scope<'_>,
+        id: Uuid,
+        deadline: Option<Duration>,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
+    ) -> Result<T> {
+        let actor = self.actor(scope, id)?;
+        answer(&actor, id, actor.call(msg, deadline).await)
+    }
+
+    /// A question answered from the actor's own state.
+    async fn query<T: Send + 'static>(
         &self,
         scope: Scope<'_>,
         id: Uuid,
         msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
     ) -> Result<T> {
-        let actor = self.actor(scope, id)?;
-        match actor.call(msg, None).await {
-            Ok(CallResult::Success(v)) => Ok(v),
-            _ => Err(SandboxError::NotFound(id)),
-        }
+        self.ask(scope, id, Some(QUERY_DEADLINE), msg).await
     }
 
     /// Whether Docker answers.
@@ -287,6 +318,9 @@ impl Sandboxes {
         })
     }
 
+    /// Creates a sandbox for `owner`. The work runs in a task of its own: if
+    /// the caller goes away before it ends, the new sandbox is removed, so
+    /// nothing is left that nobody asked for.
     pub async fn create(&self, owner: &str, name: Option<String>, quota: Quota) -> Result<SandboxInfo> {
         let name = match name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()) {
             Some(n) if n.chars().count() > 100 || n.chars().any(char::is_control) => {
@@ -298,31 +332,28 @@ impl Sandboxes {
             None => format!("Sandbox {}", self.list(owner).await.len() + 1),
         };
         host::check_free_disk(&self.ctx.settings)?;
-        let _reservation = self.reserve(owner, quota)?;
-        let provisioned = match self.pool.take() {
-            Some(p) => p,
-            None => pool::provision(&self.ctx).await?,
-        };
-        let (id, created) = (provisioned.id, provisioned.container);
-        let created_at = OffsetDateTime::now_utc();
-        let lifetime = self.ctx.settings.sandbox.max_lifetime_seconds;
-        let record = SandboxRecord {
-            id,
+        let reservation = self.reserve(owner, quota)?;
+        let creation = Creation {
+            ctx: self.ctx.clone(),
+            pool: self.pool.clone(),
+            supervisor: self.supervisor.clone(),
+            registry: self.registry.clone(),
             owner: owner.to_string(),
             name,
-            container_id: created.container_id,
-            volume: created.volume,
-            created_at,
-            expires_at: (lifetime > 0).then(|| created_at + Duration::from_secs(lifetime)),
-            installs: BTreeMap::new(),
-            packages: vec![],
         };
-        if let Err(e) = self.ctx.store.put(record.clone()).await {
-            let _ = remove_everything(&self.ctx, &record, &record.container_id).await;
-            return Err(e);
-        }
-        let actor = self.spawn(record).await?;
-        ractor::call!(actor, SandboxMsg::Info).map_err(|e| SandboxError::Internal(e.to_string()))
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _reservation = reservation;
+            let created = creation.run().await;
+            if let Err(Ok((info, actor))) = tx.send(created) {
+                info!(sandbox = %info.sandbox_id, "the creator went away; removing the sandbox it asked for");
+                creation.abandon(info.sandbox_id, actor).await;
+            }
+        });
+        let (info, _) = rx
+            .await
+            .map_err(|_| SandboxError::Internal("the creation ended inside the server; try again".into()))??;
+        Ok(info)
     }
 
     /// The sandboxes in `scope`, oldest first.
@@ -336,12 +367,21 @@ impl Sandboxes {
                 .map(|e| e.actor.clone())
                 .collect()
         };
-        let mut out = Vec::with_capacity(actors.len());
-        for actor in actors {
-            if let Ok(info) = ractor::call!(actor, SandboxMsg::Info) {
-                out.push(info);
-            }
-        }
+        let asked = actors
+            .iter()
+            .map(|actor| actor.call(SandboxMsg::Info, Some(QUERY_DEADLINE)));
+        let mut out: Vec<SandboxInfo> = futures_util::future::join_all(asked)
+            .await
+            .into_iter()
+            .filter_map(|answer| match answer {
+                Ok(CallResult::Success(info)) => Some(info),
+                Ok(CallResult::Timeout) => {
+                    warn!("a sandbox did not answer the listing in time; left out");
+                    None
+                }
+                _ => None,
+            })
+            .collect();
         out.sort_by_key(|i| i.created_at);
         out
     }
@@ -360,7 +400,7 @@ impl Sandboxes {
         let cancel = CancellationToken::new();
         let _guard = cancel.clone().drop_guard();
         let result = self
-            .ask(scope.into(), id, |reply| {
+            .ask(scope.into(), id, None, |reply| {
                 SandboxMsg::Run(RunRequest {
                     work,
                     timeout,
@@ -401,7 +441,7 @@ impl Sandboxes {
         host::check_free_disk(&self.ctx.settings)?;
         let package = specs.join(" ");
         let mut rx: watch::Receiver<InstallRecord> = self
-            .ask(scope.into(), id, |reply| SandboxMsg::Install {
+            .query(scope.into(), id, |reply| SandboxMsg::Install {
                 package: package.clone(),
                 specs,
                 reply,
@@ -419,8 +459,10 @@ impl Sandboxes {
         package: &str,
     ) -> Result<InstallStatus> {
         let package = packages::parse_specs(package)?.join(" ");
-        self.ask(scope.into(), id, |reply| SandboxMsg::InstallStatus { package, reply })
-            .await?
+        self.ask(scope.into(), id, Some(STATUS_DEADLINE), |reply| {
+            SandboxMsg::InstallStatus { package, reply }
+        })
+        .await?
     }
 
     /// Copies a host file or folder (from an allowed folder) into the sandbox.
@@ -457,30 +499,33 @@ impl Sandboxes {
 
     async fn send_upload(&self, scope: Scope<'_>, id: Uuid, source: UploadSource, dest: &str) -> Result<Uploaded> {
         let dest = uploads::resolve_dest(dest)?;
-        self.ask(scope, id, |reply| SandboxMsg::Upload { source, dest, reply })
+        self.ask(scope, id, None, |reply| SandboxMsg::Upload { source, dest, reply })
             .await?
     }
 
     /// Restarts the sandbox's container in turn with its other calls.
     pub async fn restart<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
         let scope = scope.into();
-        self.ask(scope, id, |reply| SandboxMsg::Restart { reply }).await??;
+        self.ask(scope, id, None, |reply| SandboxMsg::Restart { reply })
+            .await??;
         self.info(scope, id).await
     }
 
     pub async fn info<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
-        self.ask(scope.into(), id, SandboxMsg::Info).await
+        self.query(scope.into(), id, SandboxMsg::Info).await
     }
 
     /// The recent calls on a sandbox, oldest first.
     pub async fn history<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Vec<CallRecord>> {
-        self.ask(scope.into(), id, SandboxMsg::History).await
+        self.query(scope.into(), id, SandboxMsg::History).await
     }
 
     /// CPU and memory use of a sandbox's container.
     pub async fn usage<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Usage> {
         let container = self.info(scope, id).await?.container_id;
-        self.ctx.runtime.usage(&container).await
+        tokio::time::timeout(QUERY_DEADLINE, self.ctx.runtime.usage(&container))
+            .await
+            .map_err(|_| SandboxError::Docker("the engine did not report the container's usage in time".into()))?
     }
 
     /// Figures for the server's metrics.
@@ -513,7 +558,7 @@ impl Sandboxes {
     }
 
     pub async fn delete<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<()> {
-        self.ask(scope.into(), id, |reply| SandboxMsg::Delete { reply })
+        self.ask(scope.into(), id, None, |reply| SandboxMsg::Delete { reply })
             .await??;
         // Gone now, not when the supervisor hears that the actor stopped.
         self.registry.write().expect("registry lock").remove(&id);
@@ -545,6 +590,90 @@ impl Sandboxes {
         if none_left {
             if let Err(e) = self.ctx.runtime.release().await {
                 warn!(error = %e, "could not remove the sandbox network");
+            }
+        }
+    }
+}
+
+/// What a call to an actor came to (see [`Sandboxes::ask`]).
+fn answer<T>(
+    actor: &ActorRef<SandboxMsg>,
+    id: Uuid,
+    called: std::result::Result<CallResult<T>, ractor::MessagingErr<SandboxMsg>>,
+) -> Result<T> {
+    match called {
+        Ok(CallResult::Success(v)) => Ok(v),
+        Ok(CallResult::Timeout) => Err(SandboxError::Internal(format!(
+            "sandbox {id} did not answer in time; try again"
+        ))),
+        Ok(CallResult::SenderError) if actor.get_status() == ractor::ActorStatus::Running => Err(
+            SandboxError::Internal("the call failed inside the server before it finished; run it again".into()),
+        ),
+        _ => Err(SandboxError::NotFound(id)),
+    }
+}
+
+async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
+    ractor::call!(supervisor, |reply| SupervisorMsg::Spawn { record, reply })
+        .map_err(|e| SandboxError::Internal(e.to_string()))?
+        .map_err(SandboxError::Internal)
+}
+
+/// The work of one creation, owned by its own task.
+struct Creation {
+    ctx: Arc<Context>,
+    pool: Arc<Pool>,
+    supervisor: ActorRef<SupervisorMsg>,
+    registry: Registry,
+    owner: String,
+    name: String,
+}
+
+impl Creation {
+    /// Claims a pooled sandbox or makes one, records it and starts its actor.
+    async fn run(&self) -> Result<(SandboxInfo, ActorRef<SandboxMsg>)> {
+        let provisioned = match self.pool.take() {
+            Some(p) => p,
+            None => pool::provision(&self.ctx).await?,
+        };
+        let (id, created) = (provisioned.id, provisioned.container);
+        let created_at = OffsetDateTime::now_utc();
+        let lifetime = self.ctx.settings.sandbox.max_lifetime_seconds;
+        let record = SandboxRecord {
+            id,
+            owner: self.owner.clone(),
+            name: self.name.clone(),
+            container_id: created.container_id,
+            volume: created.volume,
+            created_at,
+            expires_at: (lifetime > 0).then(|| created_at + Duration::from_secs(lifetime)),
+            installs: BTreeMap::new(),
+            packages: vec![],
+            deleting: false,
+        };
+        if let Err(e) = self.ctx.store.put(record.clone()).await {
+            let _ = remove_everything(&self.ctx, &record).await;
+            return Err(e);
+        }
+        let actor = match spawn_actor(&self.supervisor, record.clone()).await {
+            Ok(actor) => actor,
+            Err(e) => {
+                let _ = remove_everything(&self.ctx, &record).await;
+                return Err(e);
+            }
+        };
+        let info = answer(&actor, id, actor.call(SandboxMsg::Info, Some(QUERY_DEADLINE)).await)?;
+        Ok((info, actor))
+    }
+
+    /// Deletes a sandbox whose creator is gone.
+    async fn abandon(&self, id: Uuid, actor: ActorRef<SandboxMsg>) {
+        match actor.call(|reply| SandboxMsg::Delete { reply }, None).await {
+            Ok(CallResult::Success(Ok(()))) => {
+                self.registry.write().expect("registry lock").remove(&id);
+            }
+            other => {
+                warn!(sandbox = %id, outcome = ?other.map(|r| matches!(r, CallResult::Success(_))), "could not remove an abandoned sandbox")
             }
         }
     }

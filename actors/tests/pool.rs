@@ -47,7 +47,7 @@ async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
     h.py(id, "kept = 'state'").await;
     let container = h.container_of(id);
     eventually("the idle sandbox is paused", || paused(&container)).await;
-    assert_eq!(h.sb().list(OWNER).await[0].status, "paused");
+    assert_eq!(h.sb().list(OWNER).await[0].status.as_str(), "paused");
     let r = h
         .sb()
         .run(OWNER, id, Work::Python("print(kept)".into()), None, None)
@@ -61,4 +61,50 @@ async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
         sandbox_actors::InstallStatusKind::NotFound,
         "queries wake it too"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_sandbox_that_died_is_never_handed_out() {
+    let h = Harness::with(|s| s.pool.size = 1).await;
+    for _ in 0..600 {
+        if h.sb().stats().await.pool_ready == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(h.sb().stats().await.pool_ready, 1, "the pool holds a ready sandbox");
+    let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
+    let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
+        .trim()
+        .to_string();
+    let killed = std::process::Command::new("docker")
+        .args(["kill", &pooled])
+        .output()
+        .unwrap();
+    assert!(
+        killed.status.success(),
+        "{pooled:?}: {}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    eventually("the pooled container is dead", || {
+        docker(&["inspect", "-f", "{{.State.Running}}", &pooled]).trim() != "true"
+    })
+    .await;
+    // Before the pool's own periodic look: the claim must notice, throw the
+    // dead one away and make a working sandbox instead.
+    let id = h.create().await;
+    let ran = h.py(id, "print('alive')").await;
+    assert_eq!(ran.output.stdout, "alive\n");
+    assert!(
+        ran.notice.is_none(),
+        "a fresh sandbox has nothing to report: {:?}",
+        ran.notice
+    );
+    assert_ne!(h.container_of(id), pooled);
+    eventually("the dead pooled sandbox is removed", || {
+        docker(&["ps", "-aq", "--no-trunc", "--filter", &format!("id={pooled}")])
+            .trim()
+            .is_empty()
+    })
+    .await;
 }

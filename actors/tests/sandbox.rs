@@ -194,7 +194,7 @@ async fn a_requested_restart_waits_its_turn_keeps_files_and_is_recorded() {
         },
     );
     assert_eq!(first.output.exit_code, 0);
-    assert_eq!(restarted.unwrap().status, "running");
+    assert_eq!(restarted.unwrap().status.as_str(), "running");
     assert_eq!(second.output.stdout, "k\n", "files stay");
     assert!(
         second.output.stderr.contains("NameError"),

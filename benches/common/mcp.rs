@@ -49,8 +49,25 @@ pub struct McpClient {
     next: AtomicU64,
 }
 
+/// What a call came to, for clients that must survive a failing server.
+#[derive(Debug)]
+pub enum CallError {
+    /// The tool answered with `isError`: its message.
+    Tool(String),
+    /// A JSON-RPC error or an answer that is not the protocol.
+    Protocol(String),
+    /// An HTTP status other than success.
+    Status(u16),
+    /// No answer: the connection failed or the stream ended.
+    Transport(String),
+}
+
 impl McpClient {
     pub async fn http(http: reqwest::Client, base: &str) -> Self {
+        Self::try_http(http, base).await.expect("initialize over /mcp")
+    }
+
+    pub async fn try_http(http: reqwest::Client, base: &str) -> Result<Self, CallError> {
         let url = format!("{base}/mcp");
         let resp = http
             .post(&url)
@@ -58,13 +75,15 @@ impl McpClient {
             .json(&rpc(1, "initialize", init_params()))
             .send()
             .await
-            .expect("initialize");
+            .map_err(|e| CallError::Transport(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(CallError::Status(resp.status().as_u16()));
+        }
         let session = resp
             .headers()
             .get("mcp-session-id")
-            .expect("session id")
-            .to_str()
-            .unwrap()
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| CallError::Protocol("no session id".into()))?
             .to_string();
         let _ = resp.text().await;
         let me = Self {
@@ -72,12 +91,23 @@ impl McpClient {
             transport: Transport::Http { url, session },
             next: AtomicU64::new(2),
         };
-        me.notify_initialized().await;
-        me
+        me.notify_initialized().await?;
+        Ok(me)
     }
 
     pub async fn sse(http: reqwest::Client, base: &str) -> Self {
-        let resp = http.get(format!("{base}/sse")).send().await.expect("open /sse");
+        Self::try_sse(http, base).await.expect("initialize over /sse")
+    }
+
+    pub async fn try_sse(http: reqwest::Client, base: &str) -> Result<Self, CallError> {
+        let resp = http
+            .get(format!("{base}/sse"))
+            .send()
+            .await
+            .map_err(|e| CallError::Transport(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(CallError::Status(resp.status().as_u16()));
+        }
         let mut body = resp.bytes_stream();
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
         let mut buf = String::new();
@@ -112,8 +142,13 @@ impl McpClient {
                     }
                 }
             }
+            // The stream ended (the server went away): no answer will come
+            // for what is still waiting.
+            waiting.lock().unwrap().clear();
         });
-        let path = endpoint_rx.await.expect("endpoint event");
+        let path = endpoint_rx
+            .await
+            .map_err(|_| CallError::Transport("the stream ended before its endpoint event".into()))?;
         let transport = Transport::Sse {
             post_url: format!("{base}{path}"),
             pending,
@@ -124,14 +159,14 @@ impl McpClient {
             transport,
             next: AtomicU64::new(1),
         };
-        me.request("initialize", init_params()).await;
-        me.notify_initialized().await;
-        me
+        me.try_request("initialize", init_params()).await?;
+        me.notify_initialized().await?;
+        Ok(me)
     }
 
-    async fn notify_initialized(&self) {
+    async fn notify_initialized(&self) -> Result<(), CallError> {
         let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        match &self.transport {
+        let sent = match &self.transport {
             Transport::Http { url, session } => {
                 let r = self
                     .http
@@ -142,17 +177,16 @@ impl McpClient {
                     .json(&note)
                     .send()
                     .await
-                    .expect("initialized");
             }
-            Transport::Sse { post_url, .. } => {
-                self.http.post(post_url).json(&note).send().await.expect("initialized");
-            }
-        }
+            Transport::Sse { post_url, .. } => self.http.post(post_url).json(&note).send().await,
+        };
+        sent.map(drop).map_err(|e| CallError::Transport(e.to_string()))
     }
 
-    async fn request(&self, method: &str, params: Value) -> Value {
+    async fn try_request(&self, method: &str, params: Value) -> Result<Value, CallError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let body = rpc(id, method, params);
+        let transport = |e: reqwest::Error| CallError::Transport(e.to_string());
         match &self.transport {
             Transport::Http { url, session } => {
                 let resp = self
@@ -164,12 +198,15 @@ impl McpClient {
                     .json(&body)
                     .send()
                     .await
-                    .expect("POST /mcp");
-                let text = resp.text().await.expect("body");
-                if let Ok(v) = serde_json::from_str::<Value>(&text) {
-                    return v;
+                    .map_err(transport)?;
+                if !resp.status().is_success() {
+                    return Err(CallError::Status(resp.status().as_u16()));
                 }
-                find_response(&text, id).unwrap_or_else(|| panic!("no response in {text:?}"))
+                let text = resp.text().await.map_err(transport)?;
+                if let Ok(v) = serde_json::from_str::<Value>(&text) {
+                    return Ok(v);
+                }
+                find_response(&text, id).ok_or_else(|| CallError::Transport(format!("no response in {text:?}")))
             }
             Transport::Sse { post_url, pending, .. } => {
                 let (tx, rx) = oneshot::channel();
@@ -180,22 +217,41 @@ impl McpClient {
                     .json(&body)
                     .send()
                     .await
-                    .expect("POST /messages")
+                    .map_err(transport)?
                     .status();
-                assert_eq!(status.as_u16(), 202);
-                rx.await.expect("response event")
+                if status.as_u16() != 202 {
+                    pending.lock().unwrap().remove(&id);
+                    return Err(CallError::Status(status.as_u16()));
+                }
+                rx.await
+                    .map_err(|_| CallError::Transport("the event stream ended".into()))
             }
         }
     }
 
+    async fn request(&self, method: &str, params: Value) -> Value {
+        self.try_request(method, params)
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e:?}"))
+    }
+
     /// Calls a tool; `Err` for a protocol or tool error.
     pub async fn tool(&self, name: &str, args: Value) -> Result<Value, String> {
+        self.try_tool(name, args).await.map_err(|e| match e {
+            CallError::Tool(m) | CallError::Protocol(m) => m,
+            other => panic!("{name}: {other:?}"),
+        })
+    }
+
+    /// Calls a tool and says what it came to, whatever happens.
+    pub async fn try_tool(&self, name: &str, args: Value) -> Result<Value, CallError> {
         let v = self
-            .request("tools/call", json!({"name": name, "arguments": args}))
-            .await;
-        let result = v.get("result").ok_or_else(|| v.to_string())?;
+            .try_request("tools/call", json!({"name": name, "arguments": args}))
+            .await?;
+        let result = v.get("result").ok_or_else(|| CallError::Protocol(v.to_string()))?;
         if result.get("isError").and_then(Value::as_bool) == Some(true) {
-            return Err(result.to_string());
+            let text = result["content"][0]["text"].as_str().unwrap_or_default().to_string();
+            return Err(CallError::Tool(text));
         }
         Ok(result["structuredContent"].clone())
     }
@@ -205,6 +261,9 @@ pub struct Server {
     child: Child,
     pub base: String,
     _root: tempfile::TempDir,
+    bin: std::path::PathBuf,
+    port: u16,
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -216,9 +275,64 @@ impl Server {
             .unwrap()
             .port();
         let bin = std::fs::canonicalize(bin).expect("the release binary (cargo build --release)");
-        let child = Command::new(bin)
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let child = Self::spawn(&bin, root.path(), port, &env);
+        let base = format!("http://127.0.0.1:{port}");
+        let me = Self {
+            child,
+            base,
+            _root: root,
+            bin,
+            port,
+            env,
+        };
+        assert!(me.wait_healthy(Duration::from_secs(60)).await, "server did not start");
+        me
+    }
+
+    /// The server's state folder and results folder live here.
+    pub fn root(&self) -> &std::path::Path {
+        self._root.path()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its open descriptors.
+    pub fn descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Kills the server outright (SIGKILL) and starts it again on the same
+    /// state and port; returns once it answers `/health` (or after `within`).
+    pub async fn kill_and_restart(&mut self, within: Duration) -> bool {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(&self.bin, self._root.path(), self.port, &self.env);
+        self.wait_healthy(within).await
+    }
+
+    async fn wait_healthy(&self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if reqwest::get(format!("{}/health", self.base))
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    fn spawn(bin: &std::path::Path, root: &std::path::Path, port: u16, env: &[(String, String)]) -> Child {
+        Command::new(bin)
             .args(["serve", "--port", &port.to_string()])
-            .current_dir(root.path())
+            .current_dir(root)
             .env("RUST_LOG", "warn")
             .env("MCP_SANDBOX_SANDBOX_MAX_LIFETIME_SECONDS", "3600")
             // The load generator is one tenant calling far faster than an agent.
@@ -228,26 +342,11 @@ impl Server {
             .env("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", "200")
             .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_TOTAL", "200")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start the server (build it with cargo build --release)");
-        let base = format!("http://127.0.0.1:{port}");
-        for _ in 0..600 {
-            if reqwest::get(format!("{base}/health"))
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Self {
-                    child,
-                    base,
-                    _root: root,
-                };
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("server did not start");
+            .expect("start the server (build it with cargo build --release)")
     }
 
     pub fn rss_mb(&self) -> f64 {

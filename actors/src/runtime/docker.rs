@@ -247,6 +247,14 @@ fn is_not_found(e: &bollard::errors::Error) -> bool {
     )
 }
 
+/// The engine is already removing it (a removal begun by an earlier server).
+fn is_being_removed(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { status_code: 409, message } if message.contains("already in progress")
+    )
+}
+
 #[async_trait]
 impl ContainerRuntime for DockerRuntime {
     async fn ping(&self) -> Result<()> {
@@ -352,7 +360,7 @@ impl ContainerRuntime for DockerRuntime {
         let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
         match self.docker.remove_container(container_id, Some(options)).await {
             Ok(()) => {}
-            Err(e) if is_not_found(&e) => {}
+            Err(e) if is_not_found(&e) || is_being_removed(&e) => {}
             Err(e) => return Err(e.into()),
         }
         if let Some(volume) = volume {
@@ -423,18 +431,37 @@ impl ContainerRuntime for DockerRuntime {
         timeout: Duration,
     ) -> Result<Installed> {
         // The installer runs no user code, so it may have the network the
-        // sandbox lacks; it always runs with runc.
+        // sandbox lacks: the server's own, under its firewall rules (never
+        // Docker's default bridge). It always runs with runc. Its whole
+        // environment is the server's: nothing on a search path or in a
+        // configuration file comes from the sandbox-writable volume.
+        let network = self.network.as_deref().ok_or_else(|| {
+            SandboxError::Internal("installs for sandboxes without network need the server's own network".into())
+        })?;
         let mut body = self.hardened(
             paths.id,
             vec![format!("{volume}:{VENV_IN_CONTAINER}:rw")],
-            "bridge",
+            network,
             "runc",
         );
         body.cmd = Some(argv);
+        body.entrypoint = Some(vec![]);
         body.working_dir = Some("/tmp".into());
-        body.env
-            .get_or_insert_with(Vec::new)
-            .push("UV_CACHE_DIR=/tmp/uv-cache".into());
+        body.env.get_or_insert_with(Vec::new).extend(
+            [
+                "PATH=/opt/uv/bin:/usr/bin:/bin",
+                "HOME=/tmp",
+                "VIRTUAL_ENV=/opt/uv",
+                "UV_PYTHON=/opt/uv/bin/python",
+                "UV_CACHE_DIR=/tmp/uv-cache",
+                "UV_NO_CONFIG=1",
+                "PYTHONNOUSERSITE=1",
+                "PYTHONDONTWRITEBYTECODE=1",
+                "PYTHONPATH=",
+                "PYTHONSTARTUP=",
+            ]
+            .map(String::from),
+        );
         let name = format!(
             "mcp-sandbox-{}-installer-{}",
             paths.id,

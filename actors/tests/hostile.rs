@@ -1,0 +1,321 @@
+//! The sandbox as the adversary, against the real engine: programs planted
+//! in its package volume, a frozen agent, a run that outlives the sandbox's
+//! lifetime, a flood of distinct failing installs, creators that hang up,
+//! and a container that dies while nobody calls. Each test performs the
+//! attack and checks the defence.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{docker, Harness, OWNER};
+use sandbox_actors::config::NetworkMode;
+use sandbox_actors::records::RecordStore;
+use sandbox_actors::runtime::{ContainerRuntime, DockerRuntime, SandboxPaths};
+use sandbox_actors::{InstallStatusKind, Quota, SandboxError, SandboxStatus, Work};
+
+/// Programs a sandbox could plant where an installer might look for its own.
+const PLANTED: [&str; 8] = ["uv", "uvx", "python", "python3", "pip", "pip3", "sh", "env"];
+
+/// Sent by the sandbox's own code: stops its agent (SIGSTOP), so that
+/// nothing it is asked is ever answered.
+fn freeze_agent() -> Work {
+    let code = [
+        "import os, signal",
+        "for p in os.listdir('/proc'):",
+        "    if not p.isdigit() or int(p) == os.getpid():",
+        "        continue",
+        "    try:",
+        "        argv = open(f'/proc/{p}/cmdline', 'rb').read().split(bytes(1))",
+        "    except OSError:",
+        "        continue",
+        "    if argv[2:3] == [b'/opt/mcp-agent/agent.py'] and b'--worker' not in argv:",
+        "        os.kill(int(p), signal.SIGSTOP)",
+    ]
+    .join("\n");
+    Work::Program(vec!["/usr/bin/python3".into(), "-c".into(), code])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn programs_planted_in_the_venv_never_run_during_an_offline_install() {
+    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let id = h.create().await;
+    let plant = PLANTED
+        .iter()
+        .map(|name| {
+            format!(
+                "rm -f /app/.venv/bin/{name}; printf '#!/bin/sh\\necho \"$0 $(hostname)\" >> /app/.venv/PLANTED\\nexit 1\\n' > /app/.venv/bin/{name}; chmod 755 /app/.venv/bin/{name}"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let planted = h.sh(id, &format!("{plant}; ls /app/.venv/bin"), None).await.output;
+    assert_eq!(planted.exit_code, 0, "{}", planted.stderr);
+
+    let st = h.install(id, "six").await;
+    assert_eq!(st.status, InstallStatusKind::Success, "{st:?}");
+    // Read without a search path: the planted `sh` would answer otherwise.
+    let ran = h
+        .sb()
+        .run(
+            OWNER,
+            id,
+            Work::Program(vec!["/bin/cat".into(), "/app/.venv/PLANTED".into()]),
+            None,
+            None,
+        )
+        .await
+        .unwrap()
+        .output;
+    assert_ne!(ran.exit_code, 0, "a planted program ran: {}", ran.stdout);
+    assert!(ran.stderr.contains("No such file"), "{}", ran.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_offline_install_takes_wheels_only_and_says_how_to_allow_builds() {
+    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let id = h.create().await;
+    // A release published as a source distribution only.
+    let st = h.install(id, "pycparser==2.10").await;
+    assert_eq!(st.status, InstallStatusKind::Failed, "{st:?}");
+    assert!(
+        st.message.contains("packages.allow_source_builds"),
+        "{}: {:?}",
+        st.message,
+        st.output
+    );
+}
+
+/// A probe that connects to a port on the host (the network's gateway) and
+/// to the cloud metadata address, printing what each connection did.
+fn probe(port: u16) -> String {
+    format!(
+        "import socket, struct\n\
+         gw = next(socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) for f in (l.split() for l in open('/proc/net/route').read().splitlines()[1:]) if f[1] == '00000000')\n\
+         for name, addr in (('host', (gw, {port})), ('metadata', ('169.254.169.254', 80)), ('index', ('pypi.org', 443))):\n\
+         \x20   try:\n\
+         \x20       socket.create_connection(addr, timeout=3).close()\n\
+         \x20       print(name, 'reached')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(name, 'blocked', type(e).__name__)\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || for _ in listener.incoming() {});
+    let h = Harness::with(|s| s.sandbox.network = NetworkMode::None).await;
+    let id = h.create().await;
+    // The installer of this very sandbox, running a probe instead of uv.
+    let settings = common::settings(h.root.path());
+    let mut runtime = DockerRuntime::connect(&h.server_id, settings.sandbox.clone())
+        .await
+        .unwrap();
+    runtime.isolate_network().await.unwrap();
+    let paths = SandboxPaths {
+        id,
+        results: settings.results_dir.join(id.to_string()),
+        agent: settings.state_dir.join("agents").join(id.to_string()),
+        packages: Some(settings.state_dir.join("disks").join(id.to_string()).join("packages")),
+    };
+    let volume = format!("mcp-sandbox-{id}-venv");
+    let argv = vec!["/opt/uv/bin/python".into(), "-c".into(), probe(port)];
+    let done = runtime
+        .run_installer(&paths, &volume, argv, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let out = done.output;
+    assert!(out.contains("host blocked"), "{out}");
+    assert!(out.contains("metadata blocked"), "{out}");
+    // The control: the package index is reachable, so the probe did run.
+    assert!(out.contains("index reached"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_answers_while_the_agent_is_frozen() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    let neighbour = h.create().await;
+    // The sandbox stops its own agent: nothing it is asked is answered.
+    let sb = h.sb();
+    let freeze = sb.run(OWNER, id, freeze_agent(), Some(5), None);
+    let delete = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let started = Instant::now();
+        let deleted = sb.delete(OWNER, id).await;
+        (deleted, started.elapsed())
+    };
+    let (frozen, (deleted, took)) = tokio::join!(freeze, delete);
+    deleted.expect("delete");
+    assert!(took < Duration::from_secs(15), "delete took {took:?}");
+    let err = frozen.expect_err("the frozen run cannot have finished");
+    assert!(matches!(err, SandboxError::Ended { .. }), "{err}");
+    assert!(h.container_of(id).is_empty(), "its container is gone");
+    assert_eq!(h.py(neighbour, "print(2)").await.output.stdout, "2\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_agent_is_restarted_after_the_run_deadline() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "x = 1").await;
+    let started = Instant::now();
+    let err = h
+        .sb()
+        .run(OWNER, id, freeze_agent(), Some(1), None)
+        .await
+        .expect_err("a frozen agent never answers");
+    assert!(matches!(err, SandboxError::Unresponsive { .. }), "{err}");
+    assert!(err.to_string().contains("restarted"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(90), "{:?}", started.elapsed());
+    // The container was restarted: the sandbox works again, without its state.
+    let ran = h.py(id, "print('back')").await;
+    assert_eq!(ran.output.stdout, "back\n", "{}", ran.output.stderr);
+    assert!(ran.notice.is_some_and(|n| n.contains("Python variables were lost")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_sandbox_is_removed_at_its_lifetime_and_its_caller_told() {
+    let h = Harness::with(|s| s.sandbox.max_lifetime_seconds = 8).await;
+    let id = h.create().await;
+    let started = Instant::now();
+    let err = h
+        .sb()
+        .run(
+            OWNER,
+            id,
+            Work::Python("import time\ntime.sleep(600)".into()),
+            Some(600),
+            None,
+        )
+        .await
+        .expect_err("the run outlives the sandbox");
+    assert!(err.to_string().contains("lifetime"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    common::eventually("the sandbox's objects are removed", || h.own_objects() == (0, 0)).await;
+    gone_from_listings(&h).await;
+}
+
+/// The actor leaves the registry just after its objects are removed.
+async fn gone_from_listings(h: &Harness) {
+    for _ in 0..200 {
+        if h.sb().list(OWNER).await.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("a removed sandbox is still listed: {:?}", h.sb().list(OWNER).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn distinct_failing_installs_leave_the_records_bounded() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    let n: usize = std::env::var("SANDBOX_TEST_FAILING_INSTALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let records = h.root.path().join("state").join("records.redb");
+    let mut size_at_cap = 0;
+    for i in 0..n {
+        // Not a valid requirement for uv: fails at once, with no network.
+        let st = h.install(id, &format!("p{i}==1==2")).await;
+        assert_eq!(st.status, InstallStatusKind::Failed, "{st:?}");
+        if i + 1 == sandbox_actors::MAX_INSTALL_RECORDS {
+            size_at_cap = std::fs::metadata(&records).unwrap().len();
+        }
+    }
+    let size = std::fs::metadata(&records).unwrap().len();
+    assert!(
+        size <= 2 * size_at_cap.max(1 << 20),
+        "the records grew from {size_at_cap} to {size} bytes"
+    );
+    // The newest are remembered, the oldest forgotten.
+    let newest = h
+        .sb()
+        .install_status(OWNER, id, &format!("p{}==1==2", n - 1))
+        .await
+        .unwrap();
+    assert_eq!(newest.status, InstallStatusKind::Failed);
+    let oldest = h.sb().install_status(OWNER, id, "p0==1==2").await.unwrap();
+    assert_eq!(oldest.status, InstallStatusKind::NotFound, "{oldest:?}");
+    // Installer output is kept once and capped.
+    assert!(newest.output.is_some_and(|o| o.len() <= 16 * 1024));
+    assert!(!newest.message.contains("p0=="), "{}", newest.message);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn creates_whose_callers_hang_up_leave_nothing_behind() {
+    let h = Harness::new().await;
+    for _ in 0..3 {
+        let create = h.sb().create(OWNER, None, Quota::UNLIMITED);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(60), create).await.is_err(),
+            "a cold creation takes longer than that"
+        );
+    }
+    common::eventually("abandoned sandboxes are removed", || h.own_objects() == (0, 0)).await;
+    gone_from_listings(&h).await;
+    // The quota they held is free again.
+    let quota = Quota { per_owner: 1, total: 1 };
+    h.sb().create(OWNER, None, quota).await.expect("a place is free");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_container_that_dies_while_idle_shows_it_until_brought_back() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    h.py(id, "print(1)").await;
+    docker(&["kill", &h.container_of(id)]);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let status = h.sb().info(OWNER, id).await.unwrap().status;
+        if seen.last() != Some(&status) {
+            seen.push(status);
+        }
+        if seen.contains(&SandboxStatus::Stopped) && status == SandboxStatus::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(seen.contains(&SandboxStatus::Stopped), "{seen:?}");
+    assert_eq!(seen.last(), Some(&SandboxStatus::Running), "{seen:?}");
+    let ran = h.py(id, "print(2)").await;
+    assert_eq!(ran.output.stdout, "2\n");
+    assert!(ran.notice.is_some_and(|n| n.contains("restarted")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removal_cut_short_by_a_crash_is_finished_at_the_next_start() {
+    let mut h = Harness::new().await;
+    let id = h.create().await;
+    h.sandboxes.take().unwrap().shutdown().await;
+    {
+        // As a server killed in the middle of a delete leaves it.
+        let store = RecordStore::open(&h.root.path().join("state").join("records.redb")).unwrap();
+        let mut record = store.all().await.unwrap().into_iter().find(|r| r.id == id).unwrap();
+        record.deleting = true;
+        store.put(record).await.unwrap();
+    }
+    h.restart().await;
+    assert!(h.sb().list(OWNER).await.is_empty(), "not adopted");
+    assert_eq!(h.own_objects(), (0, 0), "its container and volume are gone");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_sandbox_whose_container_died_works_on_the_next_call() {
+    let h = Harness::with(|s| s.sandbox.pause_after_seconds = 1).await;
+    let id = h.create().await;
+    h.py(id, "print(1)").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.sb().info(OWNER, id).await.unwrap().status != SandboxStatus::Paused {
+        assert!(Instant::now() < deadline, "the idle sandbox was never paused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    docker(&["kill", &h.container_of(id)]);
+    let ran = h.py(id, "print('after')").await;
+    assert_eq!(ran.output.stdout, "after\n", "{}", ran.output.stderr);
+}
