@@ -35,6 +35,7 @@ async fn main() {
         state_dir: root.path().join("state"),
         results_dir: root.path().join("results"),
         protected: vec![],
+        min_free_disk_mb: 0,
     };
     let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let mut ids = vec![];

@@ -29,6 +29,7 @@ async fn main() {
         state_dir: root.path().join("state"),
         results_dir: root.path().join("results"),
         protected: vec![],
+        min_free_disk_mb: 0,
     };
     let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let id = sandboxes

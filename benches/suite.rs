@@ -76,6 +76,33 @@ async fn http_series(
     out
 }
 
+/// `creates` timed create_sandbox calls from the warm pool, each after the
+/// pool had time to refill.
+async fn pooled_creates(c: &McpClient, creates: usize) -> (Vec<Duration>, Vec<String>) {
+    let (mut times, mut ids) = (vec![], vec![]);
+    for _ in 0..creates {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (id, t) = create(c).await;
+        times.push(t);
+        ids.push(id);
+    }
+    (times, ids)
+}
+
+/// `creates` timed create_sandbox calls on a fresh server started with `env`.
+async fn cold_creates(bin: &str, env: &[(&str, String)], http: &reqwest::Client, creates: usize) -> Vec<Duration> {
+    let server = Server::start(bin, env).await;
+    let c = McpClient::http(http.clone(), &server.base).await;
+    let (mut times, mut ids) = (vec![], vec![]);
+    for _ in 0..creates {
+        let (id, t) = create(&c).await;
+        times.push(t);
+        ids.push(id);
+    }
+    delete_all(&c, &ids).await;
+    times
+}
+
 /// Engine API create + start of the sandbox image, then removal.
 async fn baseline_create(docker: &Docker, image: &str, n: usize) -> Vec<Duration> {
     let mut out = Vec::with_capacity(n);
@@ -204,18 +231,23 @@ async fn main() {
         env.push(("MCP_SANDBOX_SANDBOX_CA_BUNDLE", ca.display().to_string()));
     }
 
+    // The same server without disk quotas: plain folders and volumes.
+    let no_quotas = [
+        ("MCP_SANDBOX_SANDBOX_RESULTS_MB", "0".to_string()),
+        ("MCP_SANDBOX_SANDBOX_PACKAGES_MB", "0".to_string()),
+    ];
+    let env_plain: Vec<(&str, String)> = env.iter().cloned().chain(no_quotas.iter().cloned()).collect();
+    let plain_server = Server::start(&bin, &env_plain).await;
+    let pc = McpClient::http(http.clone(), &plain_server.base).await;
+    let (pooled_plain, plain_ids) = pooled_creates(&pc, creates).await;
+    delete_all(&pc, &plain_ids).await;
+    drop(plain_server);
+
     // create_sandbox from the pool (waiting for it to refill between calls).
     let server = Server::start(&bin, &env).await;
     let rss_idle = server.rss_mb();
     let c = McpClient::http(http.clone(), &server.base).await;
-    let mut pooled = vec![];
-    let mut ids = vec![];
-    for _ in 0..creates {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let (id, t) = create(&c).await;
-        pooled.push(t);
-        ids.push(id);
-    }
+    let (pooled, ids) = pooled_creates(&c, creates).await;
     let image = docker
         .inspect_container(&format!("mcp-sandbox-{}", ids[0]), None)
         .await
@@ -274,19 +306,12 @@ async fn main() {
     delete_all(&c, &loop_ids).await;
     drop(server);
 
-    // Cold create_sandbox (no pool), and the Engine API baseline.
+    // Cold create_sandbox (no pool), with and without disk quotas, and the
+    // Engine API baseline.
     let env_cold: Vec<(&str, String)> = vec![("MCP_SANDBOX_POOL_SIZE", "0".to_string())];
-    let cold_server = Server::start(&bin, &env_cold).await;
-    let cc = McpClient::http(http.clone(), &cold_server.base).await;
-    let mut cold = vec![];
-    let mut cold_ids = vec![];
-    for _ in 0..creates {
-        let (id, t) = create(&cc).await;
-        cold.push(t);
-        cold_ids.push(id);
-    }
-    delete_all(&cc, &cold_ids).await;
-    drop(cold_server);
+    let cold = cold_creates(&bin, &env_cold, &http, creates).await;
+    let env_cold_plain: Vec<(&str, String)> = env_cold.iter().cloned().chain(no_quotas.iter().cloned()).collect();
+    let cold_plain = Series::new("", cold_creates(&bin, &env_cold_plain, &http, creates).await);
     let baseline = Series::new("", baseline_create(&docker, &image, creates).await);
 
     let pooled = Series::new("", pooled);
@@ -297,12 +322,29 @@ async fn main() {
     println!();
     println!("| figure | n | p50 ms | p99 ms | notes |");
     println!("|---|---|---|---|---|");
-    line("create_sandbox from the warm pool", &pooled, "");
+    let pooled_plain = Series::new("", pooled_plain);
+    line(
+        "create_sandbox from the warm pool",
+        &pooled,
+        &format!(
+            "disk quotas on; {:.2} x the same without (p50)",
+            pooled.pct(50.0) / pooled_plain.pct(50.0)
+        ),
+    );
+    line(
+        "create_sandbox from the warm pool, no disk quotas",
+        &pooled_plain,
+        "results_mb = packages_mb = 0",
+    );
     line(
         "create_sandbox cold (pool off)",
         &cold,
-        &format!("{:.2} x baseline p50", cold.pct(50.0) / baseline.pct(50.0)),
+        &format!(
+            "{:.2} x baseline p50; disk quotas on",
+            cold.pct(50.0) / baseline.pct(50.0)
+        ),
     );
+    line("create_sandbox cold, no disk quotas", &cold_plain, "");
     line("baseline: Engine API create + start", &baseline, "");
     line(
         "execute_python_code print(1) via /mcp",

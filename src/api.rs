@@ -51,7 +51,9 @@ impl IntoResponse for ApiError {
             SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
             SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
             SandboxError::Ended { .. } => StatusCode::GONE,
-            SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SandboxError::Disk(_) | SandboxError::Store(_) | SandboxError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         error(status, &self.0.to_string())
     }

@@ -222,6 +222,7 @@ impl Config {
                 .into_iter()
                 .chain([abs(Path::new("config.toml"))])
                 .collect(),
+            min_free_disk_mb: self.limits.min_free_disk_mb,
         })
     }
 }
@@ -322,6 +323,8 @@ mod tests {
                 vec![("MCP_SANDBOX_GUEST_KEY_TTL_SECONDS", "0")],
                 "guest.key_ttl_seconds",
             ),
+            ("[sandbox]\nresults_mb = 8\n", vec![], "sandbox.results_mb"),
+            ("[sandbox]\npackages_inodes = 10\n", vec![], "sandbox.packages_inodes"),
         ] {
             let err = load(text, &env).unwrap_err().to_string();
             assert!(err.contains(key), "{err:?} does not name {key}");

@@ -17,8 +17,9 @@ use crate::http::AppState;
 
 /// How long one engine check answers for.
 const FRESH_FOR: Duration = Duration::from_secs(1);
-/// An engine that does not answer within this is reported unavailable.
-const PING_DEADLINE: Duration = Duration::from_secs(3);
+/// An engine that does not answer within this is reported unavailable, so
+/// that a probe is answered within a second even while the engine restarts.
+const PING_DEADLINE: Duration = Duration::from_millis(800);
 
 pub struct Health {
     sandboxes: Arc<Sandboxes>,
@@ -54,12 +55,21 @@ impl Health {
     }
 }
 
+/// `/health`: whether Docker answers, and the host resources the sandboxes
+/// draw on (free disk, their memory limits added up, the host's memory).
 pub async fn route(State(app): State<AppState>) -> Response {
+    let r = app.ops.sandboxes.resources();
+    let mb = |b: u64| b >> 20;
+    let resources = serde_json::json!({
+        "disk_free_mb": r.disk_free_bytes.map(mb),
+        "sandbox_memory_limits_mb": mb(r.memory_limits_bytes),
+        "host_memory_mb": r.host_memory_bytes.map(mb),
+    });
     match app.health.engine().await {
-        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok" })).into_response(),
+        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok", "resources": resources })).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "unavailable", "docker": e })),
+            Json(serde_json::json!({ "status": "unavailable", "docker": e, "resources": resources })),
         )
             .into_response(),
     }

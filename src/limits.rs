@@ -49,6 +49,9 @@ pub struct LimitsConfig {
     /// A request's headers must arrive within this long; an idle kept-alive
     /// connection is closed after it too.
     pub header_timeout_seconds: u64,
+    /// Free disk space, in MB, below which new sandboxes and installs are
+    /// refused (0: no check).
+    pub min_free_disk_mb: u64,
 }
 
 impl Default for LimitsConfig {
@@ -66,6 +69,7 @@ impl Default for LimitsConfig {
             max_connections: 4096,
             max_connections_per_ip: 128,
             header_timeout_seconds: 10,
+            min_free_disk_mb: 1024,
         }
     }
 }

@@ -340,6 +340,32 @@ impl Metrics {
             let _ = writeln!(out, "mcp_sandbox_egress_denied_total{{reason=\"{reason}\"}} {n}");
         }
         self.render_front(&mut out);
+        let r = &stats.resources;
+        if let Some(free) = r.disk_free_bytes {
+            header(
+                &mut out,
+                "mcp_sandbox_disk_free_bytes",
+                "gauge",
+                "Free space on the file system of the sandboxes' disks (the fuller of the state and results folders').",
+            );
+            let _ = writeln!(out, "mcp_sandbox_disk_free_bytes {free}");
+        }
+        header(
+            &mut out,
+            "mcp_sandbox_memory_limits_bytes",
+            "gauge",
+            "Memory limits of all sandbox containers (pooled ones included), added up.",
+        );
+        let _ = writeln!(out, "mcp_sandbox_memory_limits_bytes {}", r.memory_limits_bytes);
+        if let Some(host) = r.host_memory_bytes {
+            header(
+                &mut out,
+                "mcp_sandbox_host_memory_bytes",
+                "gauge",
+                "Memory of the host.",
+            );
+            let _ = writeln!(out, "mcp_sandbox_host_memory_bytes {host}");
+        }
         out
     }
 }
@@ -385,5 +411,6 @@ mod tests {
         let text = m.render(&Stats::default());
         assert!(text.contains("mcp_sandbox_connections 1"));
         assert!(text.contains("mcp_sandbox_sessions_refused_total{reason=\"per_tenant\"} 1"));
+        assert!(text.contains("mcp_sandbox_memory_limits_bytes 0"));
     }
 }

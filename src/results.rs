@@ -3,7 +3,7 @@
 //! a `resource_link` item per artifact.
 
 use rmcp::model::{CallToolResult, ContentBlock, Resource};
-use sandbox_actors::{InstallStatusKind, Package, Ran, SandboxError, SandboxInfo};
+use sandbox_actors::{DiskUse, InstallStatusKind, Package, Ran, SandboxError, SandboxInfo};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -28,6 +28,42 @@ pub struct ListedSandbox {
     pub created_at: String,
     pub expires_at: Option<String>,
     pub installed_packages: Vec<InstalledPackage>,
+    /// Disk use against the sandbox's quotas (absent when disks are not capped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskQuotas>,
+}
+
+/// Use of each capped folder; a write past a quota fails with "No space left on device".
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DiskQuotas {
+    /// `/app/results`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub results: Option<DiskQuota>,
+    /// `/app/.venv`, the installed packages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packages: Option<DiskQuota>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DiskQuota {
+    pub used_mb: u64,
+    pub quota_mb: u64,
+    pub used_files: u64,
+    pub quota_files: u64,
+    /// Less than 1% is left: delete files before writing more.
+    pub full: bool,
+}
+
+impl From<DiskUse> for DiskQuota {
+    fn from(u: DiskUse) -> Self {
+        Self {
+            used_mb: u.used_bytes.div_ceil(1 << 20),
+            quota_mb: u.limit_bytes >> 20,
+            used_files: u.used_files,
+            quota_files: u.limit_files,
+            full: u.is_full(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -141,6 +177,10 @@ impl From<SandboxInfo> for ListedSandbox {
             created_at: rfc3339(i.created_at),
             expires_at: i.expires_at.map(rfc3339),
             installed_packages: packages(i.installed_packages),
+            disk: i.disk.map(|d| DiskQuotas {
+                results: d.results.map(Into::into),
+                packages: d.packages.map(Into::into),
+            }),
         }
     }
 }

@@ -223,7 +223,7 @@ async fn sandboxes_page(
 </form>
 <p class="error" id="error" hidden></p>
 <table id="sandboxes" data-admin="{admin}">
-<thead><tr><th>Name</th><th>ID</th>{owner_column}<th>Status</th><th>Age</th><th>Expires</th><th>CPU</th><th>Memory</th><th>Packages</th><th></th></tr></thead>
+<thead><tr><th>Name</th><th>ID</th>{owner_column}<th>Status</th><th>Age</th><th>Expires</th><th>CPU</th><th>Memory</th><th>Disk</th><th>Packages</th><th></th></tr></thead>
 <tbody></tbody>
 </table>
 <p id="empty" hidden>No sandboxes yet.</p>

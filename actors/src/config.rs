@@ -50,6 +50,14 @@ pub struct SandboxConfig {
     /// Bridged sandboxes get the server's own network, and host firewall
     /// rules keep them from the host's services and link-local addresses.
     pub isolate_host: bool,
+    /// Size of each sandbox's `/app/results` file system (0: not capped).
+    pub results_mb: u64,
+    /// Files and folders `/app/results` may hold.
+    pub results_inodes: u64,
+    /// Size of each sandbox's package volume, `/app/.venv` (0: not capped).
+    pub packages_mb: u64,
+    /// Files and folders the package volume may hold.
+    pub packages_inodes: u64,
 }
 
 impl Default for SandboxConfig {
@@ -75,6 +83,10 @@ impl Default for SandboxConfig {
             max_queued_calls: 16,
             isolate_host: true,
             pause_after_seconds: 60,
+            results_mb: 1024,
+            results_inodes: 100_000,
+            packages_mb: 2048,
+            packages_inodes: 200_000,
         }
     }
 }
@@ -252,6 +264,20 @@ impl SandboxConfig {
         }
         if self.egress_mb_per_minute == 0 {
             return Err("sandbox.egress_mb_per_minute: at least 1".into());
+        }
+        for (key, mb, inodes_key, inodes) in [
+            ("results_mb", self.results_mb, "results_inodes", self.results_inodes),
+            ("packages_mb", self.packages_mb, "packages_inodes", self.packages_inodes),
+        ] {
+            if mb != 0 && !(16..=1 << 20).contains(&mb) {
+                return Err(format!("sandbox.{key}: 0 (not capped) or from 16 to 1048576"));
+            }
+            // ext4 needs a few inodes of its own and at most one per 1 KiB block.
+            if mb != 0 && !(256..=mb * 1024).contains(&inodes) {
+                return Err(format!(
+                    "sandbox.{inodes_key}: from 256 to 1024 per MB of sandbox.{key}"
+                ));
+            }
         }
         if let Some(path) = &self.ca_bundle {
             if !path.is_file() {

@@ -10,6 +10,7 @@ use uuid::Uuid;
 use crate::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use crate::egress::Egress;
 use crate::records::RecordStore;
+use crate::runtime::disk::Disks;
 use crate::runtime::{ContainerRuntime, SandboxPaths};
 
 /// Settings of the sandbox domain, from the server's configuration.
@@ -25,6 +26,9 @@ pub struct Settings {
     pub results_dir: PathBuf,
     /// Files that must never be uploaded into a sandbox (the config file).
     pub protected: Vec<PathBuf>,
+    /// New sandboxes and installs are refused while the state or results
+    /// folder's file system has less free space than this (0: never).
+    pub min_free_disk_mb: u64,
 }
 
 pub struct Context {
@@ -33,6 +37,7 @@ pub struct Context {
     pub settings: Settings,
     pub counters: Counters,
     pub egress: Egress,
+    pub disks: Disks,
 }
 
 /// Events counted since the server started, for its metrics.
@@ -58,6 +63,7 @@ impl Context {
             results: self.settings.results_dir.join(id.to_string()),
             agent: self.settings.state_dir.join("agents").join(id.to_string()),
             egress: self.egress.socket_dir(id),
+            packages: self.disks.packages_dir(id),
         }
     }
 }

@@ -26,6 +26,9 @@ pub enum SandboxError {
     Ended { id: Uuid, why: String },
     #[error("sandbox image: {0}")]
     Image(String),
+    /// A sandbox's capped file systems could not be made or mounted.
+    #[error("sandbox disk: {0}")]
+    Disk(String),
     #[error("record store: {0}")]
     Store(String),
     #[error("internal error: {0}")]
@@ -45,6 +48,7 @@ impl SandboxError {
             SandboxError::Unresponsive { .. } => "unresponsive",
             SandboxError::Ended { .. } => "ended",
             SandboxError::Image(_) => "image",
+            SandboxError::Disk(_) => "disk",
             SandboxError::Store(_) => "store",
             SandboxError::Internal(_) => "internal",
         }
@@ -54,6 +58,12 @@ impl SandboxError {
 impl From<bollard::errors::Error> for SandboxError {
     fn from(e: bollard::errors::Error) -> Self {
         SandboxError::Docker(e.to_string())
+    }
+}
+
+impl From<crate::runtime::disk::DiskError> for SandboxError {
+    fn from(e: crate::runtime::disk::DiskError) -> Self {
+        SandboxError::Disk(e.to_string())
     }
 }
 

@@ -54,39 +54,47 @@ fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Makes the folders, egress proxy socket, package volume and running
-/// container of a new sandbox under `egress`.
+/// Makes the folders, egress proxy socket, capped file systems, package
+/// volume and running container of a new sandbox under `egress`.
 pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisioned> {
+    // The pool does not refill while the host's disk is nearly full.
+    crate::host::check_free_disk(&ctx.settings)?;
     let id = Uuid::new_v4();
     ctx.egress.attach(id, egress)?;
     let paths = ctx.paths(id);
-    let cleanup = || {
-        let _ = std::fs::remove_dir_all(&paths.results);
-        let _ = std::fs::remove_dir_all(&paths.agent);
-        ctx.egress.detach(id);
-    };
-    for dir in [&paths.results, &paths.agent] {
-        if let Err(e) = prepare_dir(dir) {
-            cleanup();
-            return Err(SandboxError::Internal(format!("preparing {}: {e}", dir.display())));
+    let made = async {
+        for dir in [&paths.results, &paths.agent] {
+            prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
         }
-    }
-    match ctx.runtime.create(&paths, None).await {
+        ctx.disks.prepare(id).await?;
+        ctx.runtime.create(&paths, None).await
+    };
+    match made.await {
         Ok(container) => Ok(Provisioned {
             id,
             container,
             warm: None,
         }),
         Err(e) => {
-            cleanup();
+            remove_host_side(ctx, id).await;
             Err(e)
         }
     }
 }
 
+/// Removes a sandbox's capped file systems and folders (its container gone).
+async fn remove_host_side(ctx: &Context, id: Uuid) {
+    if let Err(e) = ctx.disks.remove(id).await {
+        warn!(sandbox = %id, error = %e, "could not remove a sandbox's disks");
+    }
+    let paths = ctx.paths(id);
+    let _ = std::fs::remove_dir_all(&paths.results);
+    let _ = std::fs::remove_dir_all(&paths.agent);
+    ctx.egress.detach(id);
+}
+
 /// Removes a provisioned sandbox that was never handed out.
 pub async fn discard(ctx: &Context, p: &Provisioned) {
-    let paths = ctx.paths(p.id);
     if let Err(e) = ctx
         .runtime
         .remove(&p.container.container_id, Some(&p.container.volume))
@@ -94,9 +102,7 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
     {
         warn!(sandbox = %p.id, error = %e, "could not remove a pooled sandbox");
     }
-    let _ = std::fs::remove_dir_all(&paths.results);
-    let _ = std::fs::remove_dir_all(&paths.agent);
-    ctx.egress.detach(p.id);
+    remove_host_side(ctx, p.id).await;
 }
 
 /// Provisions a sandbox and waits until its worker is up, so that the first

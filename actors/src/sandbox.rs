@@ -31,6 +31,7 @@ use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran, Retirement};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
+use crate::runtime::disk::DiskUsage;
 use crate::runtime::ContainerState;
 use crate::status::SandboxStatus;
 use crate::uploads::{self, UploadSource};
@@ -109,6 +110,9 @@ pub struct SandboxInfo {
     #[serde(with = "time::serde::rfc3339::option")]
     pub expires_at: Option<OffsetDateTime>,
     pub installed_packages: Vec<Package>,
+    /// Use of the sandbox's capped folders (absent when disks are not capped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskUsage>,
 }
 
 pub enum SandboxMsg {
@@ -660,8 +664,9 @@ impl SandboxActor {
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
                             .await;
+                        let full = link.ctx().disks.full_notice(link.paths.id);
                         let result = result.map(|mut ran| {
-                            ran.notice = join_notices(notice, ran.notice.take());
+                            ran.notice = join_notices(join_notices(notice, ran.notice.take()), full);
                             ran
                         });
                         let call = run_record(started, &req.work, &result);
@@ -863,6 +868,7 @@ fn info(state: &SandboxState) -> SandboxInfo {
         created_at: r.created_at,
         expires_at: expires_at(state),
         installed_packages: r.packages.clone(),
+        disk: state.ctx.disks.usage(r.id),
     }
 }
 
@@ -952,7 +958,7 @@ async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Upl
 
 /// Removes the sandbox's containers (its own and any installer, found by
 /// their label, so a re-created container is never missed), its package
-/// volume, its folders and its record. Removal kills: it never waits on
+/// volume, its disks, its folders and its record. Removal kills: it never waits on
 /// anything inside the sandbox.
 pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<()> {
     let mut containers: Vec<String> = ctx
@@ -971,6 +977,7 @@ pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<
     }
     ctx.runtime.remove_volume(&record.volume).await?;
     ctx.egress.detach(record.id);
+    ctx.disks.remove(record.id).await?;
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = tokio::fs::remove_dir_all(dir).await {

@@ -27,11 +27,13 @@ use crate::context::{Context, Counters, Settings};
 use crate::egress::Egress;
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
+use crate::host::{self, Resources};
 use crate::link::Ran;
 use crate::packages;
 use crate::pool::{self, Pool};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
-use crate::runtime::{ContainerRuntime, DockerRuntime, Usage};
+use crate::runtime::disk::Disks;
+use crate::runtime::{ContainerRuntime, ContainerState, DockerRuntime, Usage};
 use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
 use crate::scope::Scope;
 use crate::status::SandboxStatus;
@@ -99,6 +101,7 @@ pub struct Stats {
     pub installs_failed: u64,
     /// Connections the egress proxy refused, by reason.
     pub egress_denied: BTreeMap<&'static str, u64>,
+    pub resources: Resources,
 }
 
 pub struct Sandboxes {
@@ -144,10 +147,12 @@ impl Sandboxes {
         let ctx = Arc::new(Context {
             runtime,
             store,
-            settings,
             counters: Counters::default(),
             egress,
+            disks: Disks::new(&settings.sandbox, &settings.state_dir, &settings.results_dir),
+            settings,
         });
+        ctx.disks.check().await?;
         let registry = Registry::default();
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
             .await
@@ -199,6 +204,7 @@ impl Sandboxes {
             known.insert(record.id, record.container_id.clone());
             let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
             self.ctx.egress.attach(record.id, egress)?;
+            self.remount(&record).await?;
             self.spawn(record).await?;
         }
         let runtime = &self.ctx.runtime;
@@ -218,6 +224,7 @@ impl Sandboxes {
                 }
             }
         }
+        self.ctx.disks.remove_orphans(&known.keys().copied().collect()).await;
         let s = &self.ctx.settings;
         for dir in [
             s.state_dir.join("agents"),
@@ -240,6 +247,19 @@ impl Sandboxes {
             adopted = known.len(),
             "reconciled sandbox records with Docker"
         );
+        Ok(())
+    }
+
+    /// Mounts an adopted sandbox's capped file systems again where they are
+    /// missing (after a host reboot); a container that kept running on the
+    /// bare folders meanwhile is restarted onto them.
+    async fn remount(&self, record: &SandboxRecord) -> Result<()> {
+        if self.ctx.disks.ensure(record.id).await? {
+            info!(sandbox = %record.id, "mounted the sandbox's disks again");
+            if self.ctx.runtime.state(&record.container_id).await? == ContainerState::Running {
+                self.ctx.runtime.restart(&record.container_id).await?;
+            }
+        }
         Ok(())
     }
 
@@ -342,6 +362,7 @@ impl Sandboxes {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        host::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota)?;
         let creation = Creation {
             ctx: self.ctx.clone(),
@@ -450,6 +471,7 @@ impl Sandboxes {
         wait: Duration,
     ) -> Result<InstallStatus> {
         let specs = packages::parse_specs(package)?;
+        host::check_free_disk(&self.ctx.settings)?;
         let package = specs.join(" ");
         let mut rx: watch::Receiver<InstallRecord> = self
             .query(scope.into(), id, |reply| SandboxMsg::Install {
@@ -555,6 +577,17 @@ impl Sandboxes {
             installs_succeeded: read(&c.installs_succeeded),
             installs_failed: read(&c.installs_failed),
             egress_denied: self.ctx.egress.denials(),
+            resources: self.resources(),
+        }
+    }
+
+    /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
+    pub fn resources(&self) -> Resources {
+        let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();
+        Resources {
+            disk_free_bytes: host::sandbox_disk_free_bytes(&self.ctx.settings),
+            memory_limits_bytes: containers as u64 * (self.ctx.settings.sandbox.memory_mb << 20),
+            host_memory_bytes: host::memory_bytes(),
         }
     }
 

@@ -197,6 +197,7 @@ mod tests {
             state_dir: state.to_path_buf(),
             results_dir: state.join("results"),
             protected: vec![],
+            min_free_disk_mb: 0,
         }
     }
 

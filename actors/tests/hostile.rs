@@ -119,6 +119,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
         results: settings.results_dir.join(id.to_string()),
         agent: settings.state_dir.join("agents").join(id.to_string()),
         egress: None,
+        packages: Some(settings.state_dir.join("disks").join(id.to_string()).join("packages")),
     };
     let volume = format!("mcp-sandbox-{id}-venv");
     let argv = vec!["/opt/uv/bin/python".into(), "-c".into(), probe(port)];

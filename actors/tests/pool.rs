@@ -34,6 +34,8 @@ async fn sandboxes_come_from_the_warm_pool_which_refills() {
     // A stopped server removes what it pooled and keeps what it handed out.
     h.sandboxes.take().unwrap().shutdown().await;
     assert_eq!(h.own_objects(), (1, 1));
+    // Without a pool now, so that nothing refills after the test has cleaned up.
+    h.settings.pool.size = 0;
     h.restart().await;
     assert_eq!(h.sb().list(OWNER).await[0].sandbox_id, id);
 }

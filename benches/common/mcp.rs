@@ -413,5 +413,16 @@ impl Drop for Server {
                 let _ = Command::new("iptables").args(["-w", "-D"]).args(args).status();
             }
         }
+        // The disk images and agent folders of sandboxes left behind.
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<&str> = mountinfo
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| std::path::Path::new(m).starts_with(self._root.path()))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", m]).status();
+        }
     }
 }

@@ -66,6 +66,12 @@ function bytes(n) {
 }
 function cpu(usage) { return usage ? `${usage.cpu_seconds.toFixed(2)} s` : '—'; }
 function memory(usage) { return usage ? bytes(usage.memory_bytes) : '—'; }
+/** Disk use against the quota of each capped folder ("full" at the cap). */
+function disk(d) {
+  if (!d) return '—';
+  const part = (label, q) => q && `${label} ${q.used_mb}/${q.quota_mb} MB${q.full ? ' (full)' : ''}`;
+  return [part('results', d.results), part('packages', d.packages)].filter(Boolean).join(', ') || '—';
+}
 function status(s) { return el('span', { class: `status ${s}` }, s); }
 
 /** Runs `work` with the form's buttons disabled, showing any error. */
@@ -103,6 +109,7 @@ async function loadList() {
       el('td', {}, when(s.expires_at)),
       el('td', {}, cpu(s.usage)),
       el('td', {}, memory(s.usage)),
+      el('td', { class: 'disk' }, disk(s.disk)),
       el('td', {}, String(s.installed_packages.length)),
       el('td', { class: 'actions' },
         act('Restart', 'secondary', 'POST', `/api/sandboxes/${s.sandbox_id}/restart`),
@@ -144,6 +151,7 @@ function sandboxPage(root) {
       ['Expires', when(s.expires_at)],
       ['CPU time', cpu(s.usage)],
       ['Memory', memory(s.usage)],
+      ['Disk', disk(s.disk)],
       ['Packages', s.installed_packages.map((p) => `${p.name} ${p.version}`).join(', ') || 'none'],
     ];
     if (s.owner) rows.splice(1, 0, ['Owner', s.owner]);

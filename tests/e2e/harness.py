@@ -123,7 +123,19 @@ class Server:
                 for line in rules.splitlines():
                     if tag in line:
                         subprocess.run(["iptables", "-w", "-D", *shlex.split(line)[1:]], capture_output=True)
+        unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def unmount_under(root):
+    """Detaches every file system mounted under root (the sandboxes' disk
+    images and agent folders), deepest first, so that removing the folder
+    removes only folders."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split(" ")[4] for line in f]
+    mine = [m for m in mounts if Path(m).is_relative_to(root)]
+    for m in sorted(mine, key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True)
 
 
 def new_key(name):

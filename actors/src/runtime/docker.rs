@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, VolumeCreateRequest};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, VolumeCreateRequest,
+};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder, StatsOptionsBuilder,
@@ -28,6 +30,10 @@ const VENV_IN_CONTAINER: &str = "/app/.venv";
 const EGRESS_IN_CONTAINER: &str = "/run/mcp-egress";
 /// The address the in-sandbox relay listens on.
 const EGRESS_RELAY: &str = "127.0.0.1:3128";
+/// OOM score of sandbox processes: a host out of memory has the kernel end
+/// a sandbox before the server or the engine. Raising a score needs no
+/// privilege, unlike the server lowering its own.
+const SANDBOX_OOM_SCORE_ADJ: i64 = 500;
 
 pub struct DockerRuntime {
     docker: Docker,
@@ -133,6 +139,8 @@ impl DockerRuntime {
             pids_limit: Some(c.pids_limit),
             network_mode: Some(network.to_string()),
             runtime: Some(runtime.to_string()),
+            log_config: Some(capped_log()),
+            oom_score_adj: Some(SANDBOX_OOM_SCORE_ADJ),
             ..Default::default()
         };
         ContainerCreateBody {
@@ -243,6 +251,29 @@ fn cgroup_usage(container_id: &str) -> Option<Usage> {
     })
 }
 
+/// Options of a local-driver volume that is a bind of `dir` (the capped file
+/// system of the packages); Docker still fills it from the image while empty.
+fn bound_volume(dir: &Path) -> HashMap<String, String> {
+    HashMap::from([
+        ("type".to_string(), "none".to_string()),
+        ("o".to_string(), "bind".to_string()),
+        ("device".to_string(), dir.display().to_string()),
+    ])
+}
+
+/// A log a container cannot grow past 1 MiB: a sandbox can write to its
+/// PID 1's stdout, and nothing reads those logs but the installer's last
+/// 64 KiB of output.
+fn capped_log() -> HostConfigLogConfig {
+    HostConfigLogConfig {
+        typ: Some("json-file".into()),
+        config: Some(HashMap::from([
+            ("max-size".to_string(), "1m".to_string()),
+            ("max-file".to_string(), "1".to_string()),
+        ])),
+    }
+}
+
 fn labelled_sandbox(labels: Option<&HashMap<String, String>>) -> Option<Uuid> {
     labels?.get(labels::SANDBOX).and_then(|v| Uuid::parse_str(v).ok())
 }
@@ -278,6 +309,7 @@ impl ContainerRuntime for DockerRuntime {
                     .create_volume(VolumeCreateRequest {
                         name: Some(name.clone()),
                         labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
+                        driver_opts: paths.packages.as_deref().map(bound_volume),
                         ..Default::default()
                     })
                     .await?;

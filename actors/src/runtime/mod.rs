@@ -1,6 +1,7 @@
 //! The container runtime: everything the sandbox actors ask of Docker, behind
 //! a trait so that unit tests of actor logic can replace it.
 
+pub mod disk;
 mod docker;
 pub mod firewall;
 mod image;
@@ -31,6 +32,9 @@ pub struct SandboxPaths {
     /// proxy's socket, mounted read-only. Such a sandbox has no network
     /// interface; the others join the server's bridge network.
     pub egress: Option<PathBuf>,
+    /// The capped file system the package volume is bound to (none: a
+    /// plain Docker volume).
+    pub packages: Option<PathBuf>,
 }
 
 /// A sandbox's Docker objects.

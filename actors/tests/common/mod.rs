@@ -35,6 +35,7 @@ pub fn settings(root: &Path) -> Settings {
         state_dir: root.join("state"),
         results_dir: root.join("results"),
         protected: vec![],
+        min_free_disk_mb: 0,
     }
 }
 
@@ -42,6 +43,8 @@ pub struct Harness {
     pub sandboxes: Option<Sandboxes>,
     pub root: tempfile::TempDir,
     pub server_id: String,
+    /// What the server was started with; a restart reuses it.
+    pub settings: Settings,
 }
 
 impl Harness {
@@ -53,12 +56,13 @@ impl Harness {
         let root = tempfile::tempdir().unwrap();
         let mut s = settings(root.path());
         tweak(&mut s);
-        let sandboxes = Sandboxes::start(s).await.expect("start (is Docker running?)");
+        let sandboxes = Sandboxes::start(s.clone()).await.expect("start (is Docker running?)");
         let server_id = sandboxes.server_id().to_string();
         Self {
             sandboxes: Some(sandboxes),
             root,
             server_id,
+            settings: s,
         }
     }
 
@@ -71,7 +75,7 @@ impl Harness {
         if let Some(s) = self.sandboxes.take() {
             s.shutdown().await;
         }
-        let s = Sandboxes::start(settings(self.root.path())).await.unwrap();
+        let s = Sandboxes::start(self.settings.clone()).await.unwrap();
         assert_eq!(s.server_id(), self.server_id);
         self.sandboxes = Some(s);
     }
@@ -165,6 +169,23 @@ impl Drop for Harness {
             docker(&["network", "rm", n]);
         }
         let _ = sandbox_actors::runtime::firewall::remove(&self.server_id);
+        unmount_under(self.root.path());
+    }
+}
+
+/// Detaches every file system mounted under `root` (the sandboxes' disk
+/// images and agent folders), deepest first, so that removing the folder
+/// removes only folders.
+pub fn unmount_under(root: &Path) {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(root))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = Command::new("umount").args(["-l", m]).status();
     }
 }
 

@@ -1,0 +1,107 @@
+//! Figures about the host the sandboxes share: free disk space where the
+//! server keeps their data, and the host's memory. They back the free-disk
+//! guard, `/health`, `/metrics` and the start-up memory warning.
+
+use std::path::Path;
+
+use crate::context::Settings;
+use crate::error::{Result, SandboxError};
+
+/// What the sandboxes take from the host.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resources {
+    /// Free space where sandbox data lives (see [`sandbox_disk_free_bytes`]).
+    pub disk_free_bytes: Option<u64>,
+    /// Memory limits of every sandbox container, pooled ones included, added up.
+    pub memory_limits_bytes: u64,
+    pub host_memory_bytes: Option<u64>,
+}
+
+/// Space of the file system holding `path`, as `statvfs` reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    /// Bytes an unprivileged writer may still use.
+    pub free_bytes: u64,
+    pub total_files: u64,
+    pub free_files: u64,
+}
+
+/// `statvfs(path)`; `None` when the path cannot be examined.
+pub fn space(path: &Path) -> Option<Space> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a properly sized out-parameter.
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let unit = st.f_frsize as u64;
+    Some(Space {
+        total_bytes: st.f_blocks as u64 * unit,
+        free_bytes: st.f_bavail as u64 * unit,
+        total_files: st.f_files as u64,
+        free_files: st.f_favail as u64,
+    })
+}
+
+/// The least free space among `paths` (the state and results folders may
+/// be on different file systems; the fuller one decides).
+pub fn free_disk_bytes<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Option<u64> {
+    paths.into_iter().filter_map(|p| space(p).map(|s| s.free_bytes)).min()
+}
+
+/// The free disk space that decides the guard: the fuller of the state
+/// folder's (sandbox disk images) and the results folder's file systems.
+pub fn sandbox_disk_free_bytes(settings: &Settings) -> Option<u64> {
+    free_disk_bytes([settings.state_dir.as_path(), settings.results_dir.as_path()])
+}
+
+/// Refuses new work that writes to the host's disk (a sandbox, an
+/// install) while free space is below `min_free_disk_mb`.
+pub fn check_free_disk(settings: &Settings) -> Result<()> {
+    let min = settings.min_free_disk_mb;
+    match sandbox_disk_free_bytes(settings) {
+        Some(free) if min > 0 && free < min << 20 => Err(SandboxError::Quota(format!(
+            "the server's disk is nearly full ({} MB free, {min} MB required by limits.min_free_disk_mb): no new sandboxes or installs until space is freed; try again later",
+            free >> 20
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The host's memory (`MemTotal` of `/proc/meminfo`).
+pub fn memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Lowers this process's OOM score so that, when the host runs out of
+/// memory, the kernel ends a sandbox rather than the server. Needs root
+/// (CAP_SYS_RESOURCE) to go below zero.
+pub fn protect_from_oom_killer(adj: i32) -> std::io::Result<()> {
+    std::fs::write("/proc/self/oom_score_adj", adj.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_of_this_host() {
+        let s = space(Path::new("/")).expect("statvfs /");
+        assert!(s.total_bytes > 0 && s.free_bytes <= s.total_bytes);
+        assert!(space(Path::new("/no/such/folder")).is_none());
+        assert!(free_disk_bytes([Path::new("/"), Path::new("/nope")]).is_some());
+        assert_eq!(free_disk_bytes([Path::new("/nope")]), None);
+        assert!(memory_bytes().expect("MemTotal") > 64 * 1024 * 1024);
+    }
+}

@@ -1,0 +1,435 @@
+//! Per-sandbox disk quotas, enforced by the kernel.
+//!
+//! Everything a sandbox can write that lives on the host gets a file system
+//! of its own with a fixed size and a fixed number of inodes, so a write past
+//! the cap fails inside the sandbox with "No space left on device" and the
+//! host loses at most the cap:
+//! - `/app/results`: a sparse ext4 image of `sandbox.results_mb`, loop-mounted
+//!   at the sandbox's results folder (the bind source the artifacts route,
+//!   uploads and the file listing already use);
+//! - `/app/.venv`: a second image of `sandbox.packages_mb`, mounted under the
+//!   state folder; the package volume is a local-driver volume bound to it,
+//!   so Docker still fills it from the image on first use;
+//! - the agent's socket folder: a tiny tmpfs.
+//!
+//! Images live in `state_dir/disks/<sandbox id>/`. Mounts belong to the host,
+//! so they outlive container restarts and a server restart; after a host
+//! reboot [`Disks::ensure`] mounts them again before an adopted sandbox's
+//! container starts. This needs root (mount) and `mkfs.ext4` (e2fsprogs);
+//! with both caps at 0 the folders are plain directories as before.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::process::Command;
+use tracing::warn;
+use uuid::Uuid;
+
+use super::SANDBOX_UID;
+use crate::config::SandboxConfig;
+use crate::host;
+
+/// How long one `mkfs.ext4` or `mount` may take.
+const TOOL_DEADLINE: Duration = Duration::from_secs(30);
+/// The agent's folder holds one socket; this is all it may ever hold.
+const AGENT_TMPFS: &str = "size=1m,nr_inodes=64,mode=0755,nodev,nosuid,noexec";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("{what}: {detail}")]
+    Tool { what: String, detail: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
+    move |source| DiskError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One capped file system: its size in MiB and inode count (0 MiB: uncapped).
+#[derive(Debug, Clone, Copy)]
+struct Cap {
+    mb: u64,
+    inodes: u64,
+}
+
+/// A capped folder's use against its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiskUse {
+    pub used_bytes: u64,
+    pub limit_bytes: u64,
+    pub used_files: u64,
+    pub limit_files: u64,
+}
+
+impl DiskUse {
+    fn of(space: host::Space) -> Self {
+        Self {
+            used_bytes: space.total_bytes.saturating_sub(space.free_bytes),
+            limit_bytes: space.total_bytes,
+            used_files: space.total_files.saturating_sub(space.free_files),
+            limit_files: space.total_files,
+        }
+    }
+
+    /// Less than 1% (at least 1 MiB, 16 files) is left: the next write fails.
+    pub fn is_full(&self) -> bool {
+        let free = self.limit_bytes - self.used_bytes.min(self.limit_bytes);
+        let free_files = self.limit_files - self.used_files.min(self.limit_files);
+        free < (self.limit_bytes / 100).max(1 << 20) || free_files < (self.limit_files / 100).max(16)
+    }
+}
+
+/// A sandbox's disk use, per capped folder (absent: not capped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DiskUsage {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub results: Option<DiskUse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packages: Option<DiskUse>,
+}
+
+/// The capped file systems of this server's sandboxes.
+#[derive(Debug, Clone)]
+pub struct Disks {
+    /// `state_dir/disks`: one folder of images per sandbox.
+    root: PathBuf,
+    results_dir: PathBuf,
+    agents_dir: PathBuf,
+    results: Cap,
+    packages: Cap,
+}
+
+impl Disks {
+    pub fn new(config: &SandboxConfig, state_dir: &Path, results_dir: &Path) -> Self {
+        Self {
+            root: state_dir.join("disks"),
+            results_dir: results_dir.to_path_buf(),
+            agents_dir: state_dir.join("agents"),
+            results: Cap {
+                mb: config.results_mb,
+                inodes: config.results_inodes,
+            },
+            packages: Cap {
+                mb: config.packages_mb,
+                inodes: config.packages_inodes,
+            },
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.results.mb > 0 || self.packages.mb > 0
+    }
+
+    /// The host folder the package volume is bound to, when capped.
+    pub fn packages_dir(&self, id: Uuid) -> Option<PathBuf> {
+        (self.packages.mb > 0).then(|| self.root.join(id.to_string()).join("packages"))
+    }
+
+    /// (image, mount point, cap) of each capped file system of a sandbox.
+    fn images(&self, id: Uuid) -> Vec<(PathBuf, PathBuf, Cap)> {
+        let dir = self.root.join(id.to_string());
+        let mut out = vec![];
+        if self.results.mb > 0 {
+            out.push((
+                dir.join("results.img"),
+                self.results_dir.join(id.to_string()),
+                self.results,
+            ));
+        }
+        if let Some(mount) = self.packages_dir(id) {
+            out.push((dir.join("packages.img"), mount, self.packages));
+        }
+        out
+    }
+
+    /// Checks at start that images can be made and mounted here, so that a
+    /// server that cannot enforce its quotas says so instead of running
+    /// without them.
+    pub async fn check(&self) -> Result<(), DiskError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let probe = self.root.join(format!("probe-{}", Uuid::new_v4().simple()));
+        let (image, mount) = (probe.join("probe.img"), probe.join("mnt"));
+        let made = async {
+            std::fs::create_dir_all(&mount).map_err(io(&mount))?;
+            make_image(&image, Cap { mb: 16, inodes: 256 }).await?;
+            mount_image(&image, &mount).await
+        }
+        .await;
+        let _ = unmount(&mount).await;
+        let _ = std::fs::remove_dir_all(&probe);
+        made.map_err(|e| DiskError::Tool {
+            what: "disk quotas need root and mkfs.ext4 (e2fsprogs); set sandbox.results_mb = 0 and sandbox.packages_mb = 0 to run without them".into(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Makes and mounts the capped file systems of a new sandbox; its
+    /// results and agent folders must exist (empty) already.
+    pub async fn prepare(&self, id: Uuid) -> Result<(), DiskError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let dir = self.root.join(id.to_string());
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        for (image, mount, cap) in self.images(id) {
+            std::fs::create_dir_all(&mount).map_err(io(&mount))?;
+            make_and_mount(&image, &mount, cap).await?;
+        }
+        mount_agent_tmpfs(&self.agents_dir.join(id.to_string())).await
+    }
+
+    /// Mounts what is missing (after a host reboot, say); true when
+    /// anything had to be mounted again.
+    pub async fn ensure(&self, id: Uuid) -> Result<bool, DiskError> {
+        if !self.enabled() {
+            return Ok(false);
+        }
+        let mut remounted = false;
+        for (image, mount, cap) in self.images(id) {
+            if !is_mount_point(&mount) {
+                std::fs::create_dir_all(&mount).map_err(io(&mount))?;
+                if !image.is_file() {
+                    // Its files went with the image; the cap must not.
+                    warn!(sandbox = %id, image = %image.display(), "a sandbox's disk image is missing; making an empty one");
+                    std::fs::create_dir_all(image.parent().expect("in a folder")).map_err(io(&image))?;
+                    make_and_mount(&image, &mount, cap).await?;
+                } else {
+                    mount_image(&image, &mount).await?;
+                }
+                remounted = true;
+            }
+        }
+        let agent = self.agents_dir.join(id.to_string());
+        if !is_mount_point(&agent) {
+            std::fs::create_dir_all(&agent).map_err(io(&agent))?;
+            mount_agent_tmpfs(&agent).await?;
+            remounted = true;
+        }
+        Ok(remounted)
+    }
+
+    /// Unmounts and deletes a sandbox's file systems (its container must be
+    /// gone). The emptied mount points are left for the caller to remove.
+    pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
+        let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
+        mounts.push(self.agents_dir.join(id.to_string()));
+        for mount in &mounts {
+            unmount(mount).await?;
+        }
+        let dir = self.root.join(id.to_string());
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&dir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes the file systems of every sandbox not in `known` (pooled
+    /// sandboxes of an earlier run, leftovers of a crash).
+    pub async fn remove_orphans(&self, known: &HashSet<Uuid>) {
+        let mut ids = HashSet::new();
+        for dir in [&self.root, &self.results_dir, &self.agents_dir] {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if let Ok(id) = Uuid::parse_str(&entry.file_name().to_string_lossy()) {
+                    ids.insert(id);
+                }
+            }
+        }
+        for id in ids.difference(known) {
+            if let Err(e) = self.remove(*id).await {
+                warn!(sandbox = %id, error = %e, "could not remove the disks of a sandbox no record explains");
+            }
+        }
+        // Probes of a start that was killed.
+        for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with("probe-") {
+                let _ = unmount(&entry.path().join("mnt")).await;
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
+    /// The use of each capped folder; `None` when nothing is capped.
+    pub fn usage(&self, id: Uuid) -> Option<DiskUsage> {
+        if !self.enabled() {
+            return None;
+        }
+        let of = |mb: u64, mount: PathBuf| {
+            (mb > 0 && is_mount_point(&mount))
+                .then(|| host::space(&mount).map(DiskUse::of))
+                .flatten()
+        };
+        Some(DiskUsage {
+            results: of(self.results.mb, self.results_dir.join(id.to_string())),
+            packages: self.packages_dir(id).and_then(|m| of(self.packages.mb, m)),
+        })
+    }
+
+    /// What the next result says when a folder of the sandbox is full.
+    pub fn full_notice(&self, id: Uuid) -> Option<String> {
+        let usage = self.usage(id)?;
+        let full: Vec<String> = [
+            ("/app/results", usage.results),
+            ("/app/.venv (installed packages)", usage.packages),
+        ]
+        .into_iter()
+        .filter_map(|(name, u)| {
+            let u = u.filter(DiskUse::is_full)?;
+            Some(format!(
+                "{name} is at its quota ({} of {} MB, {} of {} files)",
+                u.used_bytes >> 20,
+                u.limit_bytes >> 20,
+                u.used_files,
+                u.limit_files
+            ))
+        })
+        .collect();
+        (!full.is_empty()).then(|| {
+            format!(
+                "Disk quota reached: {}. Writes there fail with \"No space left on device\"; delete files you no longer need.",
+                full.join("; ")
+            )
+        })
+    }
+}
+
+/// Whether `path` is the root of a mount (its device differs from its parent's).
+fn is_mount_point(path: &Path) -> bool {
+    let (Ok(me), Some(Ok(parent))) = (path.metadata(), path.parent().map(Path::metadata)) else {
+        return false;
+    };
+    me.dev() != parent.dev()
+}
+
+async fn run(what: String, cmd: &mut Command) -> Result<(), DiskError> {
+    cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
+    let out = match tokio::time::timeout(TOOL_DEADLINE, cmd.output()).await {
+        Err(_) => {
+            return Err(DiskError::Tool {
+                what,
+                detail: format!("no answer within {TOOL_DEADLINE:?}"),
+            })
+        }
+        Ok(Err(e)) => {
+            return Err(DiskError::Tool {
+                what,
+                detail: e.to_string(),
+            })
+        }
+        Ok(Ok(out)) => out,
+    };
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(DiskError::Tool {
+        what,
+        detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+    })
+}
+
+/// A sparse image file of the cap's size holding an empty ext4 owned by the
+/// sandbox user: no reserved blocks, the cap's inode count, and inode
+/// tables and journal left unwritten (the image occupies well under a
+/// megabyte until the sandbox writes).
+async fn make_image(image: &Path, cap: Cap) -> Result<(), DiskError> {
+    let file = std::fs::File::create(image).map_err(io(image))?;
+    file.set_len(cap.mb << 20).map_err(io(image))?;
+    drop(file);
+    let extended = format!("lazy_itable_init=1,lazy_journal_init=1,root_owner={SANDBOX_UID}:{SANDBOX_UID}");
+    run(
+        format!("mkfs.ext4 {}", image.display()),
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0", "-N", &cap.inodes.to_string(), "-E", &extended])
+            .arg(image)
+            .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin"),
+    )
+    .await
+}
+
+/// A fresh image mounted at `mount`, empty: a fresh ext4 holds
+/// `lost+found`, which is not the sandbox's, and a non-empty volume would
+/// not be filled from the image.
+async fn make_and_mount(image: &Path, mount: &Path, cap: Cap) -> Result<(), DiskError> {
+    make_image(image, cap).await?;
+    mount_image(image, mount).await?;
+    let lost = mount.join("lost+found");
+    std::fs::remove_dir(&lost).map_err(io(&lost))
+}
+
+/// Loop-mounts an image: no device files, no set-uid programs, and no
+/// background zeroing of inode tables (which would fill the sparse image).
+async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
+    run(
+        format!("mounting {}", image.display()),
+        Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop,nodev,nosuid,noinit_itable"])
+            .arg(image)
+            .arg(mount),
+    )
+    .await
+}
+
+async fn mount_agent_tmpfs(dir: &Path) -> Result<(), DiskError> {
+    let options = format!("{AGENT_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID}");
+    run(
+        format!("mounting a tmpfs at {}", dir.display()),
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &options, "mcp-sandbox-agent"])
+            .arg(dir),
+    )
+    .await
+}
+
+/// Unmounts `path` if it is a mount point. A busy file system is detached
+/// lazily: it disappears from the host's tree now, and its loop device is
+/// freed once the last user lets go.
+async fn unmount(path: &Path) -> Result<(), DiskError> {
+    if !is_mount_point(path) {
+        return Ok(());
+    }
+    let target = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = std::ffi::CString::new(target.as_os_str().as_bytes()).expect("no NUL in a path");
+        // SAFETY: a valid NUL-terminated path.
+        let done = unsafe { libc::umount2(c_path.as_ptr(), 0) } == 0
+            || unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0;
+        if done {
+            Ok(())
+        } else {
+            Err(io(&target)(std::io::Error::last_os_error()))
+        }
+    })
+    .await
+    .map_err(|e| DiskError::Tool {
+        what: format!("unmounting {}", path.display()),
+        detail: e.to_string(),
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_full_below_one_percent() {
+        let u = |used_bytes, used_files| DiskUse {
+            used_bytes,
+            limit_bytes: 1000 << 20,
+            used_files,
+            limit_files: 10_000,
+        };
+        assert!(!u(500 << 20, 10).is_full());
+        assert!(u(995 << 20, 10).is_full());
+        assert!(u(10, 9_950).is_full());
+        assert!(!u(0, 0).is_full());
+    }
+}
