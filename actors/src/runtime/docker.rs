@@ -303,19 +303,24 @@ impl ContainerRuntime for DockerRuntime {
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef> {
         let volume = match volume {
             Some(v) => v.to_string(),
-            None => {
-                let name = format!("mcp-sandbox-{}-venv", paths.id);
+            None => format!("mcp-sandbox-{}-venv", paths.id),
+        };
+        // Made here, labelled, when it does not exist: Docker would make a
+        // missing volume itself, without labels, and nothing would remove it.
+        match self.docker.inspect_volume(&volume).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {
                 self.docker
                     .create_volume(VolumeCreateRequest {
-                        name: Some(name.clone()),
+                        name: Some(volume.clone()),
                         labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
                         driver_opts: paths.packages.as_deref().map(bound_volume),
                         ..Default::default()
                     })
                     .await?;
-                name
             }
-        };
+            Err(e) => return Err(e.into()),
+        }
         let name = Self::container_name(paths.id);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = self

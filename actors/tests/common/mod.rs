@@ -158,6 +158,12 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        // Stop the domain first: a live actor brings back a container it
+        // finds removed, and the pool refills, both after any cleanup.
+        if let Some(sandboxes) = self.sandboxes.take() {
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::block_in_place(|| runtime.block_on(sandboxes.shutdown()));
+        }
         let filter = format!("label={}={}", labels::SERVER, self.server_id);
         for id in docker(&["ps", "-aq", "--filter", &filter]).lines() {
             docker(&["rm", "-f", "-v", id]);
