@@ -473,6 +473,7 @@ async fn restart_engine() {
     for _ in 0..60 {
         if !Command::new("pgrep")
             .args(["-x", "dockerd"])
+            .stdout(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
         {
