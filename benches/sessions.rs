@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::mcp::{McpClient, Server};
+use common::mcp::{print_series, McpClient, Server};
 use common::{arg, header, row, Series};
 use serde_json::json;
 
@@ -24,21 +24,6 @@ fn client(key: &str) -> reqwest::Client {
         .tcp_nodelay(true)
         .build()
         .unwrap()
-}
-
-async fn calls(c: &McpClient, sid: &str, n: usize) -> Vec<Duration> {
-    let args = json!({"sandbox_id": sid, "code": "print(1)"});
-    for _ in 0..20 {
-        c.tool("execute_python_code", args.clone()).await.unwrap();
-    }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = c.tool("execute_python_code", args.clone()).await.unwrap();
-        out.push(t.elapsed());
-        assert_eq!(r["stdout"], "1\n");
-    }
-    out
 }
 
 #[tokio::main]
@@ -80,7 +65,7 @@ async fn main() {
     let (rss_before, fds_before) = (server.rss_mb(), server.descriptors());
     let quiet = Series::new(
         "another tenant's print(1), no sessions held",
-        calls(&probe, &sid, n).await,
+        print_series(&probe, &sid, n).await,
     );
 
     let opening = Instant::now();
@@ -101,7 +86,7 @@ async fn main() {
     let (rss_held, fds_held) = (server.rss_mb(), server.descriptors());
     let busy = Series::new(
         format!("the same with {} idle sessions held", held.len()),
-        calls(&probe, &sid, n).await,
+        print_series(&probe, &sid, n).await,
     );
     let refused = reqwest::Client::new()
         .get(format!("{}/sse", server.base))

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
-use common::mcp::{McpClient, Server};
+use common::mcp::{print_series, McpClient, Server};
 use common::{arg, docker_exec, Series};
 use serde_json::{json, Value};
 
@@ -30,21 +30,6 @@ async fn delete_all(c: &McpClient, ids: &[String]) {
             .await
             .expect("delete_sandbox");
     }
-}
-
-async fn exec_series(c: &McpClient, sid: &str, n: usize) -> Vec<Duration> {
-    let args = json!({"sandbox_id": sid, "code": PRINT});
-    for _ in 0..20 {
-        c.tool("execute_python_code", args.clone()).await.unwrap();
-    }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = c.tool("execute_python_code", args.clone()).await.unwrap();
-        out.push(t.elapsed());
-        assert_eq!(r["stdout"], "1\n");
-    }
-    out
 }
 
 /// `n` timed requests (after a few untimed ones) to the REST API or another
@@ -258,9 +243,9 @@ async fn main() {
         .unwrap();
 
     // Executions, and the docker exec baseline in the same container.
-    let mcp = exec_series(&c, &ids[0], n).await;
+    let mcp = print_series(&c, &ids[0], n).await;
     let sse_client = McpClient::sse(http.clone(), &server.base).await;
-    let sse = exec_series(&sse_client, &ids[0], n).await;
+    let sse = print_series(&sse_client, &ids[0], n).await;
     let rest_url = format!("{}/api/sandboxes/{}/python", server.base, ids[0]);
     let rest = http_series(
         &http,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{docker, Harness, OWNER};
+use common::{Harness, OWNER};
 use sandbox_actors::config::EgressPolicy;
 
 const CONNECT: &str = "import socket\ntry:\n    socket.create_connection(('pypi.org', 443), timeout=5)\n    print('connected')\nexcept OSError as e:\n    print('blocked', type(e).__name__)";
@@ -62,19 +62,9 @@ async fn bridged_sandboxes_cannot_reach_the_hosts_services() {
     assert!(host_reachability(true).await.starts_with("blocked"));
 }
 
-fn runsc_registered() -> bool {
-    docker(&["info", "--format", "{{json .Runtimes}}"]).contains("\"runsc\"")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
-    if !runsc_registered() {
-        // scripts/test registers runsc and sets this, so CI always covers it.
-        assert!(
-            std::env::var_os("SANDBOX_TEST_REQUIRE_RUNSC").is_none(),
-            "runsc is not registered with Docker"
-        );
-        eprintln!("skipped: runsc is not registered with Docker (scripts/test registers it)");
+    if !common::runsc_available() {
         return;
     }
     let h = Harness::with(|s| {

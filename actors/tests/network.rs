@@ -338,13 +338,7 @@ async fn the_firewall_keeps_sandboxes_apart_even_with_inter_container_traffic_on
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gvisor_sandbox_reaches_the_index_through_the_proxy() {
-    if !common::docker(&["info", "--format", "{{json .Runtimes}}"]).contains("\"runsc\"") {
-        // scripts/test registers runsc and sets this, so CI always covers it.
-        assert!(
-            std::env::var_os("SANDBOX_TEST_REQUIRE_RUNSC").is_none(),
-            "runsc is not registered with Docker"
-        );
-        eprintln!("skipped: runsc is not registered with Docker (scripts/test registers it)");
+    if !common::runsc_available() {
         return;
     }
     let h = Harness::with(|s| {

@@ -257,6 +257,22 @@ impl McpClient {
     }
 }
 
+/// `n` timed `print(1)` runs (after 20 untimed ones), each checked.
+pub async fn print_series(c: &McpClient, sid: &str, n: usize) -> Vec<Duration> {
+    let args = json!({"sandbox_id": sid, "code": "print(1)"});
+    for _ in 0..20 {
+        c.tool("execute_python_code", args.clone()).await.unwrap();
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let r = c.tool("execute_python_code", args.clone()).await.unwrap();
+        out.push(t.elapsed());
+        assert_eq!(r["stdout"], "1\n");
+    }
+    out
+}
+
 pub struct Server {
     child: Child,
     pub base: String,

@@ -195,6 +195,20 @@ pub fn unmount_under(root: &Path) {
     }
 }
 
+/// Whether gVisor's runsc is registered with Docker. Where it is not, a
+/// test skips, except under scripts/test, which registers it and says so.
+pub fn runsc_available() -> bool {
+    if docker(&["info", "--format", "{{json .Runtimes}}"]).contains("\"runsc\"") {
+        return true;
+    }
+    assert!(
+        std::env::var_os("SANDBOX_TEST_REQUIRE_RUNSC").is_none(),
+        "runsc is not registered with Docker"
+    );
+    eprintln!("skipped: runsc is not registered with Docker (scripts/test registers it)");
+    false
+}
+
 pub fn docker(args: &[&str]) -> String {
     let out = Command::new("docker").args(args).output().expect("docker CLI");
     String::from_utf8_lossy(&out.stdout).into_owned()
