@@ -600,6 +600,8 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
         }
         // Recovered when the probe sandbox runs code again.
         let mut recovered = false;
+        // What the probe last got, for the report when it never recovers.
+        let mut last = String::new();
         let deadline = Instant::now() + CALL_DEADLINE;
         while Instant::now() < deadline && !soak.stop.load(Ordering::SeqCst) {
             let ran = tokio::time::timeout(
@@ -614,6 +616,16 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
                 recovered = true;
                 break;
             }
+            last = match &ran {
+                Ok(Ok(v)) => format!(
+                    "exit {} stderr {:?}",
+                    v["exit_code"],
+                    v["stderr"].as_str().unwrap_or("")
+                ),
+                Ok(Err(e)) => format!("{e:?}"),
+                Err(_) => "no answer".into(),
+            };
+            last.truncate(300);
             if matches!(ran, Ok(Err(CallError::Transport(_) | CallError::Status(404)))) {
                 reconnect(&soak, &mut c, KEYS[0], false).await;
             }
@@ -630,7 +642,7 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
             stats.times.push(started.elapsed());
         } else {
             l.violations.push(format!(
-                "the server did not serve again within {CALL_DEADLINE:?} after a {fault} fault"
+                "the server did not serve again within {CALL_DEADLINE:?} after a {fault} fault (last: {last})"
             ));
         }
     }
