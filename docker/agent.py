@@ -592,6 +592,13 @@ class Agent:
             note += "\n[mcp-sandbox] Cancelled.\n"
         stdout, out_trunc, out_file = collect_output(job.out, job.cap, job.id, "stdout")
         stderr, err_trunc, err_file = collect_output(job.err, job.cap, job.id, "stderr")
+        # The spool is read: a file left behind (a full output that could not
+        # be moved, say) would fill /tmp run after run until no run works.
+        for spool in (job.out, job.err):
+            try:
+                os.unlink(spool)
+            except OSError:
+                pass
         result = {
             "id": job.id,
             "type": "result",

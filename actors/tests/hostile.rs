@@ -323,3 +323,42 @@ async fn a_paused_sandbox_whose_container_died_works_on_the_next_call() {
     let ran = h.py(id, "print('after')").await;
     assert_eq!(ran.output.stdout, "after\n", "{}", ran.output.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_leave_no_spool_behind_even_when_their_output_cannot_be_kept() {
+    let h = Harness::with(|s| s.sandbox.results_mb = 64).await;
+    let id = h.create().await;
+    for _ in 0..20 {
+        h.py(id, "print(1)").await;
+    }
+    // Fill the results folder, then flood: the full output cannot be kept.
+    h.sh(
+        id,
+        "dd if=/dev/zero of=/app/results/fill bs=1M count=100 2>/dev/null; true",
+        None,
+    )
+    .await;
+    let flood = h.py(id, "import sys\nsys.stdout.write('x' * (40 * 1024 * 1024))").await;
+    assert!(flood.output.truncated, "{:?}", flood.output.stderr);
+    let spool = h
+        .sb()
+        .run(
+            OWNER,
+            id,
+            Work::Program(vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "ls /tmp/.mcp-agent | wc -l; du -sm /tmp | cut -f1".into(),
+            ]),
+            None,
+            None,
+        )
+        .await
+        .unwrap()
+        .output
+        .stdout;
+    let figures: Vec<u64> = spool.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    assert!(figures[0] <= 2, "spool files left behind: {spool}");
+    assert!(figures[1] < 8, "MB left in /tmp: {spool}");
+    assert_eq!(h.py(id, "print('still')").await.output.stdout, "still\n");
+}
