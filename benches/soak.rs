@@ -602,8 +602,10 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
         let mut recovered = false;
         // What the probe last got, for the report when it never recovers.
         let mut last = String::new();
+        // The check runs to its end even when the run stops meanwhile: a
+        // fault injected last is judged like any other.
         let deadline = Instant::now() + CALL_DEADLINE;
-        while Instant::now() < deadline && !soak.stop.load(Ordering::SeqCst) {
+        while Instant::now() < deadline {
             let ran = tokio::time::timeout(
                 CALL_DEADLINE,
                 c.try_tool(
