@@ -1,8 +1,8 @@
 """Images inline, on a budget, with the Python MCP SDK 2.3.0 against the real
 server: plots come back as image items next to their links, downscaled to
 fit, and hostile image files (a 20,000 x 20,000 PNG, a truncated PNG, a
-decompression bomb, a FIFO) are only linked while the run succeeds and the
-server keeps answering."""
+decompression bomb, a sparse 1 GiB file, a FIFO, a link) are only linked
+while the run succeeds and the server keeps answering."""
 
 import asyncio
 import base64
@@ -130,7 +130,8 @@ def test_plots_come_back_inline_within_the_budget_next_to_their_links(server):
 
 # Written inside the sandbox with zlib and struct only: a complete
 # 20,000 x 20,000 grayscale PNG (400 MB of pixels), a 6,000 x 6,000 RGBA bomb
-# (144 MB of pixels from about 150 KB), a PNG cut in half, and a FIFO.
+# (144 MB of pixels from about 150 KB), a PNG cut in half, a sparse 1 GiB
+# "image", a FIFO and a link to a host file named like images.
 HOSTILE = r"""
 import os, struct, zlib
 
@@ -149,7 +150,10 @@ def png(path, width, height, color, channels, cut=False):
 png('huge.png', 20000, 20000, 0, 1)
 png('bomb.png', 6000, 6000, 6, 4)
 png('truncated.png', 600, 400, 2, 3, cut=True)
+with open('sparse.png', 'wb') as f:
+    f.truncate(1 << 30)
 os.mkfifo('fifo.png')
+os.symlink('/etc/passwd', 'link.png')
 print(os.path.getsize('huge.png'), os.path.getsize('bomb.png'))
 """
 
@@ -164,13 +168,15 @@ def test_hostile_images_are_only_linked_and_the_server_keeps_answering(server):
             huge, bomb = map(int, out["stdout"].split())
             assert huge < 32 << 20 and bomb < 1 << 20, (huge, bomb)
             assert images(r) == []
-            assert sorted(out["files"]) == [f"/app/results/{n}" for n in ("bomb.png", "huge.png", "truncated.png")]
-            assert len(links(r)) == 3
+            names = ("bomb.png", "huge.png", "sparse.png", "truncated.png")
+            assert sorted(out["files"]) == [f"/app/results/{n}" for n in names]
+            assert len(links(r)) == 4
             reasons = {n["path"].rsplit("/", 1)[1]: n["reason"] for n in out["images"]}
             assert not any(n["inline"] for n in out["images"])
             assert "more than 10000 px" in reasons["huge.png"], reasons
             assert "more than 64 MiB" in reasons["bomb.png"], reasons
             assert "does not decode" in reasons["truncated.png"], reasons
+            assert "only linked" in reasons["sparse.png"], reasons
             assert took < 60, took
 
             # The server answers at once: another call, /health, and the links.
