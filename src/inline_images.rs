@@ -738,6 +738,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_decode_past_its_deadline_is_abandoned_and_keeps_its_decoder_until_it_ends() {
+        let root = tempfile::tempdir().unwrap();
+        let file = write(root.path(), "noise.png", &png(&noise(3000, 3000)));
+        let inliner = inliner(3, 64 * 1024, 192 * 1024);
+        let soon = Instant::now() + Duration::from_millis(1);
+        let late = inliner.image(root.path(), relative(&file), 64 * 1024, soon).await;
+        assert_eq!(late.unwrap_err(), NotInlined::Deadline);
+        assert_eq!(inliner.decoders.available_permits(), DECODERS - 1, "still decoding");
+        let freed = Instant::now() + Duration::from_secs(30);
+        while inliner.decoders.available_permits() < DECODERS {
+            assert!(Instant::now() < freed, "the abandoned decode never ended");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
     async fn inline_images_can_be_turned_off() {
         let root = tempfile::tempdir().unwrap();
         let file = write(root.path(), "a.png", &png(&plot(100, 100)));
