@@ -104,7 +104,7 @@ pub async fn get(
 }
 
 /// Splits a (decoded) relative path; `None` for traversal or empty segments.
-fn segments(path: &str) -> Option<Vec<String>> {
+pub(crate) fn segments(path: &str) -> Option<Vec<String>> {
     let parts: Vec<String> = path.split('/').map(str::to_string).collect();
     let ok = !parts.is_empty()
         && parts
@@ -125,7 +125,7 @@ fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int) -> std::io::Result<Owne
 }
 
 /// Opens `root/segments…` without following any symlink, as a regular file.
-fn open_beneath(root: &Path, segments: &[String]) -> std::io::Result<(File, u64)> {
+pub(crate) fn open_beneath(root: &Path, segments: &[String]) -> std::io::Result<(File, u64)> {
     let mut dir: OwnedFd = File::open(root)?.into();
     let (last, parents) = segments.split_last().expect("at least one segment");
     for s in parents {

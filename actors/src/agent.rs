@@ -90,7 +90,7 @@ pub struct RunOutput {
     pub output_files: Vec<String>,
     #[serde(default)]
     pub duration_ms: f64,
-    /// Files under `/app/results` created or changed by the run (Python only).
+    /// Files under `/app/results` created or changed by the run.
     #[serde(default)]
     pub files: Vec<String>,
 }
