@@ -367,19 +367,59 @@ def connect():
         return socket.create_connection((ip, 443), timeout=10)
     except OSError as e:
         return type(e).__name__
-held = [connect() for _ in range(6)]
-print("held:", sum(isinstance(s, socket.socket) for s in held))
-print("over:", connect())
+held = []
+for _ in range(10):
+    s = connect()
+    if not isinstance(s, socket.socket):
+        break
+    held.append(s)
+# The name lookup's flow may hold one of the six.
+print("held:", len(held))
+print("over:", s)
 for s in held:
-    if isinstance(s, socket.socket):
-        s.close()
+    s.close()
 time.sleep(2)
 print("after:", connect())
 "#;
     let out = py(&h, OWNER, id, code).await.stdout;
-    assert!(out.contains("held: 6"), "{out}");
+    assert!(out.contains("held: 5") || out.contains("held: 6"), "{out}");
     assert!(out.contains("over: ConnectionRefusedError"), "{out}");
     assert!(out.contains("after: <socket.socket"), "{out}");
+}
+
+/// New flows per second are bounded too (so short connections cannot fill
+/// the host's conntrack table): of 120 connection attempts sent at once
+/// from one sandbox, with the flow cap out of the way, about the kernel's
+/// burst of 50 get through in the first half second (the host's registry
+/// proxy answers them all within it when nothing holds them back).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_sandbox_starts_a_bounded_number_of_flows_per_second() {
+    let h = Harness::with(|s| {
+        s.sandbox.network = EgressPolicy::Open;
+        s.sandbox.egress_max_connections = 10_000;
+    })
+    .await;
+    let id = h.create().await;
+    let code = r#"
+import select, socket, time
+ip = socket.gethostbyname("pypi.org")
+socks = []
+for _ in range(120):
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex((ip, 443))
+    socks.append(s)
+deadline = time.time() + 0.5
+pending = list(socks)
+while pending and time.time() < deadline:
+    _, ready, _ = select.select([], pending, [], 0.05)
+    pending = [s for s in pending if s not in ready]
+codes = [s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) for s in socks if s not in pending]
+print("connected:", codes.count(0))
+"#;
+    let out = py(&h, OWNER, id, code).await.stdout;
+    let connected: u32 = out.trim().trim_start_matches("connected: ").parse().unwrap();
+    assert!((20..=75).contains(&connected), "{out}");
 }
 
 /// Reads a ~20 MB wheel for at most 25 s (or up to 4 MiB); prints the bytes

@@ -7,8 +7,9 @@
 //! sits on, except the host's name servers on port 53 and CIDRs listed in
 //! `sandbox.egress_allow`. What such a sandbox may reach is bounded too, as
 //! the egress proxy bounds proxied ones: at most `egress_max_connections`
-//! connections at once per sandbox address (conntrack's count, so closed
-//! ones free their slot), and `egress_mb_per_minute` per sandbox in each
+//! flows of any protocol at once per sandbox address (conntrack's count, so
+//! closed ones free their slot), a bounded number of new flows a second,
+//! and `egress_mb_per_minute` per sandbox in each
 //! direction (a kernel token bucket refilled at that rate; packets beyond
 //! it are dropped, so TCP slows down to the rate), so a
 //! sandbox cannot flood a third party from the host's address. Rules are tagged with the server id, so a server
@@ -56,10 +57,17 @@ struct Bounds {
     bytes_per_minute: u64,
 }
 
-/// The name of one of this server's kernel rate tables (one per direction).
+/// New flows (connections, UDP exchanges) one `open` sandbox may start per
+/// second, after a burst: each holds a conntrack entry for up to two
+/// minutes once closed, and the host's table is shared by everyone.
+const NEW_FLOWS_PER_SECOND: u32 = 20;
+const NEW_FLOWS_BURST: u32 = 50;
+
+/// The name of one of this server's kernel rate tables (bytes each way, new
+/// flows). Short enough for the oldest table revision's 15 characters.
 fn bucket(server_id: &str, direction: &str) -> String {
-    let id: String = server_id.chars().filter(char::is_ascii_alphanumeric).take(16).collect();
-    format!("mcps-{id}-{direction}")
+    let id: String = server_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
+    format!("m{id}{direction}")
 }
 
 /// The rules, in order, as (chain, arguments after the chain).
@@ -80,34 +88,55 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
     // byte mode it is not a byte count (a fresh entry starts with about a
     // MiB whatever is asked), so the bound promised is the sustained rate.
     let rate = format!("{}b/s", (bounds.bytes_per_minute / 60).clamp(1, 1_000_000_000));
-    let limit = |address: &str, mode: &str, direction: &str| {
-        [
-            address, subnet, "-m", "hashlimit", "--hashlimit-above", &rate, "--hashlimit-mode", mode,
-            "--hashlimit-name", &bucket(server_id, direction),
-        ]
-        .map(String::from)
-        .to_vec()
+    let bytes = |matches: &[&str], mode: &str, direction: &str| {
+        let mut r: Vec<String> = matches.iter().map(|s| s.to_string()).collect();
+        r.extend(
+            ["-m", "hashlimit", "--hashlimit-above", &rate, "--hashlimit-mode", mode, "--hashlimit-name"]
+                .map(String::from),
+        );
+        r.push(bucket(server_id, direction));
+        r
     };
     let connections = bounds.connections.to_string();
+    let new_flows = format!("{NEW_FLOWS_PER_SECOND}/sec");
+    let new_flows_burst = NEW_FLOWS_BURST.to_string();
     // INPUT: anything addressed to the host itself, whichever of its
     // addresses. DOCKER-USER (forwarded traffic, replies included), first
-    // match wins: the bounds first, so they count every packet; then other
-    // sandboxes and link-local always dropped; the host's name servers (the
-    // engine's resolver forwards from the sandbox) and listed CIDRs handed
-    // back to Docker's own rules; private ranges and on-link networks dropped.
+    // match wins: other sandboxes first, so that no sandbox can spend
+    // another's budget by sending to it; then the bounds, so they count
+    // every packet that may pass (new flows of any protocol — a UDP flow
+    // holds a conntrack entry as a connection does —, bytes out, and bytes
+    // back on established flows); then link-local always dropped; the host's
+    // name servers (the engine's resolver forwards from the sandbox) and
+    // listed CIDRs handed back to Docker's own rules; private ranges and
+    // on-link networks dropped.
+    let new = ["-m", "conntrack", "--ctstate", "NEW"];
     let mut out = vec![
         rule("INPUT", from(&[]), &["DROP"]),
+        rule("DOCKER-USER", from(&["-d", subnet]), &["DROP"]),
+        rule(
+            "DOCKER-USER",
+            from(&[&new[..], &["-m", "connlimit", "--connlimit-above", &connections, "--connlimit-mask", "32"]].concat()),
+            &["REJECT"],
+        ),
         rule(
             "DOCKER-USER",
             from(&[
-                "-p", "tcp", "--syn", "-m", "connlimit", "--connlimit-above", &connections, "--connlimit-mask",
-                "32",
-            ]),
-            &["REJECT", "--reject-with", "tcp-reset"],
+                &new[..],
+                &[
+                    "-m", "hashlimit", "--hashlimit-above", &new_flows, "--hashlimit-burst", &new_flows_burst,
+                    "--hashlimit-mode", "srcip", "--hashlimit-name", &bucket(server_id, "nw"),
+                ],
+            ]
+            .concat()),
+            &["REJECT"],
         ),
-        rule("DOCKER-USER", limit("-s", "srcip", "up"), &["DROP"]),
-        rule("DOCKER-USER", limit("-d", "dstip", "dn"), &["DROP"]),
-        rule("DOCKER-USER", from(&["-d", subnet]), &["DROP"]),
+        rule("DOCKER-USER", bytes(&["-s", subnet], "srcip", "up"), &["DROP"]),
+        rule(
+            "DOCKER-USER",
+            bytes(&["-d", subnet, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"], "dstip", "dn"),
+            &["DROP"],
+        ),
         rule("DOCKER-USER", from(&["-d", LINK_LOCAL]), &["DROP"]),
     ];
     let closed: Vec<IpNet> = PRIVATE_V4
@@ -222,10 +251,13 @@ mod tests {
         assert!(r.iter().all(|(_, args)| args.contains(&"mcp-sandbox:abc".to_string())));
         let has = |i: usize, words: &[&str]| words.iter().all(|w| r[i].1.contains(&w.to_string()));
         assert_eq!((r[0].0, r[1].0), ("INPUT", "DOCKER-USER"));
-        assert!(has(1, &["--connlimit-above", "6", "REJECT"]), "the connection cap first");
-        assert!(has(2, &["-s", "--hashlimit-above", "1048576b/s", "srcip", "mcps-abc-up"]));
-        assert!(has(3, &["-d", "dstip", "mcps-abc-dn"]), "replies are bounded too");
-        assert!(has(4, &["-s", "-d", "172.30.0.0/16", "DROP"]), "then sandbox to sandbox");
+        assert!(has(1, &["-s", "-d", "172.30.0.0/16", "DROP"]), "sandbox to sandbox first");
+        assert!(has(2, &["NEW", "--connlimit-above", "6", "REJECT"]), "then the flow cap, any protocol");
+        assert!(!r[2].1.contains(&"tcp".to_string()));
+        assert!(has(3, &["NEW", "20/sec", "50", "mabcnw", "REJECT"]), "new flows per second");
+        assert!(has(4, &["-s", "--hashlimit-above", "1048576b/s", "srcip", "mabcup"]));
+        assert!(has(5, &["-d", "ESTABLISHED,RELATED", "dstip", "mabcdn"]), "replies are bounded too");
+        assert!(bucket("0123456789abcdef", "nw").len() <= 15);
         let returned = r
             .iter()
             .position(|(_, a)| a.contains(&"10.1.0.0/16".to_string()))
