@@ -6,6 +6,7 @@ use std::fs::File;
 use std::time::SystemTime;
 
 use rmcp::model::CallToolResult;
+use sandbox_actors::agent::RESULTS_IN_CONTAINER;
 use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -46,7 +47,7 @@ impl FileListing {
             .entries
             .into_iter()
             .map(|e| {
-                let path = ResultsPath::parse(&e.path).expect("listed paths are clean").absolute();
+                let path = format!("{RESULTS_IN_CONTAINER}/{}", e.path);
                 let kind = match e.kind {
                     EntryKind::File => "file",
                     EntryKind::Folder => "folder",

@@ -70,8 +70,17 @@ pub async fn bounded<T: Send + 'static>(
     what: &str,
     op: impl FnOnce(&Path) -> Result<T> + Send + 'static,
 ) -> Result<T> {
+    within(FILE_DEADLINE, root, what, op).await
+}
+
+async fn within<T: Send + 'static>(
+    deadline: Duration,
+    root: PathBuf,
+    what: &str,
+    op: impl FnOnce(&Path) -> Result<T> + Send + 'static,
+) -> Result<T> {
     let task = tokio::task::spawn_blocking(move || op(&root));
-    match tokio::time::timeout(FILE_DEADLINE, task).await {
+    match tokio::time::timeout(deadline, task).await {
         Ok(Ok(done)) => done,
         Ok(Err(e)) => Err(FileError::Io {
             path: what.into(),
@@ -608,6 +617,23 @@ mod tests {
         max_entries: MAX_LIST_ENTRIES,
         files_only: false,
     };
+
+    #[tokio::test]
+    async fn a_host_access_past_its_deadline_is_answered_without_waiting() {
+        let started = std::time::Instant::now();
+        let slow = within(Duration::from_millis(50), PathBuf::from("/"), "sleeping", |_| {
+            std::thread::sleep(Duration::from_secs(1));
+            Ok(())
+        });
+        assert!(matches!(slow.await, Err(FileError::Slow { .. })));
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        let quick = within(Duration::from_secs(5), PathBuf::from("/"), "nothing", |_| Ok(1));
+        assert_eq!(quick.await.unwrap(), 1);
+    }
 
     #[test]
     fn paths_stay_under_results() {

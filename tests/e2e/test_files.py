@@ -193,7 +193,7 @@ def test_hostile_files_are_refused_and_the_server_stays_responsive(server):
             reads = [asyncio.create_task(c.call_tool("read_file", {"sandbox_id": sid, "path": "fifo"})) for _ in range(5)]
             assert (await call(c, "execute_python_code", sandbox_id=other, code="print('fine')"))["stdout"] == "fine\n"
             assert (await asyncio.to_thread(get, server.url + "/health"))[0] == 200
-            assert all((await r).is_error for r in reads)
+            assert all(r.is_error for r in await asyncio.gather(*reads))
 
             listed = await call(c, "list_files", sandbox_id=sid, depth=16)
             entries = {e["path"]: e for e in listed["entries"]}
