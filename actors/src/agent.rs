@@ -283,18 +283,18 @@ impl AgentClient {
 
     /// Replaces the Python worker: a fresh namespace, files and packages kept.
     pub async fn reset(&mut self) -> Result<(), AgentError> {
-        let id = self.take_id();
-        self.send(&Request::Reset { id }).await?;
-        match self.receive(id).await? {
-            reply if reply.kind == "result" => Ok(()),
-            reply => Err(reply_error(reply)),
-        }
+        self.command(|id| Request::Reset { id }).await
     }
 
     /// Asks the agent whether it is there (callers bound the wait).
     pub async fn ping(&mut self) -> Result<(), AgentError> {
+        self.command(|id| Request::Ping { id }).await
+    }
+
+    /// Sends a request that carries only its id, answered by a bare `result`.
+    async fn command(&mut self, request: fn(u64) -> Request<'static>) -> Result<(), AgentError> {
         let id = self.take_id();
-        self.send(&Request::Ping { id }).await?;
+        self.send(&request(id)).await?;
         match self.receive(id).await? {
             reply if reply.kind == "result" => Ok(()),
             reply => Err(reply_error(reply)),
