@@ -27,6 +27,9 @@ async fn main() {
     let settings = Settings {
         sandbox: SandboxConfig {
             ca_bundle: ca.is_file().then_some(ca),
+            // The cost of the path is measured, not the bytes cap (which
+            // under `open` is a sustained rate the kernel holds).
+            egress_mb_per_minute: 1 << 20,
             ..SandboxConfig::default()
         },
         packages: PackagesConfig::default(),

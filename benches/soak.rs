@@ -21,7 +21,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -437,46 +437,65 @@ async fn prober(soak: Arc<Soak>) {
     }
 }
 
-fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker").args(args).stderr(Stdio::null()).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+/// Longest any command the soak runs may take: `docker exec` into a
+/// container the server pauses meanwhile never returns by itself.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs a command off the runtime's threads (a blocked worker would stall
+/// every task queued behind it), killed past [`COMMAND_DEADLINE`]; its
+/// stdout when it exited with success.
+async fn run(program: &str, args: &[&str]) -> Option<String> {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(COMMAND_DEADLINE, out).await {
+        Ok(Ok(o)) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        _ => None,
+    }
 }
 
-/// Running sandbox containers of this server.
-fn sandbox_containers(server_id: &str) -> Vec<String> {
+async fn docker(args: &[&str]) -> String {
+    run("docker", args).await.unwrap_or_default()
+}
+
+/// Running sandbox containers of this server, paused ones left out: a
+/// `docker exec` into a frozen container never returns, and the engine then
+/// cannot remove the container until it is thawed.
+async fn sandbox_containers(server_id: &str) -> Vec<String> {
     docker(&[
         "ps",
         "-q",
+        "--filter",
+        "status=running",
         "--filter",
         &format!("label=io.mcp-sandbox.server={server_id}"),
         "--filter",
         "label=io.mcp-sandbox.sandbox",
     ])
+    .await
     .split_whitespace()
     .map(String::from)
     .collect()
 }
 
 /// SIGKILLs the sandbox's agent, or its Python worker, from inside.
-fn kill_inside(container: &str, worker: bool) {
+async fn kill_inside(container: &str, worker: bool) {
     let code = format!(
         "import os, signal\nfor p in os.listdir('/proc'):\n    if not p.isdigit() or int(p) == os.getpid():\n        continue\n    try:\n        argv = open(f'/proc/{{p}}/cmdline', 'rb').read().split(bytes(1))\n    except OSError:\n        continue\n    if argv[2:3] == [b'/opt/mcp-agent/agent.py'] and ((b'--worker' in argv) == {}):\n        os.kill(int(p), signal.SIGKILL)",
         if worker { "True" } else { "False" }
     );
-    docker(&["exec", container, "/usr/bin/python3", "-c", &code]);
+    docker(&["exec", container, "/usr/bin/python3", "-c", &code]).await;
 }
 
-/// Stops the Docker engine and starts it again as the project's scripts do.
+/// Stops the Docker engine and starts it again as the project's scripts do
+/// (detached by `setsid -f`, so no exited engine lingers as the soak's child).
 async fn restart_engine() {
-    let _ = Command::new("pkill").args(["-x", "dockerd"]).status();
+    let _ = run("pkill", &["-x", "dockerd"]).await;
     for _ in 0..60 {
-        if !Command::new("pgrep")
-            .args(["-x", "dockerd"])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
+        if run("pgrep", &["-x", "dockerd"]).await.is_none() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -487,20 +506,15 @@ async fn restart_engine() {
         .append(true)
         .open("/var/log/dockerd.log")
         .unwrap();
-    let _ = Command::new("setsid")
-        .arg("dockerd")
+    let _ = tokio::process::Command::new("setsid")
+        .args(["-f", "dockerd"])
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .stdin(Stdio::null())
-        .spawn();
+        .status()
+        .await;
     for _ in 0..120 {
-        if Command::new("docker")
-            .arg("info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
+        if run("docker", &["info"]).await.is_some() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -533,15 +547,19 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
             continue;
         };
         let fault = faults[rng.random_range(0..faults.len())];
-        let containers = sandbox_containers(&server_id);
+        let containers = sandbox_containers(&server_id).await;
         let victim = containers.get(rng.random_range(0..containers.len().max(1))).cloned();
         let started = Instant::now();
         let bomb = |code: &str| json!({"sandbox_id": probe_id, "code": code, "timeout_seconds": EXEC_TIMEOUT});
         match fault {
-            "kill" => drop(victim.map(|v| docker(&["kill", &v]))),
-            "pause" => drop(victim.map(|v| docker(&["pause", &v]))),
-            "agent" => drop(victim.map(|v| kill_inside(&v, false))),
-            "worker" => drop(victim.map(|v| kill_inside(&v, true))),
+            "kill" | "pause" | "agent" | "worker" => {
+                if let Some(v) = victim {
+                    match fault {
+                        "kill" | "pause" => drop(docker(&[fault, &v]).await),
+                        _ => kill_inside(&v, fault == "worker").await,
+                    }
+                }
+            }
             "memory" => drop(call(&soak, &c, "execute_python_code", bomb("x = bytearray(4 * 1024 ** 3)")).await),
             "fork" => drop(
                 call(
@@ -747,7 +765,7 @@ async fn delete_everything(soak: &Soak) {
 }
 
 /// What of the server is left on the machine after its final stop.
-fn orphans(server_id: &str, root: &std::path::Path) -> Vec<String> {
+async fn orphans(server_id: &str, root: &std::path::Path) -> Vec<String> {
     let label = format!("label=io.mcp-sandbox.server={server_id}");
     let mut left = vec![];
     for (what, args) in [
@@ -757,16 +775,13 @@ fn orphans(server_id: &str, root: &std::path::Path) -> Vec<String> {
     ] {
         let mut args = args;
         args.extend(["--filter", &label]);
-        for id in docker(&args).split_whitespace() {
+        for id in docker(&args).await.split_whitespace() {
             left.push(format!("{what} {id}"));
         }
     }
     let tag = format!("mcp-sandbox:{server_id}");
     for chain in ["INPUT", "DOCKER-USER"] {
-        let rules = Command::new("iptables").args(["-w", "-S", chain]).output();
-        let rules = rules
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let rules = run("iptables", &["-w", "-S", chain]).await.unwrap_or_default();
         left.extend(
             rules
                 .lines()
@@ -866,14 +881,14 @@ async fn main() -> std::process::ExitCode {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let end = rss_and_fds(&*soak.server.read().await);
     let pid = soak.server.read().await.pid();
-    let _ = Command::new("kill").arg(pid.to_string()).status();
+    let _ = run("kill", &[&pid.to_string()]).await;
     for _ in 0..100 {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let left = orphans(&server_id, &root);
+    let left = orphans(&server_id, &root).await;
 
     let l = soak.ledger.lock().unwrap();
     println!(

@@ -496,9 +496,9 @@ class Agent:
     def start_job(self, req, conn):
         self.seq += 1
         job = Job(req, conn, self.seq)
+        if self.watcher is not None:
+            self.watcher.begin()
         if job.kind == "exec":
-            if self.watcher is not None:
-                self.watcher.begin()
             self.worker.ensure()
             self.sel.register(self.worker.replies, selectors.EVENT_READ, "worker")
             msg = {"code": req["code"], "stdout": job.out, "stderr": job.err}
@@ -629,9 +629,8 @@ class Agent:
             "output_files": [f for f in (out_file, err_file) if f],
             "duration_ms": round((time.monotonic() - job.started) * 1000, 3),
         }
-        if job.kind == "exec":
-            watched = self.watcher.changes() if self.watcher is not None else None
-            result["files"] = watched if watched is not None else self.changed_files(job.started_ns)
+        watched = self.watcher.changes() if self.watcher is not None else None
+        result["files"] = watched if watched is not None else self.changed_files(job.started_ns)
         self.job = None
         self.send(job.conn, result)
 

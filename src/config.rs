@@ -69,13 +69,61 @@ impl Default for ServerConfig {
 pub struct ResultsConfig {
     /// Host folder holding each sandbox's `/app/results`.
     pub dir: PathBuf,
+    /// Images a run creates or changes come back in its MCP result as
+    /// `image` items, so that a multimodal model sees its plots.
+    pub inline_images: bool,
+    /// Largest inline image, in bytes of the encoded image (base64 adds a
+    /// third); larger ones are downscaled until they fit.
+    pub inline_image_max_bytes: usize,
+    /// All inline images of one result together, in the same bytes.
+    pub inline_result_max_bytes: usize,
+    /// Most inline images in one result (the newest are shown).
+    pub inline_images_per_result: usize,
 }
 
 impl Default for ResultsConfig {
     fn default() -> Self {
         Self {
             dir: PathBuf::from("results"),
+            inline_images: true,
+            inline_image_max_bytes: 64 * 1024,
+            inline_result_max_bytes: 192 * 1024,
+            inline_images_per_result: 3,
         }
+    }
+}
+
+/// Bounds of the inline-image keys: clients and model APIs refuse images
+/// of more than a few MB, and a result of many images floods the context.
+const INLINE_IMAGE_BYTES: std::ops::RangeInclusive<usize> = 1024..=(4 << 20);
+const INLINE_RESULT_MAX_BYTES: usize = 16 << 20;
+const INLINE_IMAGES_PER_RESULT: std::ops::RangeInclusive<usize> = 1..=16;
+
+impl ResultsConfig {
+    fn validate(&self) -> Result<(), String> {
+        let kib = |b: usize| b / 1024;
+        if !INLINE_IMAGE_BYTES.contains(&self.inline_image_max_bytes) {
+            return Err(format!(
+                "results.inline_image_max_bytes: from {} to {} (1 KiB to 4 MiB)",
+                INLINE_IMAGE_BYTES.start(),
+                INLINE_IMAGE_BYTES.end()
+            ));
+        }
+        if !(self.inline_image_max_bytes..=INLINE_RESULT_MAX_BYTES).contains(&self.inline_result_max_bytes) {
+            return Err(format!(
+                "results.inline_result_max_bytes: at least results.inline_image_max_bytes ({} KiB) and at most {} KiB",
+                kib(self.inline_image_max_bytes),
+                kib(INLINE_RESULT_MAX_BYTES)
+            ));
+        }
+        if !INLINE_IMAGES_PER_RESULT.contains(&self.inline_images_per_result) {
+            return Err(format!(
+                "results.inline_images_per_result: from {} to {}",
+                INLINE_IMAGES_PER_RESULT.start(),
+                INLINE_IMAGES_PER_RESULT.end()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -154,6 +202,7 @@ impl Config {
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
         self.packages.validate().map_err(ConfigError::Invalid)?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
+        self.results.validate().map_err(ConfigError::Invalid)?;
         Keys::from_config(&self.auth, self.guest.enabled).map_err(ConfigError::Invalid)?;
         self.guest.validate(self.auth.enabled).map_err(ConfigError::Invalid)?;
         TrustedProxies::parse(&self.server.trusted_proxies).map_err(ConfigError::Invalid)?;
@@ -277,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn inline_image_bounds_are_inclusive() {
+        let c = load(
+            "[results]\ninline_image_max_bytes = 1024\ninline_result_max_bytes = 1024\ninline_images_per_result = 1\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.results.inline_result_max_bytes, 1024);
+        let c = load(
+            "[results]\ninline_image_max_bytes = 4194304\ninline_result_max_bytes = 16777216\ninline_images_per_result = 16\n",
+            &[("MCP_SANDBOX_RESULTS_INLINE_IMAGES", "false")],
+        )
+        .unwrap();
+        assert!(!c.results.inline_images);
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         for (text, env, key) in [
             ("[sandbox]\nmemory_mb = \"lots\"\n", vec![], "memory_mb"),
@@ -325,6 +390,36 @@ mod tests {
             ),
             ("[sandbox]\nresults_mb = 8\n", vec![], "sandbox.results_mb"),
             ("[sandbox]\npackages_inodes = 10\n", vec![], "sandbox.packages_inodes"),
+            (
+                "[results]\ninline_image_max_bytes = 1023\n",
+                vec![],
+                "results.inline_image_max_bytes",
+            ),
+            (
+                "",
+                vec![("MCP_SANDBOX_RESULTS_INLINE_IMAGE_MAX_BYTES", "4194305")],
+                "results.inline_image_max_bytes",
+            ),
+            (
+                "[results]\ninline_result_max_bytes = 65535\n",
+                vec![],
+                "results.inline_result_max_bytes",
+            ),
+            (
+                "[results]\ninline_result_max_bytes = 16777217\n",
+                vec![],
+                "results.inline_result_max_bytes",
+            ),
+            (
+                "[results]\ninline_images_per_result = 0\n",
+                vec![],
+                "results.inline_images_per_result",
+            ),
+            (
+                "[results]\ninline_images_per_result = 17\n",
+                vec![],
+                "results.inline_images_per_result",
+            ),
         ] {
             let err = load(text, &env).unwrap_err().to_string();
             assert!(err.contains(key), "{err:?} does not name {key}");

@@ -14,6 +14,7 @@ pub mod files;
 pub mod guest;
 pub mod health;
 pub mod http;
+pub mod inline_images;
 pub mod limits;
 pub mod links;
 pub mod mcp_sessions;

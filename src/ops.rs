@@ -15,6 +15,7 @@ use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MA
 
 use crate::caller::Caller;
 use crate::files::{FileListing, Read, WriteResult};
+use crate::inline_images::{Inliner, RunImages};
 use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
@@ -49,6 +50,7 @@ pub struct Ops {
     pub links: Links,
     pub limits: Arc<Limits>,
     pub metrics: Arc<Metrics>,
+    pub images: Inliner,
 }
 
 pub fn parse_id(raw: &str) -> Result<Uuid> {
@@ -200,6 +202,16 @@ impl Ops {
         let id = parse_id(raw_id);
         let span_id = id.as_ref().ok().copied();
         self.metrics.observe(tool, span_id, async { call(id?).await }).await
+    }
+
+    /// The images among a run's `files` as the caller's MCP result shows
+    /// them (none when the sandbox is gone or inline images are off).
+    pub async fn run_images(&self, caller: &Caller, raw_id: &str, files: &[String]) -> RunImages {
+        let root = parse_id(raw_id).and_then(|id| self.sandboxes.results_dir(caller.scope(), id));
+        match root {
+            Ok(root) => self.images.run(&root, files).await,
+            Err(_) => RunImages::default(),
+        }
     }
 
     pub async fn install(&self, caller: &Caller, raw_id: &str, package: &str) -> Result<InstallResult> {

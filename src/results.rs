@@ -1,12 +1,13 @@
 //! What the tools return: one typed struct per tool (its `outputSchema`),
 //! sent as `structuredContent` and as one pretty-printed JSON text item, plus
-//! a `resource_link` item per artifact.
+//! a `resource_link` item per artifact and, for runs, `image` items.
 
 use rmcp::model::{CallToolResult, ContentBlock, Resource};
 use sandbox_actors::{DiskUse, InstallStatusKind, Package, Ran, SandboxError, SandboxInfo};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::inline_images::ImageNote;
 use crate::links::Links;
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -89,6 +90,10 @@ pub struct PythonResult {
     pub files: Vec<String>,
     /// Download links of `files`, in the same order.
     pub file_links: Vec<String>,
+    /// The images among `files`, newest first: shown inline as image items
+    /// (after the links, in this order), or why not.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageNote>,
     pub duration_ms: f64,
     pub timed_out: bool,
     /// stdout or stderr was cut to head and tail; the whole is at `output_links`.
@@ -107,6 +112,13 @@ pub struct CommandResult {
     pub stdout: String,
     pub stderr: String,
     pub exit_code: i64,
+    /// Absolute paths (in the sandbox) of files this command created or changed.
+    pub files: Vec<String>,
+    /// Download links of `files`, in the same order.
+    pub file_links: Vec<String>,
+    /// The images among `files`, as for execute_python_code.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageNote>,
     pub timed_out: bool,
     pub truncated: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -229,6 +241,7 @@ impl PythonResult {
             file_links: o.files.iter().map(|f| links.artifact(sandbox, f)).collect(),
             output_links: o.output_files.iter().map(|f| links.artifact(sandbox, f)).collect(),
             files: o.files,
+            images: vec![],
             stdout: o.stdout,
             stderr: o.stderr,
             exit_code: o.exit_code,
@@ -245,7 +258,10 @@ impl CommandResult {
     pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
         let o = ran.output;
         Self {
+            file_links: o.files.iter().map(|f| links.artifact(sandbox, f)).collect(),
             output_links: o.output_files.iter().map(|f| links.artifact(sandbox, f)).collect(),
+            files: o.files,
+            images: vec![],
             stdout: o.stdout,
             stderr: o.stderr,
             exit_code: o.exit_code,
@@ -254,6 +270,33 @@ impl CommandResult {
             duration_ms: o.duration_ms,
             notice: ran.notice,
         }
+    }
+}
+
+/// The result of a run, whose files are linked and whose images are shown.
+pub trait RunArtifacts {
+    /// The files the run created or changed, and their links.
+    fn files(&self) -> (&[String], &[String]);
+    fn set_images(&mut self, notes: Vec<ImageNote>);
+}
+
+impl RunArtifacts for PythonResult {
+    fn files(&self) -> (&[String], &[String]) {
+        (&self.files, &self.file_links)
+    }
+
+    fn set_images(&mut self, notes: Vec<ImageNote>) {
+        self.images = notes;
+    }
+}
+
+impl RunArtifacts for CommandResult {
+    fn files(&self) -> (&[String], &[String]) {
+        (&self.files, &self.file_links)
+    }
+
+    fn set_images(&mut self, notes: Vec<ImageNote>) {
+        self.images = notes;
     }
 }
 

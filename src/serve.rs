@@ -16,6 +16,7 @@ use crate::client_ip::TrustedProxies;
 use crate::config::Config;
 use crate::connections;
 use crate::guest::GuestKeys;
+use crate::inline_images::Inliner;
 use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
@@ -60,6 +61,7 @@ fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -
         limits: limits(config, signer.as_ref())?,
         links: Links::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
+        images: Inliner::new(&config.results),
     })
 }
 

@@ -21,7 +21,7 @@ use crate::files::{FileListing, ReadResult, WriteResult};
 use crate::ops::Ops;
 use crate::results::{
     failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult,
-    ResetResult, SandboxList, UploadResult,
+    ResetResult, RunArtifacts, SandboxList, UploadResult,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -204,6 +204,27 @@ impl SandboxServer {
         result
     }
 
+    /// A run's result: its files as resource links, then the images among
+    /// them as image items, on the configured budget.
+    async fn run_reply<T: Serialize + RunArtifacts>(
+        &self,
+        caller: &Caller,
+        raw_id: &str,
+        ran: Result<T, SandboxError>,
+    ) -> CallToolResult {
+        let mut result = match ran {
+            Ok(result) => result,
+            Err(e) => return failure(&e),
+        };
+        let images = self.ops.run_images(caller, raw_id, result.files().0).await;
+        result.set_images(images.notes);
+        let (files, links) = result.files();
+        let links = links.iter().cloned().zip(files.iter().map(|f| file_name(f))).collect();
+        let mut reply = success(&result, None, links);
+        reply.content.extend(images.content);
+        reply
+    }
+
     #[tool(
         description = "Create a new isolated Python sandbox (a container) and return its sandbox_id. \
             Call list_sandboxes first and reuse a sandbox you already have; each caller may hold only a few.",
@@ -239,7 +260,8 @@ impl SandboxServer {
     #[tool(
         description = "Run Python code in a sandbox. State persists between calls like a notebook: variables, imports and \
             files stay. The working folder is /app/results; files the code writes there are returned as download links \
-            (file_links). Save plots with plt.savefig('plot.png'), never plt.show(). Print what you want to see. \
+            (file_links), and images saved there (PNG, JPEG, GIF, WebP) also come back inline, downscaled, newest first. \
+            Save plots with plt.savefig('plot.png'), never plt.show(). Print what you want to see. \
             Install missing packages first with install_package_in_sandbox. A failing program is not a tool error: \
             read exit_code and stderr.",
         output_schema = schema_for_output::<PythonResult>(),
@@ -256,23 +278,13 @@ impl SandboxServer {
                 self.ops.python(&caller, &p.sandbox_id, p.code, p.timeout_seconds, tx)
             })
             .await;
-        match ran {
-            Ok(result) => {
-                let links = result
-                    .file_links
-                    .iter()
-                    .cloned()
-                    .zip(result.files.iter().map(|f| file_name(f)))
-                    .collect();
-                success(&result, None, links)
-            }
-            Err(e) => failure(&e),
-        }
+        self.run_reply(&caller, &p.sandbox_id, ran).await
     }
 
     #[tool(
         description = "Run a shell command in a sandbox with sh -c, in /app/results (pipes, &&, redirects work). \
-            Returns stdout, stderr and exit_code. Processes the command starts end with it unless started with setsid.",
+            Returns stdout, stderr, exit_code and the files it wrote there (links; images also inline). \
+            Processes the command starts end with it unless started with setsid.",
         output_schema = schema_for_output::<CommandResult>(),
         annotations(read_only_hint = false, destructive_hint = true, open_world_hint = true)
     )]
@@ -282,12 +294,12 @@ impl SandboxServer {
         Parameters(p): Parameters<TerminalParams>,
     ) -> CallToolResult {
         let caller = self.caller(&ctx);
-        reply(
-            self.executing(&ctx, |tx| {
+        let ran = self
+            .executing(&ctx, |tx| {
                 self.ops.shell(&caller, &p.sandbox_id, p.command, p.timeout_seconds, tx)
             })
-            .await,
-        )
+            .await;
+        self.run_reply(&caller, &p.sandbox_id, ran).await
     }
 
     #[tool(
@@ -451,8 +463,8 @@ impl ServerHandler for SandboxServer {
         info.instructions = Some(
             "Isolated Python sandboxes. Workflow: list_sandboxes -> create_sandbox if you have none -> \
              install_package_in_sandbox -> check_package_installation_status -> execute_python_code. \
-             Files written to /app/results come back as download links; list_files, read_file and write_file \
-             work on them, and reset_python starts Python over."
+             Files written to /app/results come back as download links, images also inline; list_files, \
+             read_file and write_file work on them, and reset_python starts Python over."
                 .into(),
         );
         info

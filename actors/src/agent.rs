@@ -93,7 +93,7 @@ pub struct RunOutput {
     pub output_files: Vec<String>,
     #[serde(default)]
     pub duration_ms: f64,
-    /// Files under `/app/results` created or changed by the run (Python only).
+    /// Files under `/app/results` created or changed by the run.
     #[serde(default)]
     pub files: Vec<String>,
 }

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -307,9 +307,16 @@ impl Sandboxes {
         self.ctx.runtime.ping().await
     }
 
+    /// The host folder holding a sandbox's `/app/results` (a signed link
+    /// proves access with [`Scope::Everyone`]), for whoever opens files in
+    /// it through [`files`] (the inline images).
+    pub fn results_dir<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<PathBuf> {
+        self.actor(scope.into(), id)?;
+        Ok(self.ctx.paths(id).results)
+    }
+
     /// Runs `op` on the host folder holding a sandbox's `/app/results`, off
-    /// the async threads and within a deadline ([`files::bounded`]). A
-    /// signed link proves access with [`Scope::Everyone`].
+    /// the async threads and within a deadline ([`files::bounded`]).
     async fn on_results<T: Send + 'static>(
         &self,
         scope: Scope<'_>,
@@ -317,8 +324,7 @@ impl Sandboxes {
         what: &str,
         op: impl FnOnce(&Path) -> std::result::Result<T, FileError> + Send + 'static,
     ) -> Result<T> {
-        self.actor(scope, id)?;
-        Ok(files::bounded(self.ctx.paths(id).results, what, op).await?)
+        Ok(files::bounded(self.results_dir(scope, id)?, what, op).await?)
     }
 
     /// Opens a regular file under `/app/results` for serving.

@@ -352,3 +352,80 @@ async fn a_gvisor_sandbox_reaches_the_index_through_the_proxy() {
     let out = py(&h, OWNER, id, &fetch("https://registry.npmjs.org/")).await.stdout;
     assert!(out.contains("Tunnel connection failed: 403"), "{out}");
 }
+
+/// Opens connections to pypi.org:443 from an `open` sandbox: the kernel
+/// refuses the one past the cap and admits one again once they are closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_sandbox_holds_at_most_its_connection_cap_too() {
+    let h = server().await; // at most 6 connections per sandbox
+    let id = create(&h, OWNER, EgressPolicy::Open).await;
+    let code = r#"
+import socket, time
+ip = socket.gethostbyname("pypi.org")
+def connect():
+    try:
+        return socket.create_connection((ip, 443), timeout=10)
+    except OSError as e:
+        return type(e).__name__
+held = [connect() for _ in range(6)]
+print("held:", sum(isinstance(s, socket.socket) for s in held))
+print("over:", connect())
+for s in held:
+    if isinstance(s, socket.socket):
+        s.close()
+time.sleep(2)
+print("after:", connect())
+"#;
+    let out = py(&h, OWNER, id, code).await.stdout;
+    assert!(out.contains("held: 6"), "{out}");
+    assert!(out.contains("over: ConnectionRefusedError"), "{out}");
+    assert!(out.contains("after: <socket.socket"), "{out}");
+}
+
+/// Reads a ~20 MB wheel for at most 25 s (or up to 4 MiB); prints the bytes
+/// read in all and those read between 10 s and 25 s, past the start's burst.
+const DOWNLOAD: &str = r#"
+import socket, ssl, time
+url = "/packages/9a/d7/21d890274f75ea37a8209d5519e72da3da90302e3b9fb8397a0918386a62/scipy-1.18.1-cp313-cp313-macosx_14_0_arm64.whl"
+s = ssl.create_default_context().wrap_socket(socket.create_connection(("files.pythonhosted.org", 443), timeout=5), server_hostname="files.pythonhosted.org")
+s.sendall(f"GET {url} HTTP/1.1\r\nHost: files.pythonhosted.org\r\nConnection: close\r\n\r\n".encode())
+got, at10, start = 0, None, time.time()
+while got < 4 * 1024 * 1024 and time.time() - start < 25:
+    if at10 is None and time.time() - start >= 10:
+        at10 = got
+    try:
+        chunk = s.recv(65536)
+    except socket.timeout:
+        continue
+    if not chunk:
+        break
+    got += len(chunk)
+print(got, got - (at10 if at10 is not None else got))
+"#;
+
+async fn download(h: &Harness, id: Uuid) -> (u64, u64) {
+    let out = py(h, OWNER, id, DOWNLOAD).await.stdout;
+    let mut n = out.split_whitespace().map(|n| n.parse().unwrap());
+    (n.next().unwrap(), n.next().unwrap())
+}
+
+/// The bytes cap of `open` sandboxes, against a control on the default cap
+/// in the same run: at 1 MiB a minute (about 17 KiB/s) the 15 s past the
+/// start's burst move about 260 KiB, where the control moves its 4 MiB in
+/// all.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_sandbox_moves_at_most_its_bytes_per_minute() {
+    let control = server().await;
+    let id = create(&control, OWNER, EgressPolicy::Open).await;
+    let (fast, _) = download(&control, id).await;
+    assert!(fast >= 4 * 1024 * 1024, "the control: {fast} bytes");
+    let capped = Harness::with(|s| {
+        s.sandbox.network = EgressPolicy::Open;
+        s.sandbox.egress_mb_per_minute = 1;
+    })
+    .await;
+    let id = capped.create().await;
+    let (all, sustained) = download(&capped, id).await;
+    assert!(all > 100_000, "the connection worked: {all} bytes");
+    assert!(all < 4 * 1024 * 1024 && sustained < 800 * 1024, "{all} bytes, {sustained} past 10 s");
+}

@@ -49,6 +49,9 @@ async fn python_state_output_and_exit_codes() {
     assert!(r.files.is_empty(), "{:?}", r.files);
     let r = h.py(id, "open('a.txt','a').write('more')").await.output;
     assert_eq!(r.files, vec!["/app/results/a.txt"]);
+    // Shell commands report theirs too.
+    let r = h.sh(id, "echo 3 > c.txt && cat a.txt", None).await.output;
+    assert_eq!(r.files, vec!["/app/results/c.txt"]);
 
     h.sb().delete(OWNER, id).await.unwrap();
     assert_eq!(h.own_objects(), (0, 0), "delete removes the container and its volume");

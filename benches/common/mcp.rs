@@ -245,15 +245,24 @@ impl McpClient {
 
     /// Calls a tool and says what it came to, whatever happens.
     pub async fn try_tool(&self, name: &str, args: Value) -> Result<Value, CallError> {
-        let v = self
+        let mut result = self.try_call(name, args).await?;
+        Ok(result["structuredContent"].take())
+    }
+
+    /// Calls a tool; the whole result (`content` and `structuredContent`).
+    pub async fn try_call(&self, name: &str, args: Value) -> Result<Value, CallError> {
+        let mut v = self
             .try_request("tools/call", json!({"name": name, "arguments": args}))
             .await?;
-        let result = v.get("result").ok_or_else(|| CallError::Protocol(v.to_string()))?;
+        let result = v
+            .get_mut("result")
+            .map(Value::take)
+            .ok_or_else(|| CallError::Protocol(v.to_string()))?;
         if result.get("isError").and_then(Value::as_bool) == Some(true) {
             let text = result["content"][0]["text"].as_str().unwrap_or_default().to_string();
             return Err(CallError::Tool(text));
         }
-        Ok(result["structuredContent"].clone())
+        Ok(result)
     }
 }
 

@@ -92,7 +92,7 @@ impl DockerRuntime {
             return Ok(None);
         };
         if self.config.isolate_host {
-            if let Err(e) = super::firewall::apply(&self.server_id, &subnet, &self.config.egress_allow) {
+            if let Err(e) = super::firewall::apply(&self.server_id, &subnet, &self.config) {
                 tracing::warn!(error = %e, "host firewall rules not applied: open sandboxes can reach the host, private networks and each other");
             }
         }

@@ -5,7 +5,13 @@
 //! ports of one bridge passes `FORWARD` too), link-local addresses (where
 //! cloud metadata services live), private ranges or the networks the host
 //! sits on, except the host's name servers on port 53 and CIDRs listed in
-//! `sandbox.egress_allow`. Rules are tagged with the server id, so a server
+//! `sandbox.egress_allow`. What such a sandbox may reach is bounded too, as
+//! the egress proxy bounds proxied ones: at most `egress_max_connections`
+//! connections at once per sandbox address (conntrack's count, so closed
+//! ones free their slot), and `egress_mb_per_minute` per sandbox in each
+//! direction (a kernel token bucket refilled at that rate; packets beyond
+//! it are dropped, so TCP slows down to the rate), so a
+//! sandbox cannot flood a third party from the host's address. Rules are tagged with the server id, so a server
 //! replaces its own on start and touches no other rule. Applied with
 //! `iptables` where the host allows it; where it does not, the server says
 //! so and carries on.
@@ -15,6 +21,7 @@ use std::process::Command;
 
 use ipnet::IpNet;
 
+use crate::config::SandboxConfig;
 use crate::egress::{host_networks, name_servers, Rules, PRIVATE_V4};
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
@@ -41,24 +48,67 @@ fn iptables(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// What one sandbox may use of the network: `egress_max_connections` and
+/// `egress_mb_per_minute`.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    connections: usize,
+    bytes_per_minute: u64,
+}
+
+/// The name of one of this server's kernel rate tables (one per direction).
+fn bucket(server_id: &str, direction: &str) -> String {
+    let id: String = server_id.chars().filter(char::is_ascii_alphanumeric).take(16).collect();
+    format!("mcps-{id}-{direction}")
+}
+
 /// The rules, in order, as (chain, arguments after the chain).
-fn rules(server_id: &str, subnet: &str, listed: &[IpNet]) -> Vec<(&'static str, Vec<String>)> {
+fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec<(&'static str, Vec<String>)> {
     let tag = tag(server_id);
-    let rule = |chain: &'static str, extra: &[&str], target: &str| {
-        let mut r: Vec<String> = vec!["-s".into(), subnet.into()];
-        r.extend(extra.iter().map(|s| s.to_string()));
-        r.extend(["-m", "comment", "--comment", &tag, "-j", target].map(String::from));
+    let rule = |chain: &'static str, mut r: Vec<String>, target: &[&str]| {
+        r.extend(["-m", "comment", "--comment", &tag, "-j"].map(String::from));
+        r.extend(target.iter().map(|s| s.to_string()));
         (chain, r)
     };
+    let from = |extra: &[&str]| {
+        let mut r = vec!["-s".to_string(), subnet.to_string()];
+        r.extend(extra.iter().map(|s| s.to_string()));
+        r
+    };
+    // Bytes per second, the kernel's unit, within what its table holds
+    // (beyond, the rate wraps around). The kernel's own burst stays: in
+    // byte mode it is not a byte count (a fresh entry starts with about a
+    // MiB whatever is asked), so the bound promised is the sustained rate.
+    let rate = format!("{}b/s", (bounds.bytes_per_minute / 60).clamp(1, 1_000_000_000));
+    let limit = |address: &str, mode: &str, direction: &str| {
+        [
+            address, subnet, "-m", "hashlimit", "--hashlimit-above", &rate, "--hashlimit-mode", mode,
+            "--hashlimit-name", &bucket(server_id, direction),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let connections = bounds.connections.to_string();
     // INPUT: anything addressed to the host itself, whichever of its
-    // addresses. DOCKER-USER (forwarded traffic), first match wins: other
+    // addresses. DOCKER-USER (forwarded traffic, replies included), first
+    // match wins: the bounds first, so they count every packet; then other
     // sandboxes and link-local always dropped; the host's name servers (the
     // engine's resolver forwards from the sandbox) and listed CIDRs handed
     // back to Docker's own rules; private ranges and on-link networks dropped.
     let mut out = vec![
-        rule("INPUT", &[], "DROP"),
-        rule("DOCKER-USER", &["-d", subnet], "DROP"),
-        rule("DOCKER-USER", &["-d", LINK_LOCAL], "DROP"),
+        rule("INPUT", from(&[]), &["DROP"]),
+        rule(
+            "DOCKER-USER",
+            from(&[
+                "-p", "tcp", "--syn", "-m", "connlimit", "--connlimit-above", &connections, "--connlimit-mask",
+                "32",
+            ]),
+            &["REJECT", "--reject-with", "tcp-reset"],
+        ),
+        rule("DOCKER-USER", limit("-s", "srcip", "up"), &["DROP"]),
+        rule("DOCKER-USER", limit("-d", "dstip", "dn"), &["DROP"]),
+        rule("DOCKER-USER", from(&["-d", subnet]), &["DROP"]),
+        rule("DOCKER-USER", from(&["-d", LINK_LOCAL]), &["DROP"]),
     ];
     let closed: Vec<IpNet> = PRIVATE_V4
         .iter()
@@ -79,17 +129,17 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet]) -> Vec<(&'static str, 
             for proto in ["udp", "tcp"] {
                 out.push(rule(
                     "DOCKER-USER",
-                    &["-d", &dest, "-p", proto, "--dport", "53"],
-                    "RETURN",
+                    from(&["-d", &dest, "-p", proto, "--dport", "53"]),
+                    &["RETURN"],
                 ));
             }
         }
     }
     for net in listed.iter().filter(|n| n.addr().is_ipv4()) {
-        out.push(rule("DOCKER-USER", &["-d", &net.to_string()], "RETURN"));
+        out.push(rule("DOCKER-USER", from(&["-d", &net.to_string()]), &["RETURN"]));
     }
     for net in closed {
-        out.push(rule("DOCKER-USER", &["-d", &net.to_string()], "DROP"));
+        out.push(rule("DOCKER-USER", from(&["-d", &net.to_string()]), &["DROP"]));
     }
     out
 }
@@ -134,17 +184,22 @@ fn split_rule(spec: &str) -> Vec<String> {
     out
 }
 
-/// Replaces this server's rules with fresh ones for `subnet`; `allow` is
-/// `sandbox.egress_allow`, whose CIDRs stay reachable.
-pub fn apply(server_id: &str, subnet: &str, allow: &[String]) -> Result<(), String> {
-    let listed: Vec<IpNet> = Rules::parse(allow)?.nets().copied().collect();
+/// Replaces this server's rules with fresh ones for `subnet`, from the
+/// sandbox settings: `egress_allow`, whose CIDRs stay reachable, and the
+/// egress bounds.
+pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<(), String> {
+    let listed: Vec<IpNet> = Rules::parse(&config.egress_allow)?.nets().copied().collect();
+    let bounds = Bounds {
+        connections: config.egress_max_connections,
+        bytes_per_minute: config.egress_mb_per_minute.saturating_mul(1024 * 1024),
+    };
     let bridged = std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").unwrap_or_default();
     if bridged.trim() != "1" {
         tracing::warn!("net.bridge.bridge-nf-call-iptables is not 1: traffic between two sandboxes of one bridge bypasses iptables, and only the engine's inter-container option keeps them apart");
     }
     remove(server_id)?;
     // Each rule is inserted first, so they go in last to first.
-    for (chain, rule) in rules(server_id, subnet, &listed).into_iter().rev() {
+    for (chain, rule) in rules(server_id, subnet, &listed, bounds).into_iter().rev() {
         let mut args = vec!["-I", chain, "1"];
         args.extend(rule.iter().map(String::as_str));
         iptables(&args)?;
@@ -159,11 +214,18 @@ mod tests {
     #[test]
     fn rules_are_tagged_and_split_back_whole() {
         let listed = vec!["10.1.0.0/16".parse().unwrap()];
-        let r = rules("abc", "172.30.0.0/16", &listed);
+        let bounds = Bounds {
+            connections: 6,
+            bytes_per_minute: 60 * 1024 * 1024,
+        };
+        let r = rules("abc", "172.30.0.0/16", &listed, bounds);
         assert!(r.iter().all(|(_, args)| args.contains(&"mcp-sandbox:abc".to_string())));
-        let dest = |i: usize| r[i].1[3].clone();
+        let has = |i: usize, words: &[&str]| words.iter().all(|w| r[i].1.contains(&w.to_string()));
         assert_eq!((r[0].0, r[1].0), ("INPUT", "DOCKER-USER"));
-        assert_eq!(dest(1), "172.30.0.0/16", "sandbox to sandbox first");
+        assert!(has(1, &["--connlimit-above", "6", "REJECT"]), "the connection cap first");
+        assert!(has(2, &["-s", "--hashlimit-above", "1048576b/s", "srcip", "mcps-abc-up"]));
+        assert!(has(3, &["-d", "dstip", "mcps-abc-dn"]), "replies are bounded too");
+        assert!(has(4, &["-s", "-d", "172.30.0.0/16", "DROP"]), "then sandbox to sandbox");
         let returned = r
             .iter()
             .position(|(_, a)| a.contains(&"10.1.0.0/16".to_string()))
