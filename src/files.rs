@@ -3,7 +3,7 @@
 //! its download link, and how a read is presented to the model.
 
 use std::fs::File;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use rmcp::model::CallToolResult;
 use sandbox_actors::agent::RESULTS_IN_CONTAINER;
@@ -12,6 +12,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::inline_images::{self, ImageNote, Inliner};
 use crate::links::Links;
 use crate::results::{rfc3339, success};
 
@@ -100,6 +101,10 @@ pub struct ReadResult {
     /// How to see a file that is not text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// An image: whether it follows as an `image` item (after the link), at
+    /// what size, or why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageNote>,
 }
 
 /// A read, ready to present: an image keeps its opened file.
@@ -124,6 +129,7 @@ impl Read {
             next_offset: None,
             tail: None,
             message: None,
+            image: None,
         };
         let image = match read.content {
             Content::Text(w) => {
@@ -151,9 +157,11 @@ impl Read {
         Self { result, image }
     }
 
-    pub fn into_tool_result(self) -> CallToolResult {
+    /// The tool result; an image is shown inline by `images`, on the budget
+    /// of a run's single image.
+    pub async fn into_tool_result(self, images: &Inliner) -> CallToolResult {
         match self.image {
-            Some(file) => image_result(self.result, file),
+            Some(file) => image_result(self.result, file, images).await,
             None if self.result.kind == "text" => success(&self.result, None, vec![]),
             None => {
                 let link = resource_link(&self.result);
@@ -163,13 +171,43 @@ impl Read {
     }
 }
 
-/// The one place an image read becomes a tool result: for now its link,
-/// size and type. `file` is the image, opened safely beneath the sandbox's
-/// folder, for when images are shown inline.
-fn image_result(mut result: ReadResult, _file: File) -> CallToolResult {
-    result.message = Some("An image: open link to see it.".into());
+/// The one place an image read becomes a tool result: its link, size and
+/// type, then the image itself as an `image` item when it fits
+/// `results.inline_image_max_bytes` in time (`file` is opened safely
+/// beneath the sandbox's folder); otherwise the link alone, with the reason.
+async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
+    let deadline = Instant::now() + inline_images::DEADLINE;
+    let shown = images.image_file(file, images.max_bytes(), deadline).await;
     let link = resource_link(&result);
-    success(&result, None, vec![link])
+    let (note, item) = match shown {
+        Ok(image) => {
+            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: true,
+                width: Some(image.width),
+                height: Some(image.height),
+                reason: None,
+            };
+            (note, Some(image.into_content()))
+        }
+        Err(why) => {
+            tracing::debug!(path = result.path, reason = %why, "image not inlined");
+            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: false,
+                width: None,
+                height: None,
+                reason: Some(why.to_string()),
+            };
+            (note, None)
+        }
+    };
+    result.image = Some(note);
+    let mut reply = success(&result, None, vec![link]);
+    reply.content.extend(item);
+    reply
 }
 
 /// The `resource_link` item of a read file: its URL and name.

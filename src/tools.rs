@@ -377,8 +377,8 @@ impl SandboxServer {
 
     #[tool(
         description = "Read a file under /app/results in a sandbox. Text comes in windows: a file larger than one window \
-            also shows its last lines (tail); pass next_offset as offset to read on. Images and other binary files \
-            come back as a download link with size and type.",
+            also shows its last lines (tail); pass next_offset as offset to read on. An image comes back as an image, \
+            downscaled to a byte budget, next to its download link; other binary files as a link with size and type.",
         output_schema = schema_for_output::<ReadResult>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
@@ -399,7 +399,7 @@ impl SandboxServer {
             )
             .await;
         match read {
-            Ok(read) => read.into_tool_result(),
+            Ok(read) => read.into_tool_result(&self.ops.images).await,
             Err(e) => failure(&e),
         }
     }

@@ -1,13 +1,16 @@
 """The file tools and reset_python with the Python MCP SDK 2.3.0 against the
 real server and Docker: a 10 MB text file paged through read_file, an image
-and a binary returned as links, list_files and write_file with their limits,
+shown as an image item next to its link (test_images.py has large and
+hostile ones), a binary returned as a link, list_files and write_file with their limits,
 what a hostile sandbox plants (links to host files, a link loop, a FIFO)
 refused while the server stays responsive, and a Python reset that forgets a
 variable and keeps a file. Another tenant's sandbox id is covered with the
 other tools in test_security.py."""
 
 import asyncio
+import base64
 import hashlib
+import struct
 import time
 
 from mcp import Client
@@ -99,7 +102,7 @@ def test_read_file_pages_through_a_10_mb_text_file(server):
     run(go())
 
 
-def test_images_and_binaries_come_back_as_links_and_folders_are_listed(server):
+def test_an_image_comes_inline_a_binary_as_a_link_and_folders_are_listed(server):
     async def go():
         async with Client(server.url + "/mcp") as c:
             sid = (await call(c, "create_sandbox"))["sandbox_id"]
@@ -112,11 +115,18 @@ def test_images_and_binaries_come_back_as_links_and_folders_are_listed(server):
             image = r.structured_content
             assert not r.is_error and image["type"] == "image" and image["mime_type"] == "image/png", image
             assert "content" not in image and image["size"] > 50
+            assert [b.type for b in r.content] == ["text", "resource_link", "image"]
             [resource] = [b for b in r.content if b.type == "resource_link"]
             assert str(resource.uri) == image["link"] and resource.name == "dot.png"
             status, headers, body = get(image["link"])
             assert status == 200 and headers["content-type"] == "image/png" and body[:4] == b"\x89PNG"
             assert len(body) == image["size"]
+            # Small enough to go as it is: the file itself, 2 x 3.
+            [item] = [b for b in r.content if b.type == "image"]
+            shown = base64.b64decode(item.data)
+            assert item.mime_type == "image/png" and shown == body
+            assert struct.unpack(">II", shown[16:24]) == (2, 3)
+            assert image["image"] == {"path": "/app/results/plots/dot.png", "inline": True, "width": 2, "height": 3}
 
             blob = await call(c, "read_file", sandbox_id=sid, path="blob.bin")
             assert blob["type"] == "binary" and blob["size"] == 1024 and "content" not in blob
