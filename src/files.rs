@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::inline_images::{self, ImageNote, Inliner};
+use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
 use crate::links::Links;
 use crate::results::{rfc3339, success};
 
@@ -177,7 +177,10 @@ impl Read {
 /// beneath the sandbox's folder); otherwise the link alone, with the reason.
 async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
     let deadline = Instant::now() + inline_images::DEADLINE;
-    let shown = images.image_file(file, images.max_bytes(), deadline).await;
+    let shown = match result.mime_type.as_str() {
+        "image/svg+xml" => Err(NotInlined::Svg),
+        _ => images.image_file(file, images.max_bytes(), deadline).await,
+    };
     let link = resource_link(&result);
     let (note, item) = match shown {
         Ok(image) => {

@@ -127,6 +127,12 @@ def test_an_image_comes_inline_a_binary_as_a_link_and_folders_are_listed(server)
             assert item.mime_type == "image/png" and shown == body
             assert struct.unpack(">II", shown[16:24]) == (2, 3)
             assert image["image"] == {"path": "/app/results/plots/dot.png", "inline": True, "width": 2, "height": 3}
+            await call(c, "write_file", sandbox_id=sid, path="plots/line.svg", content='<svg xmlns="http://www.w3.org/2000/svg"/>')
+            r = await c.call_tool("read_file", {"sandbox_id": sid, "path": "plots/line.svg"})
+            svg = r.structured_content
+            assert svg["type"] == "image" and svg["mime_type"] == "image/svg+xml", svg
+            assert [b.type for b in r.content] == ["text", "resource_link"]
+            assert not svg["image"]["inline"] and "SVG is only linked" in svg["image"]["reason"], svg
 
             blob = await call(c, "read_file", sandbox_id=sid, path="blob.bin")
             assert blob["type"] == "binary" and blob["size"] == 1024 and "content" not in blob
@@ -144,7 +150,7 @@ def test_an_image_comes_inline_a_binary_as_a_link_and_folders_are_listed(server)
             cut = await call(c, "list_files", sandbox_id=sid, max_entries=1)
             assert len(cut["entries"]) == 1 and cut["truncated"]
             inner = await call(c, "list_files", sandbox_id=sid, path="plots")
-            assert {e["path"] for e in inner["entries"]} == {"/app/results/plots/dot.png", "/app/results/plots/readme.md"}
+            assert {e["path"] for e in inner["entries"]} == {f"/app/results/plots/{n}" for n in ("dot.png", "line.svg", "readme.md")}
 
             assert "depth" in await refused(c, "list_files", sandbox_id=sid, depth=17)
             assert "max_entries" in await refused(c, "list_files", sandbox_id=sid, max_entries=1001)
