@@ -7,6 +7,7 @@ JSON-line requests one at a time:
   {"id": N, "op": "exec", "code": str, "timeout": s, "output_cap": bytes, "progress": bool}
   {"id": N, "op": "run", "argv": [str], "timeout": s, "output_cap": bytes, "progress": bool}
   {"id": N, "op": "packages"}
+  {"id": N, "op": "reset"}              (a fresh Python namespace: the worker is replaced)
   {"id": N, "op": "interrupt"}          (cancels the request in flight)
   {"id": N, "op": "ping"}
 
@@ -463,6 +464,12 @@ class Agent:
                 self.stop_job(self.job)
         elif op == "packages":
             self.send(conn, {"id": rid, "type": "result", "packages": list_packages()})
+        elif op == "reset":
+            if self.job is not None:
+                self.send(conn, {"id": rid, "type": "error", "error": "busy"})
+                return
+            self.reset_worker()
+            self.send(conn, {"id": rid, "type": "result", "reset": True})
         elif op in ("exec", "run"):
             if self.job is not None:
                 self.send(conn, {"id": rid, "type": "error", "error": "busy"})
@@ -476,6 +483,16 @@ class Agent:
             self.send(conn, {"id": rid, "type": "error", "error": f"unknown op {op!r}"})
 
     # ---- jobs -----------------------------------------------------------
+    def reset_worker(self):
+        """Replaces the worker (and what its runs left in its session) with a
+        fresh one, started now so that the next exec finds it ready. Files and
+        packages are untouched. If it cannot start now, the next exec starts it."""
+        self.worker.close()
+        try:
+            self.worker.ensure()
+        except OSError:
+            self.worker.close()
+
     def start_job(self, req, conn):
         self.seq += 1
         job = Job(req, conn, self.seq)

@@ -8,10 +8,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use sandbox_actors::files::{FileError, ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
 use sandbox_actors::{CallRecord, SandboxError, SandboxInfo, Usage};
 use serde::{Deserialize, Serialize};
 
-use crate::artifacts::{list_files, ListedFile};
 use crate::caller::Caller;
 use crate::http::{error, AppState};
 use crate::ops::parse_id;
@@ -46,7 +46,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self.0 {
             SandboxError::NotFound(_) => StatusCode::NOT_FOUND,
-            SandboxError::InvalidArgument(_) | SandboxError::UploadRefused(_) => StatusCode::BAD_REQUEST,
+            SandboxError::File(FileError::NotFound(_)) => StatusCode::NOT_FOUND,
+            SandboxError::File(FileError::Slow { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+            SandboxError::File(FileError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+            SandboxError::InvalidArgument(_) | SandboxError::UploadRefused(_) | SandboxError::File(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            SandboxError::Outdated { .. } => StatusCode::CONFLICT,
             SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
             SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
@@ -243,8 +249,11 @@ async fn install_status(
 /// A file under `/app/results` with its download link.
 #[derive(Serialize)]
 pub struct LinkedFile {
-    #[serde(flatten)]
-    file: ListedFile,
+    /// Relative to `/app/results`, `/`-separated.
+    path: String,
+    size: u64,
+    /// Seconds since the Unix epoch.
+    modified: i64,
     url: String,
 }
 
@@ -255,25 +264,43 @@ pub struct FileList {
     truncated: bool,
 }
 
+/// Every regular file of the results folder, as deep and as many as a
+/// listing goes.
+const ALL_FILES: ListOptions = ListOptions {
+    depth: MAX_LIST_DEPTH,
+    max_entries: MAX_LIST_ENTRIES,
+    files_only: true,
+};
+
 async fn files(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<FileList> {
     let id = parse_id(&id)?;
-    let root = app.ops.sandboxes.results_dir(caller.scope(), id)?;
-    let (listed, truncated) = tokio::task::spawn_blocking(move || list_files(&root))
-        .await
-        .map_err(|e| SandboxError::Internal(e.to_string()))?
-        .map_err(|e| SandboxError::Internal(format!("listing the results folder: {e}")))?;
-    let files = listed
+    let root = ResultsPath::parse("").expect("the folder itself");
+    let listing = app
+        .ops
+        .sandboxes
+        .list_files(caller.scope(), id, root, ALL_FILES)
+        .await?;
+    let files = listing
+        .entries
         .into_iter()
-        .map(|file| LinkedFile {
-            url: app.ops.links.artifact(id, &file.path),
-            file,
+        .map(|e| LinkedFile {
+            url: app.ops.links.artifact(id, &e.path),
+            modified: e
+                .modified
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
+            path: e.path,
+            size: e.size,
         })
         .collect();
-    Ok(Json(FileList { files, truncated }))
+    Ok(Json(FileList {
+        files,
+        truncated: listing.truncated,
+    }))
 }
 
 #[derive(Deserialize)]

@@ -2,12 +2,9 @@
 //! `/app/results`, served from the host folder bind-mounted there.
 //!
 //! That folder is writable by the sandbox, so it may hold symlinks to host
-//! files: the path is opened one component at a time with `O_NOFOLLOW`
-//! beneath the sandbox's folder, and anything but a regular file is refused.
-
-use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+//! files: the path is opened one component at a time without following
+//! links beneath the sandbox's folder ([`sandbox_actors::files`]), and
+//! anything but a regular file is refused.
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -15,7 +12,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
-use sandbox_actors::Scope;
+use sandbox_actors::files::{FileError, ResultsPath};
+use sandbox_actors::{SandboxError, Scope};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -43,12 +41,12 @@ pub async fn get(
     let Ok(id) = Uuid::parse_str(&sandbox) else {
         return not_found();
     };
-    let Some(segments) = segments(&path) else {
+    if !is_clean(&path) {
         return refuse(
             StatusCode::BAD_REQUEST,
             "the path must not contain empty, '.' or '..' segments",
         );
-    };
+    }
     // With authentication, a valid link token grants this one file (the
     // owner's API key does too); without, the tenant's own sandboxes.
     let caller = caller.map(|Extension(c)| c).unwrap_or_else(Caller::local);
@@ -67,16 +65,13 @@ pub async fn get(
         }
         _ => caller.scope(),
     };
-    let Ok(root) = app.ops.sandboxes.results_dir(scope, id) else {
+    let Ok(target) = ResultsPath::parse(&path) else {
         return not_found();
     };
-    let opened = tokio::task::spawn_blocking(move || open_beneath(&root, &segments)).await;
-    let (file, len) = match opened {
-        Ok(Ok(f)) => f,
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return refuse(StatusCode::FORBIDDEN, "links are not served")
-        }
-        _ => return not_found(),
+    let (file, len) = match app.ops.sandboxes.open_file(scope, id, target).await {
+        Ok(f) => f,
+        Err(SandboxError::File(FileError::Link(_))) => return refuse(StatusCode::FORBIDDEN, "links are not served"),
+        Err(_) => return not_found(),
     };
     let name = path.rsplit('/').next().unwrap_or("file");
     let mime = mime_guess::from_path(name).first_or_octet_stream();
@@ -103,91 +98,11 @@ pub async fn get(
     response
 }
 
-/// Splits a (decoded) relative path; `None` for traversal or empty segments.
-pub(crate) fn segments(path: &str) -> Option<Vec<String>> {
-    let parts: Vec<String> = path.split('/').map(str::to_string).collect();
-    let ok = !parts.is_empty()
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p != "." && p != ".." && !p.contains('\0'));
-    ok.then_some(parts)
-}
-
-fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int) -> std::io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))?;
-    // SAFETY: valid directory fd and NUL-terminated name; the result is owned below.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Opens `root/segments…` without following any symlink, as a regular file.
-pub(crate) fn open_beneath(root: &Path, segments: &[String]) -> std::io::Result<(File, u64)> {
-    let mut dir: OwnedFd = File::open(root)?.into();
-    let (last, parents) = segments.split_last().expect("at least one segment");
-    for s in parents {
-        dir = openat(&dir, s, libc::O_PATH | libc::O_DIRECTORY)?;
-    }
-    // O_NONBLOCK: a FIFO planted by the sandbox must not hang the server.
-    let file = File::from(openat(&dir, last, libc::O_RDONLY | libc::O_NONBLOCK)?);
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::from_raw_os_error(libc::ENOENT));
-    }
-    Ok((file, meta.len()))
-}
-
-/// Most files listed per sandbox, and deepest folder level walked.
-const MAX_LISTED: usize = 1000;
-const MAX_DEPTH: usize = 16;
-
-/// A file under a sandbox's `/app/results`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ListedFile {
-    /// Relative to `/app/results`, `/`-separated.
-    pub path: String,
-    pub size: u64,
-    /// Seconds since the Unix epoch.
-    pub modified: i64,
-}
-
-/// The regular files under `root`, sorted by path; symlinks are skipped and
-/// never followed (each folder is opened with `O_NOFOLLOW` from its parent,
-/// so a sandbox swapping a folder for a link cannot redirect the walk), and
-/// the listing stops at [`MAX_LISTED`] files (`true` in the second place).
-pub fn list_files(root: &Path) -> std::io::Result<(Vec<ListedFile>, bool)> {
-    use std::os::unix::fs::MetadataExt;
-    let mut out = Vec::new();
-    let mut stack: Vec<(OwnedFd, String, usize)> = vec![(File::open(root)?.into(), String::new(), 0)];
-    while let Some((dir, prefix, depth)) = stack.pop() {
-        // Reading /proc/self/fd/N lists the folder the descriptor holds.
-        let entries = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Ok(meta) = entry.metadata() else { continue };
-            let path = format!("{prefix}{name}");
-            if meta.is_dir() && depth < MAX_DEPTH {
-                if let Ok(sub) = openat(&dir, &name, libc::O_RDONLY | libc::O_DIRECTORY) {
-                    stack.push((sub, format!("{path}/"), depth + 1));
-                }
-            } else if meta.is_file() {
-                if out.len() == MAX_LISTED {
-                    out.sort_by(|a: &ListedFile, b| a.path.cmp(&b.path));
-                    return Ok((out, true));
-                }
-                out.push(ListedFile {
-                    path,
-                    size: meta.len(),
-                    modified: meta.mtime(),
-                });
-            }
-        }
-    }
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok((out, false))
+/// Whether a (decoded) relative path is free of traversal and of empty
+/// segments: a link names exactly one file, the one its token was signed for.
+fn is_clean(path: &str) -> bool {
+    path.split('/')
+        .all(|p| !p.is_empty() && p != "." && p != ".." && !p.contains('\0'))
 }
 
 #[cfg(test)]
@@ -195,46 +110,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listing_skips_links_and_walks_folders() {
-        let root = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("secret"), "s").unwrap();
-        std::fs::create_dir(root.path().join("d")).unwrap();
-        std::fs::write(root.path().join("d/b.txt"), "bb").unwrap();
-        std::fs::write(root.path().join("a b.png"), "a").unwrap();
-        std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
-        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link")).unwrap();
-        let (files, cut) = list_files(root.path()).unwrap();
-        let paths: Vec<_> = files.iter().map(|f| (f.path.as_str(), f.size)).collect();
-        assert_eq!(paths, vec![("a b.png", 1), ("d/b.txt", 2)]);
-        assert!(!cut);
-    }
-
-    #[test]
-    fn listing_stops_at_its_limit() {
-        let root = tempfile::tempdir().unwrap();
-        for i in 0..MAX_LISTED + 3 {
-            std::fs::write(root.path().join(format!("{i}")), "").unwrap();
+    fn traversal_and_empty_segments_are_refused() {
+        assert!(is_clean("d/ok.txt"));
+        for bad in ["../x", "d/../d/ok.txt", "d//ok.txt", "./x", "", "a\0b"] {
+            assert!(!is_clean(bad), "{bad:?} accepted");
         }
-        let (files, cut) = list_files(root.path()).unwrap();
-        assert_eq!(files.len(), MAX_LISTED);
-        assert!(cut);
-    }
-
-    #[test]
-    fn traversal_and_links_are_refused() {
-        let root = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("secret"), "s").unwrap();
-        std::fs::create_dir(root.path().join("d")).unwrap();
-        std::fs::write(root.path().join("d/ok.txt"), "ok").unwrap();
-        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link")).unwrap();
-        std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
-        let open = |p: &str| segments(p).map(|s| open_beneath(root.path(), &s));
-        assert!(open("d/ok.txt").unwrap().is_ok());
-        assert!(open("link").unwrap().is_err());
-        assert!(open("dirlink/secret").unwrap().is_err());
-        assert!(open("d").unwrap().is_err(), "folders are not served");
-        assert!(open("../x").is_none() && open("d/../d/ok.txt").is_none() && open("d//ok.txt").is_none());
     }
 }

@@ -6,13 +6,15 @@
 //! its own, and the links stay for the full files.
 //!
 //! The files are the sandbox's, hence hostile. They are opened beneath the
-//! results folder without following links, as artifacts are; read up to a
+//! results folder by [`sandbox_actors::files`], as artifacts and the file
+//! tools are (no link followed, only a regular file opened); read up to a
 //! size cap; and decoded off the async runtime, with the dimensions in the
 //! header checked before any pixel is allocated, a cap on the decoder's
 //! memory, a deadline and a cap on decodes running at once. A file that
 //! fails any of these is not inlined, and the result says why.
 
 use std::borrow::Cow;
+use std::fs::File;
 use std::io::{Cursor, Read};
 use std::path::Path;
 use std::sync::Arc;
@@ -24,12 +26,11 @@ use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::error::LimitErrorKind;
 use image::{ColorType, DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits};
 use rmcp::model::ContentBlock;
-use sandbox_actors::agent::RESULTS_IN_CONTAINER;
+use sandbox_actors::files::{open_file, ResultsPath};
 use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::artifacts::{open_beneath, segments};
 use crate::config::ResultsConfig;
 
 /// Longest side of an inline image. Model APIs downscale larger images
@@ -54,6 +55,8 @@ const JPEG_QUALITY: u8 = 80;
 /// Why an image is not shown inline (its link still serves the file).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotInlined {
+    #[error("inline images are off on this server (results.inline_images)")]
+    Off,
     #[error("not a regular file beneath /app/results (links are not followed)")]
     Unreadable,
     #[error("the file has {bytes} bytes; images above {max} bytes are only linked", max = MAX_FILE_BYTES)]
@@ -152,30 +155,55 @@ impl Inliner {
         }
     }
 
-    /// The image file `relative` (to the results folder `root`, a host
-    /// folder), fitted into `max_bytes` by `deadline`: the one entry point
-    /// for anything that shows an image inline. A single image takes
-    /// `results.inline_image_max_bytes` and now + [`DEADLINE`]; a run's
-    /// images share theirs ([`Inliner::run`]).
+    /// The image file `path` (under `/app/results`, absolute or relative)
+    /// in the results folder `root` (a host folder), fitted into `max_bytes`
+    /// by `deadline`: the one entry point for anything that shows an image
+    /// file inline. A single image takes [`Inliner::max_bytes`] and now +
+    /// [`DEADLINE`]; a run's images share theirs ([`Inliner::run`]).
     pub async fn image(
         &self,
         root: &Path,
-        relative: &str,
+        path: &str,
         max_bytes: usize,
         deadline: Instant,
     ) -> Result<InlineImage, NotInlined> {
-        let segments = segments(relative).ok_or(NotInlined::Unreadable)?;
+        let path = ResultsPath::parse(path).map_err(|_| NotInlined::Unreadable)?;
+        let root = root.to_path_buf();
+        self.decode(max_bytes, deadline, move || opened(&root, &path)).await
+    }
+
+    /// As [`Inliner::image`], for an image file already opened safely
+    /// beneath a results folder ([`sandbox_actors::files::read`]).
+    pub async fn image_file(&self, file: File, max_bytes: usize, deadline: Instant) -> Result<InlineImage, NotInlined> {
+        self.decode(max_bytes, deadline, move || Ok(file)).await
+    }
+
+    /// The budget of a single image, `results.inline_image_max_bytes`.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Opens (`open`), reads and fits an image off the async runtime, once
+    /// one of the server's decoders is free.
+    async fn decode(
+        &self,
+        max_bytes: usize,
+        deadline: Instant,
+        open: impl FnOnce() -> Result<File, NotInlined> + Send + 'static,
+    ) -> Result<InlineImage, NotInlined> {
+        if !self.enabled {
+            return Err(NotInlined::Off);
+        }
         let at = tokio::time::Instant::from_std(deadline);
         let permit = tokio::time::timeout_at(at, self.decoders.clone().acquire_owned())
             .await
             .map_err(|_| NotInlined::Busy)?
             .expect("the semaphore is never closed");
-        let root = root.to_path_buf();
         // The permit goes with the work: a decode that outlives its deadline
         // still counts against the cap until it ends.
         let work = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            fit(&read(&root, &segments)?, max_bytes, deadline)
+            fit(&read(open()?)?, max_bytes, deadline)
         });
         match tokio::time::timeout_at(at, work).await {
             Err(_) => Err(NotInlined::Deadline),
@@ -208,10 +236,9 @@ impl Inliner {
             if out.content.len() == self.per_result || left == 0 || Instant::now() >= deadline {
                 break;
             }
-            let relative = relative(&path);
             let fitted = match kind(&path) {
                 Some(Kind::Svg) => Err(NotInlined::Svg),
-                _ => self.image(root, relative, left.min(self.max_bytes), deadline).await,
+                _ => self.image(root, &path, left.min(self.max_bytes), deadline).await,
             };
             out.notes.push(match fitted {
                 Ok(image) => {
@@ -242,10 +269,9 @@ impl Inliner {
     }
 }
 
-fn relative(path: &str) -> &str {
-    path.strip_prefix(RESULTS_IN_CONTAINER)
-        .unwrap_or(path)
-        .trim_start_matches('/')
+/// The regular file `path` beneath `root`, opened without following links.
+fn opened(root: &Path, path: &ResultsPath) -> Result<File, NotInlined> {
+    open_file(root, path).map(|(file, _)| file).map_err(|_| NotInlined::Unreadable)
 }
 
 /// `files` that are still regular files beneath `root`, most recently
@@ -254,8 +280,7 @@ fn newest_first(root: &Path, files: Vec<String>) -> Vec<String> {
     let mut dated: Vec<(SystemTime, String)> = files
         .into_iter()
         .filter_map(|f| {
-            let segments = segments(relative(&f))?;
-            let (file, _) = open_beneath(root, &segments).ok()?;
+            let file = opened(root, &ResultsPath::parse(&f).ok()?).ok()?;
             Some((file.metadata().ok()?.modified().ok()?, f))
         })
         .collect();
@@ -263,10 +288,9 @@ fn newest_first(root: &Path, files: Vec<String>) -> Vec<String> {
     dated.into_iter().map(|(_, f)| f).collect()
 }
 
-/// The file's bytes, if it is a regular file beneath `root` of at most
-/// [`MAX_FILE_BYTES`] (a FIFO or a link is refused by [`open_beneath`]).
-fn read(root: &Path, segments: &[String]) -> Result<Vec<u8>, NotInlined> {
-    let (file, len) = open_beneath(root, segments).map_err(|_| NotInlined::Unreadable)?;
+/// The bytes of an opened image file of at most [`MAX_FILE_BYTES`].
+fn read(file: File) -> Result<Vec<u8>, NotInlined> {
+    let len = file.metadata().map_err(|_| NotInlined::Unreadable)?.len();
     if len > MAX_FILE_BYTES {
         return Err(NotInlined::FileTooLarge { bytes: len });
     }
@@ -420,6 +444,8 @@ fn smallest(image: &DynamicImage) -> InlineImage {
 
 #[cfg(test)]
 mod tests {
+    use sandbox_actors::agent::RESULTS_IN_CONTAINER;
+
     use super::*;
 
     fn later() -> Instant {
@@ -717,6 +743,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_opened_image_is_fitted_like_a_named_one() {
+        let root = tempfile::tempdir().unwrap();
+        let file = write(root.path(), "wide.png", &png(&plot(3000, 1000)));
+        let inliner = inliner(3, 64 * 1024, 192 * 1024);
+        let opened = std::fs::File::open(root.path().join("wide.png")).unwrap();
+        let shown = inliner.image_file(opened, 64 * 1024, later()).await.unwrap();
+        let named = inliner.image(root.path(), &file, 64 * 1024, later()).await.unwrap();
+        assert_eq!(shown.data, named.data);
+        assert!(shown.data.len() <= 64 * 1024);
+        assert_eq!(shown.width, MAX_SIDE);
+        assert!((f64::from(shown.width) / f64::from(shown.height) - 3.0).abs() < 0.02);
+    }
+
+    #[tokio::test]
     async fn images_wait_for_a_decoder_until_their_deadline() {
         let root = tempfile::tempdir().unwrap();
         let file = write(root.path(), "a.png", &png(&plot(100, 100)));
@@ -728,11 +768,11 @@ mod tests {
             .await
             .unwrap();
         let soon = Instant::now() + Duration::from_millis(200);
-        let busy = inliner.image(root.path(), relative(&file), 64 * 1024, soon).await;
+        let busy = inliner.image(root.path(), &file, 64 * 1024, soon).await;
         assert_eq!(busy.unwrap_err(), NotInlined::Busy);
         drop(held);
         assert!(inliner
-            .image(root.path(), relative(&file), 64 * 1024, later())
+            .image(root.path(), &file, 64 * 1024, later())
             .await
             .is_ok());
     }
@@ -743,7 +783,7 @@ mod tests {
         let file = write(root.path(), "noise.png", &png(&noise(3000, 3000)));
         let inliner = inliner(3, 64 * 1024, 192 * 1024);
         let soon = Instant::now() + Duration::from_millis(1);
-        let late = inliner.image(root.path(), relative(&file), 64 * 1024, soon).await;
+        let late = inliner.image(root.path(), &file, 64 * 1024, soon).await;
         assert_eq!(late.unwrap_err(), NotInlined::Deadline);
         assert_eq!(inliner.decoders.available_permits(), DECODERS - 1, "still decoding");
         let freed = Instant::now() + Duration::from_secs(30);
@@ -761,7 +801,10 @@ mod tests {
             inline_images: false,
             ..ResultsConfig::default()
         });
-        let shown = off.run(root.path(), &[file]).await;
-        assert!(shown.content.is_empty() && shown.notes.is_empty());
+        let shown = off.run(root.path(), std::slice::from_ref(&file)).await;
+        assert!(shown.content.is_empty() && shown.notes.is_empty(), "a run says nothing when off");
+        let opened = std::fs::File::open(root.path().join("a.png")).unwrap();
+        assert_eq!(off.image_file(opened, 64 * 1024, later()).await.unwrap_err(), NotInlined::Off);
+        assert_eq!(off.image(root.path(), &file, 64 * 1024, later()).await.unwrap_err(), NotInlined::Off);
     }
 }

@@ -10,6 +10,7 @@ pub mod caller;
 pub mod client_ip;
 pub mod config;
 pub mod connections;
+pub mod files;
 pub mod guest;
 pub mod health;
 pub mod http;

@@ -11,18 +11,28 @@ use sandbox_actors::{CreateOptions, Progress, Quota, Ran, SandboxError, SandboxI
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ_BYTES};
+
 use crate::caller::Caller;
+use crate::files::{FileListing, Read, WriteResult};
 use crate::inline_images::{Inliner, RunImages};
 use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
-use crate::results::{CommandResult, CreatedSandbox, DeleteResult, InstallResult, PythonResult, UploadResult};
+use crate::results::{
+    CommandResult, CreatedSandbox, DeleteResult, InstallResult, PythonResult, ResetResult, UploadResult,
+};
 
 /// Largest `code` and `command` accepted.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// How long an install request waits before answering `installing`.
 const INSTALL_WAIT: Duration = Duration::from_secs(5);
+/// What `list_files` and `read_file` do unless asked otherwise: enough to
+/// see a folder's layout or a screenful of text, few tokens.
+pub const DEFAULT_LIST_DEPTH: u64 = 2;
+pub const DEFAULT_LIST_ENTRIES: u64 = 200;
+pub const DEFAULT_READ_BYTES: u64 = 16 * 1024;
 
 type Result<T> = std::result::Result<T, SandboxError>;
 
@@ -49,6 +59,14 @@ pub fn parse_id(raw: &str) -> Result<Uuid> {
             "sandbox_id {raw:?} is not a sandbox id; use the sandbox_id from create_sandbox or list_sandboxes"
         ))
     })
+}
+
+/// `value` (default `default`) when it lies in `1..=max`.
+fn in_range(what: &str, value: Option<u64>, default: u64, max: usize) -> Result<usize> {
+    match value.unwrap_or(default) {
+        v @ 1.. if v <= max as u64 => Ok(v as usize),
+        v => Err(SandboxError::InvalidArgument(format!("{what} is {v}; give 1 to {max}"))),
+    }
 }
 
 fn check_len(what: &str, value: &str, max: usize) -> Result<()> {
@@ -239,6 +257,93 @@ impl Ops {
                 .upload_bytes(caller.scope(), id, name, data, dest)
                 .await?;
             Ok(UploadResult::new(up, id))
+        })
+        .await
+    }
+
+    /// Lists a folder under `/app/results`, `depth` levels deep, at most
+    /// `max_entries` entries.
+    pub async fn list_files(
+        &self,
+        caller: &Caller,
+        raw_id: &str,
+        path: &str,
+        depth: Option<u64>,
+        max_entries: Option<u64>,
+    ) -> Result<FileListing> {
+        self.on_sandbox("list_files", raw_id, |id| async move {
+            let options = ListOptions {
+                depth: in_range("depth", depth, DEFAULT_LIST_DEPTH, MAX_LIST_DEPTH)?,
+                max_entries: in_range("max_entries", max_entries, DEFAULT_LIST_ENTRIES, MAX_LIST_ENTRIES)?,
+                files_only: false,
+            };
+            let folder = ResultsPath::parse(path)?;
+            let listing = self
+                .sandboxes
+                .list_files(caller.scope(), id, folder.clone(), options)
+                .await?;
+            Ok(FileListing::new(&folder, listing, &self.links, id))
+        })
+        .await
+    }
+
+    /// Reads a file under `/app/results`: text from `offset`, at most
+    /// `max_bytes` bytes and `max_lines` lines (0 or none: no line limit).
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        raw_id: &str,
+        path: &str,
+        offset: Option<u64>,
+        max_bytes: Option<u64>,
+        max_lines: Option<u64>,
+    ) -> Result<Read> {
+        self.on_sandbox("read_file", raw_id, |id| async move {
+            let window = Window {
+                offset: offset.unwrap_or(0),
+                max_bytes: in_range("max_bytes", max_bytes, DEFAULT_READ_BYTES, MAX_READ_BYTES)?,
+                max_lines: usize::try_from(max_lines.unwrap_or(0)).unwrap_or(usize::MAX),
+            };
+            let target = ResultsPath::parse(path)?;
+            let read = self.sandboxes.read_file(caller.scope(), id, target, window).await?;
+            Ok(Read::new(read, &self.links, id))
+        })
+        .await
+    }
+
+    /// Writes `content` as a file under `/app/results`, in turn with the
+    /// sandbox's other calls.
+    pub async fn write_file(&self, caller: &Caller, raw_id: &str, path: &str, content: String) -> Result<WriteResult> {
+        self.on_sandbox("write_file", raw_id, |id| async move {
+            let target = ResultsPath::parse(path)?;
+            let size = content.len() as u64;
+            let written = self
+                .sandboxes
+                .write_file(caller.scope(), id, target.clone(), content.into_bytes())
+                .await?;
+            Ok(WriteResult {
+                success: true,
+                link: self.links.artifact(id, &written.path),
+                message: format!("Wrote {size} bytes to {}", written.path),
+                path: written.path,
+                size,
+            })
+        })
+        .await
+    }
+
+    /// Gives the sandbox's Python a fresh namespace, in turn with its other calls.
+    pub async fn reset_python(&self, caller: &Caller, raw_id: &str) -> Result<ResetResult> {
+        self.on_sandbox("reset_python", raw_id, |id| async move {
+            let started = std::time::Instant::now();
+            let notice = self.sandboxes.reset_python(caller.scope(), id).await?;
+            Ok(ResetResult {
+                success: true,
+                message: "Python was reset: variables and imports are gone; files and installed packages are kept."
+                    .into(),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                notice,
+            })
         })
         .await
     }

@@ -148,13 +148,23 @@ pub struct UploadResult {
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
+pub struct ResetResult {
+    pub success: bool,
+    pub message: String,
+    pub duration_ms: f64,
+    /// Something that happened to the sandbox since your last call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
 pub struct DeleteResult {
     pub success: bool,
     pub sandbox_id: String,
     pub message: String,
 }
 
-fn rfc3339(t: time::OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: time::OffsetDateTime) -> String {
     t.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }

@@ -1,6 +1,7 @@
 //! The MCP tools. Each handler works out who is asking and hands its
 //! arguments to the shared operations ([`Ops`]); the domain's actors do the
-//! rest. Tool names and parameters are those of python-mcp-sandbox.
+//! rest. Seven tools keep the names and parameters of python-mcp-sandbox;
+//! `delete_sandbox`, the file tools and `reset_python` follow their ways.
 
 use std::future::Future;
 
@@ -16,10 +17,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::caller::Caller;
+use crate::files::{FileListing, ReadResult, WriteResult};
 use crate::ops::Ops;
 use crate::results::{
     failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult,
-    RunArtifacts, SandboxList, UploadResult,
+    ResetResult, RunArtifacts, SandboxList, UploadResult,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -81,6 +83,53 @@ pub struct UploadParams {
 
 fn default_dest() -> String {
     "/app/results".into()
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListFilesParams {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// A folder under /app/results, absolute or relative to it (default /app/results).
+    #[serde(default = "default_dest")]
+    pub path: String,
+    /// Folder levels to list: 1 for the folder's own entries (default 2, at most 16).
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub depth: Option<u64>,
+    /// Most entries returned (default 200, at most 1000).
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub max_entries: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFileParams {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// A file under /app/results, absolute or relative to it.
+    pub path: String,
+    /// Byte offset to start at (default 0); pass next_offset from the previous read to continue.
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub offset: Option<u64>,
+    /// Most bytes of text returned (default 16384, at most 262144).
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub max_bytes: Option<u64>,
+    /// Stop after this many lines (default: no line limit).
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub max_lines: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFileParams {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// The file to write under /app/results, absolute or relative to it; missing folders are made.
+    pub path: String,
+    /// The text to write (UTF-8, at most 1 MiB); an existing file is replaced.
+    pub content: String,
 }
 
 #[derive(Clone)]
@@ -309,6 +358,86 @@ impl SandboxServer {
     }
 
     #[tool(
+        description = "List files and folders under /app/results in a sandbox, with size, modified time and a download \
+            link per file. Links are shown as links and never followed. Then read one with read_file.",
+        output_schema = schema_for_output::<FileListing>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_files(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<ListFilesParams>,
+    ) -> CallToolResult {
+        reply(
+            self.ops
+                .list_files(&self.caller(&ctx), &p.sandbox_id, &p.path, p.depth, p.max_entries)
+                .await,
+        )
+    }
+
+    #[tool(
+        description = "Read a file under /app/results in a sandbox. Text comes in windows: a file larger than one window \
+            also shows its last lines (tail); pass next_offset as offset to read on. An image comes back as an image, \
+            downscaled to a byte budget, next to its download link; other binary files as a link with size and type.",
+        output_schema = schema_for_output::<ReadResult>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn read_file(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<ReadFileParams>,
+    ) -> CallToolResult {
+        let read = self
+            .ops
+            .read_file(
+                &self.caller(&ctx),
+                &p.sandbox_id,
+                &p.path,
+                p.offset,
+                p.max_bytes,
+                p.max_lines,
+            )
+            .await;
+        match read {
+            Ok(read) => read.into_tool_result(&self.ops.images).await,
+            Err(e) => failure(&e),
+        }
+    }
+
+    #[tool(
+        description = "Write text to a file under /app/results in a sandbox, making missing folders and replacing an \
+            existing file. It runs in turn with the sandbox's other calls: code sent afterwards sees the file.",
+        output_schema = schema_for_output::<WriteResult>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn write_file(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<WriteFileParams>,
+    ) -> CallToolResult {
+        reply(
+            self.ops
+                .write_file(&self.caller(&ctx), &p.sandbox_id, &p.path, p.content)
+                .await,
+        )
+    }
+
+    #[tool(
+        description = "Give a sandbox a fresh Python namespace: variables and imports are forgotten, files in \
+            /app/results and installed packages are kept. Takes milliseconds; use it to start over instead of \
+            creating a new sandbox.",
+        output_schema = schema_for_output::<ResetResult>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn reset_python(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<SandboxParams>,
+    ) -> CallToolResult {
+        reply(self.ops.reset_python(&self.caller(&ctx), &p.sandbox_id).await)
+    }
+
+    #[tool(
         description = "Delete a sandbox: its container, installed packages and files are removed for good.",
         output_schema = schema_for_output::<DeleteResult>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -334,7 +463,8 @@ impl ServerHandler for SandboxServer {
         info.instructions = Some(
             "Isolated Python sandboxes. Workflow: list_sandboxes -> create_sandbox if you have none -> \
              install_package_in_sandbox -> check_package_installation_status -> execute_python_code. \
-             Files written to /app/results come back as download links; images also inline."
+             Files written to /app/results come back as download links, images also inline; list_files, \
+             read_file and write_file work on them, and reset_python starts Python over."
                 .into(),
         );
         info

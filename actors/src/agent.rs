@@ -44,6 +44,9 @@ enum Request<'a> {
     Packages {
         id: u64,
     },
+    Reset {
+        id: u64,
+    },
     Ping {
         id: u64,
     },
@@ -140,6 +143,10 @@ pub enum AgentError {
     /// The agent still runs the request of an earlier connection.
     #[error("the agent is busy")]
     Busy,
+    /// The agent does not know the operation: it is older than the server
+    /// (a sandbox made from an earlier image and adopted since).
+    #[error("the agent does not know this operation ({0})")]
+    Unsupported(String),
 }
 
 /// One connection to an agent. A request is sent and its answer read by the
@@ -274,10 +281,20 @@ impl AgentClient {
         Ok(packages)
     }
 
+    /// Replaces the Python worker: a fresh namespace, files and packages kept.
+    pub async fn reset(&mut self) -> Result<(), AgentError> {
+        self.command(|id| Request::Reset { id }).await
+    }
+
     /// Asks the agent whether it is there (callers bound the wait).
     pub async fn ping(&mut self) -> Result<(), AgentError> {
+        self.command(|id| Request::Ping { id }).await
+    }
+
+    /// Sends a request that carries only its id, answered by a bare `result`.
+    async fn command(&mut self, request: fn(u64) -> Request<'static>) -> Result<(), AgentError> {
         let id = self.take_id();
-        self.send(&Request::Ping { id }).await?;
+        self.send(&request(id)).await?;
         match self.receive(id).await? {
             reply if reply.kind == "result" => Ok(()),
             reply => Err(reply_error(reply)),
@@ -342,6 +359,7 @@ impl AgentClient {
 fn reply_error(reply: Reply) -> AgentError {
     match reply.error.as_deref() {
         Some("busy") => AgentError::Busy,
+        Some(e) if e.starts_with("unknown op") => AgentError::Unsupported(e.to_string()),
         Some(e) => AgentError::Protocol(e.to_string()),
         None => AgentError::Protocol(format!("unexpected reply type {:?}", reply.kind)),
     }
@@ -413,6 +431,24 @@ mod tests {
         assert!(!client.is_closed());
         drop(b);
         assert!(client.is_closed());
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_an_operation_says_so() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut client = AgentClient::from_stream(a, 1024);
+        tokio::spawn(async move {
+            // What an older agent answers to an operation it does not know.
+            let (r, mut w) = b.into_split();
+            let mut lines = BufReader::new(r).lines();
+            let line = lines.next_line().await.unwrap().unwrap();
+            let req: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let reply =
+                serde_json::json!({"id": req["id"], "type": "error", "error": format!("unknown op {:?}", req["op"])});
+            w.write_all(format!("{reply}\n").as_bytes()).await.unwrap();
+        });
+        let err = client.reset().await.unwrap_err();
+        assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
     }
 
     #[test]

@@ -9,6 +9,9 @@ pub enum SandboxError {
     NotFound(Uuid),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A file tool's path or file was refused; the message says why.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("upload refused: {0}")]
     UploadRefused(String),
     /// A limit was reached; the message says which and what to do.
@@ -24,6 +27,10 @@ pub enum SandboxError {
     /// The sandbox went away while the call waited or ran.
     #[error("sandbox {id} {why}, so this call was ended. Create a new sandbox with create_sandbox.")]
     Ended { id: Uuid, why: String },
+    /// The sandbox's agent is older than the server (a sandbox made from an
+    /// earlier image and adopted since) and lacks an operation.
+    #[error("sandbox {id} runs an older agent that cannot {what}; nothing was changed. A sandbox made now with create_sandbox has the current agent.")]
+    Outdated { id: Uuid, what: &'static str },
     #[error("sandbox image: {0}")]
     Image(String),
     /// A sandbox's capped file systems could not be made or mounted.
@@ -41,12 +48,14 @@ impl SandboxError {
         match self {
             SandboxError::NotFound(_) => "not_found",
             SandboxError::InvalidArgument(_) => "invalid_argument",
+            SandboxError::File(_) => "file",
             SandboxError::UploadRefused(_) => "upload_refused",
             SandboxError::Quota(_) => "quota",
             SandboxError::Docker(_) => "docker",
             SandboxError::Agent(_) => "agent",
             SandboxError::Unresponsive { .. } => "unresponsive",
             SandboxError::Ended { .. } => "ended",
+            SandboxError::Outdated { .. } => "outdated",
             SandboxError::Image(_) => "image",
             SandboxError::Disk(_) => "disk",
             SandboxError::Store(_) => "store",

@@ -19,6 +19,7 @@ pub enum CallKind {
     Install,
     Upload,
     Restart,
+    ResetPython,
 }
 
 /// One call, as the history shows it.

@@ -8,6 +8,7 @@ pub mod config;
 pub mod context;
 pub mod egress;
 pub mod error;
+pub mod files;
 pub mod history;
 pub mod host;
 mod install;

@@ -145,8 +145,7 @@ impl Link {
     ) -> Result<Ran> {
         let cap = self.ctx.settings.sandbox.output_cap_bytes;
         let mut notices: Vec<String> = Vec::new();
-        let mut resent = false;
-        let busy_until = tokio::time::Instant::now() + BUSY_WAIT;
+        let mut retry = Retry::new();
         let retired = self.retirement.token.clone();
         self.wake().await?;
         loop {
@@ -184,35 +183,74 @@ impl Link {
                         notice: join(notices),
                     });
                 }
-                Ok(Err(AgentError::Send(e))) if !resent => {
-                    // Nothing reached the agent: reconnect (restarting the
-                    // container if it died) and send the same run once more.
-                    info!(sandbox = %self.paths.id, error = %e, "agent connection lost; reconnecting");
-                    self.drop_client();
-                    resent = true;
-                }
-                Ok(Err(AgentError::Busy)) if tokio::time::Instant::now() < busy_until => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                Ok(Err(e)) if retry.allows(&e) => retry.prepare(self, e).await,
                 Ok(Err(AgentError::Receive(e))) => {
                     warn!(sandbox = %self.paths.id, error = %e, "the sandbox stopped during a run");
                     self.drop_client();
                     return self.died_during_run(notices).await;
                 }
-                Ok(Err(e)) => {
-                    self.drop_client();
-                    return Err(SandboxError::Agent(e.to_string()));
-                }
+                Ok(Err(e)) => return Err(self.agent_failed(e)),
                 Err(_elapsed) => {
-                    warn!(sandbox = %self.paths.id, "agent unresponsive past its timeout; restarting the container");
-                    self.restart_unresponsive().await;
-                    return Err(SandboxError::Unresponsive {
-                        id: self.paths.id,
-                        what: "the run did not end when its timeout and grace were over",
-                        seconds: (timeout + WATCHDOG_SLACK).as_secs(),
-                    });
+                    let what = "the run did not end when its timeout and grace were over";
+                    return Err(self.missed_deadline(what, timeout + WATCHDOG_SLACK).await);
                 }
             }
+        }
+    }
+
+    /// Gives the sandbox a fresh Python namespace: the agent replaces its
+    /// worker, and files, packages and the container stay. Answers with what
+    /// had to be done to reach the agent, for the caller.
+    pub async fn reset_python(&mut self) -> Result<Option<String>> {
+        let mut notices: Vec<String> = Vec::new();
+        let mut retry = Retry::new();
+        let retired = self.retirement.token.clone();
+        self.wake().await?;
+        loop {
+            if let Some(n) = self.connect().await? {
+                notices.push(n);
+            }
+            let client = self.client.as_mut().expect("connected");
+            let reset = tokio::select! {
+                r = tokio::time::timeout(AGENT_QUERY, client.reset()) => r,
+                _ = retired.cancelled() => {
+                    self.drop_client();
+                    return Err(self.retirement.error(self.paths.id));
+                }
+            };
+            match reset {
+                Ok(Ok(())) => {
+                    self.connected_before = true;
+                    return Ok(join(notices));
+                }
+                Ok(Err(e)) if retry.allows(&e) => retry.prepare(self, e).await,
+                Ok(Err(AgentError::Unsupported(_))) => {
+                    return Err(SandboxError::Outdated {
+                        id: self.paths.id,
+                        what: "reset Python",
+                    })
+                }
+                Ok(Err(e)) => return Err(self.agent_failed(e)),
+                Err(_elapsed) => return Err(self.missed_deadline("resetting Python", AGENT_QUERY).await),
+            }
+        }
+    }
+
+    /// The error of an agent that broke the protocol; the connection is dropped.
+    fn agent_failed(&mut self, e: AgentError) -> SandboxError {
+        self.drop_client();
+        SandboxError::Agent(e.to_string())
+    }
+
+    /// Restarts the container of an agent that missed a deadline of
+    /// `allowed` while doing `what`, and says so.
+    async fn missed_deadline(&mut self, what: &'static str, allowed: Duration) -> SandboxError {
+        warn!(sandbox = %self.paths.id, what, "agent unresponsive past its deadline; restarting the container");
+        self.restart_unresponsive().await;
+        SandboxError::Unresponsive {
+            id: self.paths.id,
+            what,
+            seconds: allowed.as_secs(),
         }
     }
 
@@ -394,6 +432,44 @@ impl Link {
                 })
             }
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// When a request the agent did not take is sent again: once after the
+/// connection was found lost (nothing reached the agent: reconnecting
+/// restarts the container if it died), and for [`BUSY_WAIT`] while the agent
+/// still finishes an abandoned run.
+struct Retry {
+    resent: bool,
+    busy_until: tokio::time::Instant,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Self {
+            resent: false,
+            busy_until: tokio::time::Instant::now() + BUSY_WAIT,
+        }
+    }
+
+    fn allows(&self, e: &AgentError) -> bool {
+        match e {
+            AgentError::Send(_) => !self.resent,
+            AgentError::Busy => tokio::time::Instant::now() < self.busy_until,
+            _ => false,
+        }
+    }
+
+    /// Readies `link` to send again after `e`, which [`Retry::allows`].
+    async fn prepare(&mut self, link: &mut Link, e: AgentError) {
+        match e {
+            AgentError::Send(e) => {
+                info!(sandbox = %link.paths.id, error = %e, "agent connection lost; reconnecting");
+                link.drop_client();
+                self.resent = true;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
 }

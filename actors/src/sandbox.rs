@@ -1,10 +1,11 @@
 //! The sandbox actor: one per sandbox, owner of its container.
 //!
-//! Runs, installs, uploads and restarts are queued and carried out strictly
-//! in arrival order, each in a task (or the install-task actor) that holds
-//! the sandbox's [`Link`] while it works; the actor itself only queues and
-//! answers, so queries (info, install status) never wait behind a long run,
-//! and no sandbox ever waits on another.
+//! Runs, installs, uploads (file writes among them), Python resets and
+//! restarts are queued and carried out strictly in arrival order, each in a
+//! task (or the install-task actor) that holds the sandbox's [`Link`] while
+//! it works; the actor itself only queues and answers, so queries (info,
+//! install status) never wait behind a long run, and no sandbox ever waits
+//! on another.
 //!
 //! Deleting and expiring never wait on the sandbox: the link is retired (the
 //! job in flight ends at once with the reason), queued calls are answered,
@@ -26,6 +27,7 @@ use uuid::Uuid;
 use crate::agent::{Package, Progress, Work};
 use crate::context::{Context, Counters};
 use crate::error::{Result, SandboxError};
+use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord, History};
 use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran, Retirement};
@@ -138,6 +140,11 @@ pub enum SandboxMsg {
     Restart {
         reply: RpcReplyPort<Result<()>>,
     },
+    /// Gives Python a fresh namespace (files, packages and the container
+    /// stay), in turn with the other calls; answers with a notice, if any.
+    ResetPython {
+        reply: RpcReplyPort<Result<Option<String>>>,
+    },
     Delete {
         reply: RpcReplyPort<Result<()>>,
     },
@@ -201,6 +208,9 @@ enum Job {
     Restart {
         reply: RpcReplyPort<Result<()>>,
     },
+    ResetPython {
+        reply: RpcReplyPort<Result<Option<String>>>,
+    },
     /// Restarts a container that missed a deadline.
     Recover,
     /// Brings back a container that died while the sandbox was idle.
@@ -218,6 +228,9 @@ impl Job {
                 let _ = reply.send(Err(error));
             }
             Job::Restart { reply } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::ResetPython { reply } => {
                 let _ = reply.send(Err(error));
             }
             Job::Install { .. } | Job::Recover | Job::Revive => {}
@@ -416,6 +429,12 @@ impl Actor for SandboxActor {
             },
             SandboxMsg::Restart { reply } => match admit(state) {
                 Ok(()) => state.queue.push_back(Job::Restart { reply }),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            SandboxMsg::ResetPython { reply } => match admit(state) {
+                Ok(()) => state.queue.push_back(Job::ResetPython { reply }),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
@@ -706,6 +725,16 @@ impl SandboxActor {
                         let _ = reply.send(result);
                     });
                 }
+                Job::ResetPython { reply } => {
+                    let notice = state.notice.take();
+                    spawn_job(me.clone(), async move {
+                        let started = OffsetDateTime::now_utc();
+                        let result = link.reset_python().await.map(|n| join_notices(notice, n));
+                        let call = outcome_record(started, CallKind::ResetPython, "reset_python", &result, "reset");
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
+                    });
+                }
                 Job::Recover => {
                     state.restarting = true;
                     spawn_job(me.clone(), async move {
@@ -933,6 +962,13 @@ fn outcome_record<T>(
 }
 
 async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Uploaded> {
+    if let UploadSource::Bytes { name, .. } = &source {
+        let target = ResultsPath::parse(&format!("{dest}/{name}"))?;
+        files::bounded(link.paths.results.clone(), "checking the path", move |root| {
+            files::check_writable(root, &target)
+        })
+        .await?;
+    }
     let (tar, name) = tokio::task::spawn_blocking(move || uploads::pack(source))
         .await
         .map_err(|e| SandboxError::Internal(e.to_string()))??;

@@ -1,7 +1,8 @@
 //! [`Sandboxes`]: the face of the domain that the front end calls. Each
 //! method checks who asks, finds the sandbox's actor and sends it a message;
 //! only creation, start-up reconciliation and the reading of CPU and memory
-//! figures talk to the runtime directly.
+//! figures talk to the runtime directly, and only the file tools' reads
+//! (bounded, see [`crate::files`]) touch a sandbox's results folder.
 //!
 //! Every question to an actor (info, history, install status, usage) has a
 //! deadline, so no sandbox can stall a listing, the metrics or the UI, and
@@ -9,7 +10,8 @@
 //! midway leaves no container that nobody counts.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +28,7 @@ use crate::config::EgressPolicy;
 use crate::context::{Context, Counters, Settings};
 use crate::egress::Egress;
 use crate::error::{Result, SandboxError};
+use crate::files::{self, FileError, FileRead, ListOptions, Listing, ResultsPath, Window, MAX_WRITE_BYTES};
 use crate::history::CallRecord;
 use crate::host::{self, Resources};
 use crate::link::Ran;
@@ -305,10 +308,91 @@ impl Sandboxes {
     }
 
     /// The host folder holding a sandbox's `/app/results` (a signed link
-    /// proves access with [`Scope::Everyone`]).
-    pub fn results_dir<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<std::path::PathBuf> {
+    /// proves access with [`Scope::Everyone`]), for whoever opens files in
+    /// it through [`files`] (the inline images).
+    pub fn results_dir<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<PathBuf> {
         self.actor(scope.into(), id)?;
         Ok(self.ctx.paths(id).results)
+    }
+
+    /// Runs `op` on the host folder holding a sandbox's `/app/results`, off
+    /// the async threads and within a deadline ([`files::bounded`]).
+    async fn on_results<T: Send + 'static>(
+        &self,
+        scope: Scope<'_>,
+        id: Uuid,
+        what: &str,
+        op: impl FnOnce(&Path) -> std::result::Result<T, FileError> + Send + 'static,
+    ) -> Result<T> {
+        Ok(files::bounded(self.results_dir(scope, id)?, what, op).await?)
+    }
+
+    /// Opens a regular file under `/app/results` for serving.
+    pub async fn open_file<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid, path: ResultsPath) -> Result<(File, u64)> {
+        self.on_results(scope.into(), id, "opening the file", move |root| {
+            files::open_file(root, &path)
+        })
+        .await
+    }
+
+    /// Lists a folder under `/app/results`.
+    pub async fn list_files<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        path: ResultsPath,
+        options: ListOptions,
+    ) -> Result<Listing> {
+        self.on_results(scope.into(), id, "listing the folder", move |root| {
+            files::list(root, &path, options)
+        })
+        .await
+    }
+
+    /// Reads a window of a text file under `/app/results`, or says what
+    /// kind of file it is.
+    pub async fn read_file<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        path: ResultsPath,
+        window: Window,
+    ) -> Result<FileRead> {
+        self.on_results(scope.into(), id, "reading the file", move |root| {
+            files::read(root, &path, window)
+        })
+        .await
+    }
+
+    /// Writes `data` as the file `path` under `/app/results` (its folders
+    /// are made), in turn with the sandbox's other calls: it is queued as an
+    /// upload before this first awaits, so code sent afterwards sees it.
+    pub async fn write_file<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        path: ResultsPath,
+        data: Vec<u8>,
+    ) -> Result<Uploaded> {
+        let scope = scope.into();
+        self.actor(scope, id)?;
+        let name = path.name().ok_or_else(|| FileError::IsFolder(path.absolute()))?;
+        let name = uploads::check_file_name(name).map_err(|_| {
+            SandboxError::InvalidArgument(format!(
+                "{name:?} is not a file name: at most 255 bytes, no control characters"
+            ))
+        })?;
+        if data.len() > MAX_WRITE_BYTES {
+            return Err(FileError::TooLarge {
+                what: "the content".into(),
+                size: data.len(),
+                max: MAX_WRITE_BYTES,
+            }
+            .into());
+        }
+        let dest = path.parent().absolute();
+        self.send_upload(scope, id, UploadSource::Bytes { name, data }, &dest)
+            .await
     }
 
     /// Counts `owner`'s sandboxes (and those being created) against `quota`
@@ -533,6 +617,13 @@ impl Sandboxes {
     async fn send_upload(&self, scope: Scope<'_>, id: Uuid, source: UploadSource, dest: &str) -> Result<Uploaded> {
         let dest = uploads::resolve_dest(dest)?;
         self.ask(scope, id, None, |reply| SandboxMsg::Upload { source, dest, reply })
+            .await?
+    }
+
+    /// Gives the sandbox's Python a fresh namespace in turn with its other
+    /// calls (files and packages stay); answers with a notice, if any.
+    pub async fn reset_python<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Option<String>> {
+        self.ask(scope.into(), id, None, |reply| SandboxMsg::ResetPython { reply })
             .await?
     }
 

@@ -1,8 +1,9 @@
 """Images inline, on a budget, with the Python MCP SDK 2.3.0 against the real
 server: plots come back as image items next to their links, downscaled to
-fit, and hostile image files (a 20,000 x 20,000 PNG, a truncated PNG, a
-decompression bomb, a sparse 1 GiB file, a FIFO, a link) are only linked
-while the run succeeds and the server keeps answering."""
+fit, from a run and from read_file, and hostile image files (a 20,000 x
+20,000 PNG, a truncated PNG, a decompression bomb, a sparse 1 GiB file, a
+FIFO, a link) are only linked, with the reason, while the run succeeds and
+the server keeps answering."""
 
 import asyncio
 import base64
@@ -104,6 +105,19 @@ def test_plots_come_back_inline_within_the_budget_next_to_their_links(server):
             status, _, body = get(out["file_links"][0])
             assert status == 200 and len(body) == int(out["stdout"])
 
+            # read_file shows it the same way: its link, then the image.
+            r = await call(c, "read_file", sandbox_id=sid, path="/app/results/large.png")
+            read = r.structured_content
+            assert read["type"] == "image" and read["mime_type"] == "image/png" and read["size"] == len(body)
+            assert [b.type for b in r.content] == ["text", "resource_link", "image"]
+            [link] = links(r)
+            assert link.uri == read["link"] == out["file_links"][0] and link.name == "large.png"
+            [item] = images(r)
+            assert len(base64.b64decode(item.data)) <= MAX_BYTES
+            rw, rh = await decoded_size(c, sid, item)
+            assert rw <= 1568 and abs(rw / rh - 2.0) < 0.02, (rw, rh)
+            assert read["image"] == {"path": "/app/results/large.png", "inline": True, "width": rw, "height": rh}
+
             # Five plots in one run: the newest three, within the result's budget.
             code = (
                 "import time\n"
@@ -187,6 +201,18 @@ def test_hostile_images_are_only_linked_and_the_server_keeps_answering(server):
             assert status == 200
             status, _, body = get(out["file_links"][out["files"].index("/app/results/truncated.png")])
             assert status == 200 and body[:8] == b"\x89PNG\r\n\x1a\n"
+
+            # read_file links them with the same reasons, and shows no image.
+            for name, why in (("huge.png", "more than 10000 px"), ("truncated.png", "does not decode"), ("bomb.png", "more than 64 MiB")):
+                t = time.monotonic()
+                r = await call(c, "read_file", sandbox_id=sid, path=name)
+                read = r.structured_content
+                assert time.monotonic() - t < 10, name
+                assert [b.type for b in r.content] == ["text", "resource_link"], (name, r.content)
+                assert read["type"] == "image" and read["mime_type"] == "image/png" and read["link"] == links(r)[0].uri
+                note = read["image"]
+                assert not note["inline"] and why in note["reason"] and why in read["message"], (name, read)
+                assert note["reason"] == reasons[name]
             await call(c, "delete_sandbox", sandbox_id=sid)
 
     run(go())
@@ -209,6 +235,10 @@ def test_inline_images_can_be_turned_off():
                 assert r.structured_content["files"] == ["/app/results/dot.png"]
                 assert len(links(r)) == 1 and images(r) == []
                 assert "images" not in r.structured_content
+                r = await call(c, "read_file", sandbox_id=sid, path="dot.png")
+                assert [b.type for b in r.content] == ["text", "resource_link"]
+                note = r.structured_content["image"]
+                assert not note["inline"] and "results.inline_images" in note["reason"], note
                 await call(c, "delete_sandbox", sandbox_id=sid)
 
         run(go())

@@ -23,6 +23,10 @@ TOOLS = {
     "execute_terminal_command",
     "upload_file_to_sandbox",
     "delete_sandbox",
+    "list_files",
+    "read_file",
+    "write_file",
+    "reset_python",
 }
 
 
@@ -82,6 +86,10 @@ def test_tools_are_listed_with_schemas_and_annotations(server):
                 assert t.input_schema["type"] == "object" and t.output_schema["type"] == "object", t.name
                 assert t.description
             assert tools["list_sandboxes"].annotations.read_only_hint is True
+            assert tools["list_files"].annotations.read_only_hint is True
+            assert tools["read_file"].annotations.read_only_hint is True
+            assert tools["write_file"].annotations.read_only_hint is False
+            assert tools["reset_python"].annotations.read_only_hint is False
             assert tools["delete_sandbox"].annotations.destructive_hint is True
             assert set(tools["execute_python_code"].input_schema["required"]) == {"sandbox_id", "code"}
             assert set(tools["upload_file_to_sandbox"].input_schema["properties"]) == {"sandbox_id", "local_file_path", "dest_path"}

@@ -100,6 +100,10 @@ def test_tenants_cannot_touch_each_other(server):
                 ("install_package_in_sandbox", {"package_name": "six"}),
                 ("check_package_installation_status", {"package_name": "six"}),
                 ("upload_file_to_sandbox", {"local_file_path": str(server.uploads / "x")}),
+                ("list_files", {}),
+                ("read_file", {"path": "secret.txt"}),
+                ("write_file", {"path": "secret.txt", "content": "bob was here"}),
+                ("reset_python", {}),
                 ("delete_sandbox", {}),
             ]:
                 r = await b.call_tool(tool, {"sandbox_id": sid, **args})
@@ -125,6 +129,7 @@ def test_tenants_cannot_touch_each_other(server):
             time.sleep(4.5)
             assert get(link)[0] == 403, "links expire"
             assert (await ok(a, "list_sandboxes"))["sandboxes"][0]["sandbox_id"] == sid, "alice is unaffected"
+            assert (await ok(a, "read_file", sandbox_id=sid, path="secret.txt"))["content"] == "alice-data"
             await ok(a, "delete_sandbox", sandbox_id=sid)
 
     asyncio.run(go())

@@ -1,0 +1,236 @@
+//! What the file tools return (`list_files`, `read_file`, `write_file`):
+//! one typed struct per tool, paths absolute in the sandbox, each file with
+//! its download link, and how a read is presented to the model.
+
+use std::fs::File;
+use std::time::{Instant, SystemTime};
+
+use rmcp::model::CallToolResult;
+use sandbox_actors::agent::RESULTS_IN_CONTAINER;
+use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
+use schemars::JsonSchema;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
+use crate::links::Links;
+use crate::results::{rfc3339, success};
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct FileListing {
+    /// The folder listed, absolute in the sandbox.
+    pub path: String,
+    /// Sorted by path; the shallowest entries first when cut.
+    pub entries: Vec<ListedEntry>,
+    /// More entries exist than were listed: list a subfolder, or raise max_entries.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListedEntry {
+    /// Absolute in the sandbox; pass it to read_file.
+    pub path: String,
+    /// file, folder, link (never followed) or other (a FIFO, socket or device).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// In bytes (0 for a folder).
+    pub size: u64,
+    /// RFC 3339, UTC.
+    pub modified: String,
+    /// Download link (files only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+}
+
+impl FileListing {
+    pub fn new(folder: &ResultsPath, listing: Listing, links: &Links, sandbox: Uuid) -> Self {
+        let entries = listing
+            .entries
+            .into_iter()
+            .map(|e| {
+                let path = format!("{RESULTS_IN_CONTAINER}/{}", e.path);
+                let kind = match e.kind {
+                    EntryKind::File => "file",
+                    EntryKind::Folder => "folder",
+                    EntryKind::Link => "link",
+                    EntryKind::Other => "other",
+                };
+                ListedEntry {
+                    link: (e.kind == EntryKind::File).then(|| links.artifact(sandbox, &path)),
+                    path,
+                    kind: kind.into(),
+                    size: e.size,
+                    modified: modified(e.modified),
+                }
+            })
+            .collect();
+        Self {
+            path: folder.absolute(),
+            entries,
+            truncated: listing.truncated,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReadResult {
+    /// Absolute in the sandbox.
+    pub path: String,
+    /// text, image or binary.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Of the whole file, in bytes.
+    pub size: u64,
+    /// RFC 3339, UTC.
+    pub modified: String,
+    pub mime_type: String,
+    /// Download link of the whole file.
+    pub link: String,
+    /// The text from `offset` (text files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Byte offset where `content` starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// Pass as `offset` to read on; absent once the end is reached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// The file's last lines, on a first read of a file larger than one window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tail: Option<String>,
+    /// How to see a file that is not text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// An image: whether it follows as an `image` item (after the link), at
+    /// what size, or why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageNote>,
+}
+
+/// A read, ready to present: an image keeps its opened file.
+pub struct Read {
+    result: ReadResult,
+    image: Option<File>,
+}
+
+impl Read {
+    pub fn new(read: FileRead, links: &Links, sandbox: Uuid) -> Self {
+        let path = read.path.absolute();
+        let by_name = mime_guess::from_path(&path).first().map(|m| m.to_string());
+        let mut result = ReadResult {
+            link: links.artifact(sandbox, &path),
+            path,
+            kind: String::new(),
+            size: read.size,
+            modified: modified(read.modified),
+            mime_type: String::new(),
+            content: None,
+            offset: None,
+            next_offset: None,
+            tail: None,
+            message: None,
+            image: None,
+        };
+        let image = match read.content {
+            Content::Text(w) => {
+                result.kind = "text".into();
+                result.mime_type = by_name.unwrap_or_else(|| "text/plain".into());
+                result.content = Some(w.text);
+                result.offset = Some(w.offset);
+                result.next_offset = w.next_offset;
+                result.tail = w.tail;
+                None
+            }
+            Content::Image { mime, file } => {
+                result.kind = "image".into();
+                result.mime_type = mime.into();
+                Some(file)
+            }
+            Content::Binary => {
+                result.kind = "binary".into();
+                result.mime_type = by_name.unwrap_or_else(|| "application/octet-stream".into());
+                result.message =
+                    Some("A binary file: download it from link, or read it with execute_python_code.".into());
+                None
+            }
+        };
+        Self { result, image }
+    }
+
+    /// The tool result; an image is shown inline by `images`, on the budget
+    /// of a run's single image.
+    pub async fn into_tool_result(self, images: &Inliner) -> CallToolResult {
+        match self.image {
+            Some(file) => image_result(self.result, file, images).await,
+            None if self.result.kind == "text" => success(&self.result, None, vec![]),
+            None => {
+                let link = resource_link(&self.result);
+                success(&self.result, None, vec![link])
+            }
+        }
+    }
+}
+
+/// The one place an image read becomes a tool result: its link, size and
+/// type, then the image itself as an `image` item when it fits
+/// `results.inline_image_max_bytes` in time (`file` is opened safely
+/// beneath the sandbox's folder); otherwise the link alone, with the reason.
+async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
+    let deadline = Instant::now() + inline_images::DEADLINE;
+    let shown = match result.mime_type.as_str() {
+        "image/svg+xml" => Err(NotInlined::Svg),
+        _ => images.image_file(file, images.max_bytes(), deadline).await,
+    };
+    let link = resource_link(&result);
+    let (note, item) = match shown {
+        Ok(image) => {
+            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: true,
+                width: Some(image.width),
+                height: Some(image.height),
+                reason: None,
+            };
+            (note, Some(image.into_content()))
+        }
+        Err(why) => {
+            tracing::debug!(path = result.path, reason = %why, "image not inlined");
+            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: false,
+                width: None,
+                height: None,
+                reason: Some(why.to_string()),
+            };
+            (note, None)
+        }
+    };
+    result.image = Some(note);
+    let mut reply = success(&result, None, vec![link]);
+    reply.content.extend(item);
+    reply
+}
+
+/// The `resource_link` item of a read file: its URL and name.
+fn resource_link(result: &ReadResult) -> (String, String) {
+    let name = result.path.rsplit('/').next().unwrap_or(&result.path).to_string();
+    (result.link.clone(), name)
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WriteResult {
+    pub success: bool,
+    /// Absolute in the sandbox.
+    pub path: String,
+    /// Bytes written.
+    pub size: u64,
+    /// Download link.
+    pub link: String,
+    pub message: String,
+}
+
+fn modified(t: SystemTime) -> String {
+    rfc3339(time::OffsetDateTime::from(t))
+}
