@@ -51,6 +51,12 @@ pub const DEADLINE: Duration = Duration::from_secs(5);
 /// caller stopped waiting.
 const DECODERS: usize = 2;
 const JPEG_QUALITY: u8 = 80;
+/// What a JPEG's decode takes against its output pixels: the pixels and
+/// 2 bytes of coefficients per pixel and component (4 for CMYK).
+const JPEG_DECODE_FACTOR: u64 = 4;
+/// Longest wait for a free decoder: a tenant keeping both busy delays the
+/// others' results by at most this, never by the whole deadline.
+const DECODER_WAIT: Duration = Duration::from_secs(1);
 
 /// Why an image is not shown inline (its link still serves the file).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,7 +201,8 @@ impl Inliner {
             return Err(NotInlined::Off);
         }
         let at = tokio::time::Instant::from_std(deadline);
-        let permit = tokio::time::timeout_at(at, self.decoders.clone().acquire_owned())
+        let wait = at.min(tokio::time::Instant::now() + DECODER_WAIT);
+        let permit = tokio::time::timeout_at(wait, self.decoders.clone().acquire_owned())
             .await
             .map_err(|_| NotInlined::Busy)?
             .expect("the semaphore is never closed");
@@ -348,8 +355,18 @@ pub fn fit(bytes: &[u8], max_bytes: usize, deadline: Instant) -> Result<InlineIm
     // Reads the header only, and refuses dimensions beyond the limits.
     let decoder = reader.into_decoder().map_err(refused)?;
     let (width, height) = decoder.dimensions();
-    // The pixels are allocated at once: refuse before, not during.
-    limits().reserve(decoder.total_bytes()).map_err(refused)?;
+    if width == 0 || height == 0 {
+        return Err(NotInlined::Corrupt("the image has no pixels".into()));
+    }
+    // The pixels are allocated at once: refuse before, not during. A JPEG
+    // decoder also keeps 16-bit coefficients of every component (a
+    // progressive one for the whole image), which the limit does not see.
+    let pixels = decoder.total_bytes();
+    let needs = match mime {
+        "image/jpeg" => pixels.saturating_mul(JPEG_DECODE_FACTOR),
+        _ => pixels,
+    };
+    limits().reserve(needs).map_err(refused)?;
     let image = DynamicImage::from_decoder(decoder).map_err(refused)?;
     past(deadline)?;
     if bytes.len() <= max_bytes && width.max(height) <= MAX_SIDE {
@@ -374,7 +391,7 @@ fn shrink(image: &DynamicImage, max_bytes: usize, deadline: Instant) -> Result<I
             true => Cow::Owned(image.thumbnail(side, side)),
             false => Cow::Borrowed(image),
         };
-        let encoded = smallest(&scaled);
+        let encoded = smallest(&scaled)?;
         if encoded.data.len() <= max_bytes {
             return Ok(encoded);
         }
@@ -414,7 +431,7 @@ fn eight_bit(image: &DynamicImage) -> DynamicImage {
 }
 
 /// The smaller of PNG and (for opaque images) JPEG.
-fn smallest(image: &DynamicImage) -> InlineImage {
+fn smallest(image: &DynamicImage) -> Result<InlineImage, NotInlined> {
     let encode = |mime: &'static str| {
         let mut data = Vec::new();
         let written = match mime {
@@ -432,14 +449,14 @@ fn smallest(image: &DynamicImage) -> InlineImage {
             height: image.height(),
         })
     };
-    let png = encode("image/png").expect("8-bit images encode as PNG");
-    match image.has_alpha() {
+    let png = encode("image/png").ok_or_else(|| NotInlined::Corrupt("the image could not be encoded".into()))?;
+    Ok(match image.has_alpha() {
         true => png,
         false => match encode("image/jpeg") {
             Some(jpeg) if jpeg.data.len() < png.data.len() => jpeg,
             _ => png,
         },
-    }
+    })
 }
 
 #[cfg(test)]
@@ -630,6 +647,29 @@ mod tests {
             fit(b"BM not supported", 1 << 20, later()).unwrap_err(),
             NotInlined::Format
         );
+    }
+
+    #[test]
+    fn an_image_without_pixels_is_refused_not_encoded() {
+        // A 0 × 0 screen holding one 1 × 1 frame with its own palette.
+        let mut gif = b"GIF89a\0\0\0\0\0\0\0".to_vec();
+        gif.extend([0x2c, 0, 0, 0, 0, 1, 0, 1, 0, 0x80, 0, 0, 0, 255, 255, 255]);
+        gif.extend([2, 2, 0x44, 0x01, 0, 0x3b]);
+        for max in [1, 1 << 20] {
+            assert!(matches!(fit(&gif, max, later()), Err(NotInlined::Corrupt(_))), "{max}");
+        }
+    }
+
+    #[test]
+    fn a_jpeg_is_refused_by_what_its_decoder_takes() {
+        let jpeg = |side: u32| {
+            let mut bytes = Cursor::new(Vec::new());
+            plot(side, side).to_rgb8().write_to(&mut bytes, ImageFormat::Jpeg).unwrap();
+            bytes.into_inner()
+        };
+        // 2400² RGB is 17 MB of pixels, 69 MB with its coefficients.
+        assert_eq!(fit(&jpeg(2400), 1 << 20, later()).unwrap_err(), NotInlined::Memory);
+        assert!(fit(&jpeg(2000), 1 << 20, later()).is_ok());
     }
 
     #[test]
