@@ -160,22 +160,23 @@ impl GuestKeys {
 }
 
 /// A fresh guest key for `client`, or the response refusing one.
-pub fn issue_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Response> {
+/// The refusal is boxed: a response is large and the key the common case.
+pub fn issue_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Box<Response>> {
     let Some(guests) = app.ops.limits.keys().guests() else {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::NOT_FOUND,
             "guest keys are not enabled on this server ([guest] enabled)",
-        ));
+        )));
     };
     if let Err(wait) = app.ops.limits.check_guest_issue(client.0) {
-        return Err(refusal(
+        return Err(Box::new(refusal(
             StatusCode::TOO_MANY_REQUESTS,
             wait.seconds(),
             &format!(
                 "this address has had its guest keys for this hour; retry in {} s",
                 wait.seconds()
             ),
-        ));
+        )));
     }
     app.ops.metrics.guest_key_issued();
     Ok(guests.issue(unix_now()))
@@ -194,7 +195,7 @@ pub async fn issue(State(app): State<AppState>, Extension(client): Extension<Cli
             )
                 .into_response()
         }
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 

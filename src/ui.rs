@@ -351,7 +351,7 @@ async fn try_as_guest(State(app): State<AppState>, Extension(client): Extension<
             StatusCode::TOO_MANY_REQUESTS,
             Some("This address has had its guest keys for this hour; try again later."),
         ),
-        Err(refused) => refused,
+        Err(refused) => *refused,
     }
 }
 
