@@ -234,7 +234,11 @@ async fn install(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<PackageBody>,
 ) -> ApiResult<InstallResult> {
-    Ok(Json(app.ops.install(&caller, &id, &body.package_name).await?))
+    Ok(Json(
+        app.ops
+            .install(&caller, &id, &body.package_name, crate::ops::INSTALL_WAIT)
+            .await?,
+    ))
 }
 
 async fn install_status(

@@ -13,6 +13,7 @@ use crate::auth::{AuthConfig, Keys};
 use crate::client_ip::TrustedProxies;
 use crate::guest::GuestConfig;
 use crate::limits::LimitsConfig;
+use crate::tasks::TasksConfig;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -26,6 +27,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub pool: PoolConfig,
     pub guest: GuestConfig,
+    pub tasks: TasksConfig,
 }
 
 /// `[server]`
@@ -127,8 +129,8 @@ impl ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 9] = [
-    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest",
+const SECTIONS: [&str; 10] = [
+    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest", "tasks",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 
@@ -203,6 +205,11 @@ impl Config {
         self.packages.validate().map_err(ConfigError::Invalid)?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.results.validate().map_err(ConfigError::Invalid)?;
+        let longest_run = self
+            .sandbox
+            .max_exec_timeout_seconds
+            .max(self.sandbox.install_timeout_seconds);
+        self.tasks.validate(longest_run).map_err(ConfigError::Invalid)?;
         Keys::from_config(&self.auth, self.guest.enabled).map_err(ConfigError::Invalid)?;
         self.guest.validate(self.auth.enabled).map_err(ConfigError::Invalid)?;
         TrustedProxies::parse(&self.server.trusted_proxies).map_err(ConfigError::Invalid)?;

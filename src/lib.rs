@@ -24,5 +24,6 @@ pub mod results;
 pub mod serve;
 pub mod sessions;
 pub mod sse;
+pub mod tasks;
 pub mod tools;
 pub mod ui;

@@ -22,12 +22,14 @@ use crate::metrics::Metrics;
 use crate::results::{
     CommandResult, CreatedSandbox, DeleteResult, InstallResult, PythonResult, ResetResult, UploadResult,
 };
+use crate::tasks::Tasks;
 
 /// Largest `code` and `command` accepted.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
-/// How long an install request waits before answering `installing`.
-const INSTALL_WAIT: Duration = Duration::from_secs(5);
+/// How long an install request waits before answering `installing`
+/// (unless it may become a task, which waits for the end).
+pub const INSTALL_WAIT: Duration = Duration::from_secs(5);
 /// What `list_files` and `read_file` do unless asked otherwise: enough to
 /// see a folder's layout or a screenful of text, few tokens.
 pub const DEFAULT_LIST_DEPTH: u64 = 2;
@@ -51,6 +53,8 @@ pub struct Ops {
     pub limits: Arc<Limits>,
     pub metrics: Arc<Metrics>,
     pub images: Inliner,
+    /// Long calls that became tasks, across all sessions.
+    pub tasks: Tasks,
 }
 
 pub fn parse_id(raw: &str) -> Result<Uuid> {
@@ -214,12 +218,9 @@ impl Ops {
         }
     }
 
-    pub async fn install(&self, caller: &Caller, raw_id: &str, package: &str) -> Result<InstallResult> {
+    pub async fn install(&self, caller: &Caller, raw_id: &str, package: &str, wait: Duration) -> Result<InstallResult> {
         self.on_sandbox("install_package_in_sandbox", raw_id, |id| async move {
-            let status = self
-                .sandboxes
-                .install(caller.scope(), id, package, INSTALL_WAIT)
-                .await?;
+            let status = self.sandboxes.install(caller.scope(), id, package, wait).await?;
             Ok(InstallResult::from(status))
         })
         .await

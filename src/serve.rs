@@ -21,6 +21,7 @@ use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
 use crate::ops::Ops;
+use crate::tasks::Tasks;
 use crate::tools::SandboxServer;
 
 /// OOM score of the server: far below the sandboxes' 0, so that on a host
@@ -62,6 +63,7 @@ fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -
         links: Links::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
         images: Inliner::new(&config.results),
+        tasks: Tasks::new(config.tasks.clone()),
     })
 }
 

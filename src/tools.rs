@@ -8,9 +8,12 @@ use std::future::Future;
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, UpdateTaskParams,
+};
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
+use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler};
 use sandbox_actors::{Progress, SandboxError};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -18,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::caller::Caller;
 use crate::files::{FileListing, ReadResult, WriteResult};
-use crate::ops::Ops;
+use crate::ops::{Ops, INSTALL_WAIT};
 use crate::results::{
     failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult,
     ResetResult, RunArtifacts, SandboxList, UploadResult,
@@ -166,63 +169,59 @@ impl SandboxServer {
             .unwrap_or_else(Caller::local)
     }
 
-    /// Runs an execution, forwarding its output as progress notifications
-    /// when the request carries a progress token; a cancelled request
-    /// interrupts it (dropping the run's future interrupts the run).
-    async fn executing<T, F>(
+    /// Runs a long call (an execution or an install), forwarding its output
+    /// as progress notifications when the request carries a progress token;
+    /// for a client that declared the tasks extension it becomes a task past
+    /// the threshold ([`crate::tasks`]), its output tail the task's status. A
+    /// cancelled request interrupts it (dropping the run's future interrupts
+    /// the run).
+    async fn executing<F>(
         &self,
         ctx: &RequestContext<RoleServer>,
+        caller: &Caller,
         run: impl FnOnce(Option<mpsc::Sender<Progress>>) -> F,
-    ) -> Result<T, SandboxError>
+    ) -> CallToolResponse
     where
-        F: Future<Output = Result<T, SandboxError>>,
+        F: Future<Output = CallToolResult> + Send + 'static,
     {
-        let (tx, forwarder) = match ctx.meta.get_progress_token() {
-            Some(token) => {
+        let admission = match self.ops.tasks.admit(ctx, caller) {
+            Ok(admission) => admission,
+            Err(refused) => return failure(&refused.into()).into(),
+        };
+        let output = admission.as_ref().map(|a| a.output());
+        let notify = ctx.meta.get_progress_token().map(|token| (token, ctx.peer.clone()));
+        let (tx, forwarder) = match (notify, output) {
+            (None, None) => (None, None),
+            (notify, output) => {
                 let (tx, mut rx) = mpsc::channel::<Progress>(16);
-                let peer = ctx.peer.clone();
                 let task = tokio::spawn(async move {
                     let mut bytes = 0usize;
                     while let Some(p) = rx.recv().await {
                         let text = format!("{}{}", p.stdout, p.stderr);
                         bytes += text.len();
+                        if let Some(output) = &output {
+                            output.push(&text);
+                        }
+                        let Some((token, peer)) = notify
+                            .as_ref()
+                            .filter(|_| !output.as_ref().is_some_and(|o| o.detached()))
+                        else {
+                            continue;
+                        };
                         let param = ProgressNotificationParam::new(token.clone(), bytes as f64).with_message(text);
                         let _ = peer.notify_progress(param).await;
                     }
                 });
                 (Some(tx), Some(task))
             }
-            None => (None, None),
         };
-        let result = tokio::select! {
-            r = run(tx) => r,
-            _ = ctx.ct.cancelled() => Err(SandboxError::InvalidArgument("the request was cancelled".into())),
-        };
-        if let Some(task) = forwarder {
+        let response = self.ops.tasks.run(admission, &ctx.ct, run(tx)).await;
+        // A plain answer follows its progress notifications; a task's run
+        // goes on, and so does its forwarder.
+        if let (Some(task), CallToolResponse::Complete(_)) = (forwarder, &response) {
             let _ = task.await;
         }
-        result
-    }
-
-    /// A run's result: its files as resource links, then the images among
-    /// them as image items, on the configured budget.
-    async fn run_reply<T: Serialize + RunArtifacts>(
-        &self,
-        caller: &Caller,
-        raw_id: &str,
-        ran: Result<T, SandboxError>,
-    ) -> CallToolResult {
-        let mut result = match ran {
-            Ok(result) => result,
-            Err(e) => return failure(&e),
-        };
-        let images = self.ops.run_images(caller, raw_id, result.files().0).await;
-        result.set_images(images.notes);
-        let (files, links) = result.files();
-        let links = links.iter().cloned().zip(files.iter().map(|f| file_name(f))).collect();
-        let mut reply = success(&result, None, links);
-        reply.content.extend(images.content);
-        reply
+        response
     }
 
     #[tool(
@@ -271,14 +270,13 @@ impl SandboxServer {
         &self,
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<ExecParams>,
-    ) -> CallToolResult {
-        let caller = self.caller(&ctx);
-        let ran = self
-            .executing(&ctx, |tx| {
-                self.ops.python(&caller, &p.sandbox_id, p.code, p.timeout_seconds, tx)
-            })
-            .await;
-        self.run_reply(&caller, &p.sandbox_id, ran).await
+    ) -> CallToolResponse {
+        let (caller, ops) = (self.caller(&ctx), self.ops.clone());
+        self.executing(&ctx, &caller.clone(), |tx| async move {
+            let ran = ops.python(&caller, &p.sandbox_id, p.code, p.timeout_seconds, tx).await;
+            run_reply(&ops, &caller, &p.sandbox_id, ran).await
+        })
+        .await
     }
 
     #[tool(
@@ -292,14 +290,15 @@ impl SandboxServer {
         &self,
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<TerminalParams>,
-    ) -> CallToolResult {
-        let caller = self.caller(&ctx);
-        let ran = self
-            .executing(&ctx, |tx| {
-                self.ops.shell(&caller, &p.sandbox_id, p.command, p.timeout_seconds, tx)
-            })
-            .await;
-        self.run_reply(&caller, &p.sandbox_id, ran).await
+    ) -> CallToolResponse {
+        let (caller, ops) = (self.caller(&ctx), self.ops.clone());
+        self.executing(&ctx, &caller.clone(), |tx| async move {
+            let ran = ops
+                .shell(&caller, &p.sandbox_id, p.command, p.timeout_seconds, tx)
+                .await;
+            run_reply(&ops, &caller, &p.sandbox_id, ran).await
+        })
+        .await
     }
 
     #[tool(
@@ -313,12 +312,17 @@ impl SandboxServer {
         &self,
         ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<PackageParams>,
-    ) -> CallToolResult {
-        reply(
-            self.ops
-                .install(&self.caller(&ctx), &p.sandbox_id, &p.package_name)
-                .await,
-        )
+    ) -> CallToolResponse {
+        let (caller, ops) = (self.caller(&ctx), self.ops.clone());
+        // A call that may become a task waits for the install's end.
+        let wait = match ops.tasks.offered(&ctx) {
+            true => ops.tasks.install_wait(),
+            false => INSTALL_WAIT,
+        };
+        self.executing(&ctx, &caller.clone(), |_| async move {
+            reply(ops.install(&caller, &p.sandbox_id, &p.package_name, wait).await)
+        })
+        .await
     }
 
     #[tool(
@@ -451,6 +455,27 @@ impl SandboxServer {
     }
 }
 
+/// A run's result: its files as resource links, then the images among
+/// them as image items, on the configured budget.
+async fn run_reply<T: Serialize + RunArtifacts>(
+    ops: &Ops,
+    caller: &Caller,
+    raw_id: &str,
+    ran: Result<T, SandboxError>,
+) -> CallToolResult {
+    let mut result = match ran {
+        Ok(result) => result,
+        Err(e) => return failure(&e),
+    };
+    let images = ops.run_images(caller, raw_id, result.files().0).await;
+    result.set_images(images.notes);
+    let (files, links) = result.files();
+    let links = links.iter().cloned().zip(files.iter().map(|f| file_name(f))).collect();
+    let mut reply = success(&result, None, links);
+    reply.content.extend(images.content);
+    reply
+}
+
 fn file_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_string()
 }
@@ -458,7 +483,11 @@ fn file_name(path: &str) -> String {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let capabilities = match self.ops.tasks.enabled() {
+            true => ServerCapabilities::builder().enable_tools().enable_tasks().build(),
+            false => ServerCapabilities::builder().enable_tools().build(),
+        };
+        let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("mcp-sandbox", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
             "Isolated Python sandboxes. Workflow: list_sandboxes -> create_sandbox if you have none -> \
@@ -468,5 +497,24 @@ impl ServerHandler for SandboxServer {
                 .into(),
         );
         info
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let task = self.ops.tasks.get(&self.caller(&ctx), &request.task_id)?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    async fn cancel_task(&self, request: CancelTaskParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.ops.tasks.cancel(&self.caller(&ctx), &request.task_id)
+    }
+
+    async fn update_task(&self, request: UpdateTaskParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        self.ops
+            .tasks
+            .update(&self.caller(&ctx), &request.task_id, request.input_responses)
     }
 }

@@ -1,0 +1,151 @@
+"""Long calls as tasks (the io.modelcontextprotocol/tasks extension) against
+the real server: raw JSON-RPC over Streamable HTTP, since the pinned Python
+SDK has no tasks client. A `time.sleep(90)` run becomes a task and is polled
+to completion through tasks/get, its output so far in the status message; a
+second run is cancelled and its sandbox runs the next call; another tenant
+polling or cancelling the task is told it does not exist; a client without
+the extension gets the plain result; a tenant past its cap of tasks gets a
+tool error."""
+
+import http.client
+import json
+import time
+
+import pytest
+
+from harness import Server, new_key
+
+ALICE, ALICE_SHA = new_key("alice")
+BOB, BOB_SHA = new_key("bob")
+PROTOCOL = "2025-06-18"
+TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+PER_TENANT = 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(
+        MCP_SANDBOX_AUTH_ENABLED="true",
+        MCP_SANDBOX_AUTH_KEYS=(
+            f'[{{name = "alice", key_sha256 = "{ALICE_SHA}"}}, {{name = "bob", key_sha256 = "{BOB_SHA}"}}]'
+        ),
+        MCP_SANDBOX_TASKS_THRESHOLD_MS="1000",
+        MCP_SANDBOX_TASKS_TTL_SECONDS="600",
+        MCP_SANDBOX_TASKS_MAX_PER_TENANT=str(PER_TENANT),
+    ).start()
+    yield s
+    s.cleanup()
+
+
+class Session:
+    """A Streamable HTTP session that speaks JSON-RPC by hand."""
+
+    def __init__(self, server, key, capabilities):
+        self.server, self.key, self.next_id, self.sid = server, key, 0, None
+        init = self.request("initialize", {"protocolVersion": PROTOCOL, "capabilities": capabilities,
+                                           "clientInfo": {"name": "tasks-test", "version": "1"}})
+        assert "result" in init, init
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def post(self, message):
+        c = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=200)
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json",
+                   "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": PROTOCOL}
+        if self.sid:
+            headers["Mcp-Session-Id"] = self.sid
+        c.request("POST", "/mcp", body=json.dumps(message), headers=headers)
+        r = c.getresponse()
+        body = r.read().decode()
+        self.sid = self.sid or r.getheader("mcp-session-id")
+        c.close()
+        assert r.status in (200, 202), (r.status, body)
+        return body
+
+    def request(self, method, params):
+        self.next_id += 1
+        body = self.post({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        for line in body.splitlines() if not body.startswith("{") else ["data:" + body]:
+            if line.startswith("data:") and line[5:].strip():
+                msg = json.loads(line[5:])
+                if msg.get("id") == self.next_id:
+                    return msg
+        raise AssertionError(f"no response to {method}: {body}")
+
+    def call(self, tool, **arguments):
+        return self.request("tools/call", {"name": tool, "arguments": arguments})["result"]
+
+    def get_task(self, task_id):
+        return self.request("tasks/get", {"taskId": task_id})
+
+
+def structured(result):
+    assert not result.get("isError"), result
+    return result["structuredContent"]
+
+
+def poll(session, task_id, deadline):
+    """The task's state once terminal, and the status messages seen on the way."""
+    messages = []
+    while time.time() < deadline:
+        task = session.get_task(task_id)["result"]
+        if task["status"] in ("completed", "failed", "cancelled"):
+            return task, messages
+        messages.append(task.get("statusMessage") or "")
+        time.sleep(task.get("pollIntervalMs", 1000) / 1000)
+    raise AssertionError(f"task {task_id} did not finish")
+
+
+def test_long_calls_become_tasks_for_their_tenant_only(server):
+    alice = Session(server, ALICE, TASKS)
+    bob = Session(server, BOB, TASKS)
+    plain = Session(server, ALICE, {})
+    first = structured(alice.call("create_sandbox", name="slow"))["sandbox_id"]
+    second = structured(alice.call("create_sandbox", name="cancelled"))["sandbox_id"]
+
+    # Within the threshold a tasks client gets the plain result too.
+    assert structured(alice.call("execute_python_code", sandbox_id=first, code="print(6 * 7)"))["stdout"] == "42\n"
+
+    started = time.time()
+    slow = alice.call("execute_python_code", sandbox_id=first, timeout_seconds=150,
+                      code="import time\nprint('started', flush=True)\ntime.sleep(90)\nprint('done')")
+    assert slow["resultType"] == "task", slow
+    slow_id = slow["taskId"]
+    assert slow["status"] == "working" and slow["ttlMs"] == 600_000
+
+    # Another tenant cannot read or cancel it: the id is unknown to it.
+    for method in ("tasks/get", "tasks/cancel"):
+        refused = bob.request(method, {"taskId": slow_id})
+        assert "error" in refused and "unknown task" in refused["error"]["message"], refused
+
+    # A second run becomes a task, is cancelled, and its sandbox keeps working.
+    doomed = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 60; echo never")
+    assert doomed["resultType"] == "task", doomed
+    doomed_id = doomed["taskId"]
+    assert "result" in alice.request("tasks/cancel", {"taskId": doomed_id})
+    cancelled, _ = poll(alice, doomed_id, time.time() + 30)
+    assert cancelled["status"] == "cancelled", cancelled
+    after = structured(alice.call("execute_terminal_command", sandbox_id=second, command="echo alive"))
+    assert after["stdout"] == "alive\n" and after["exit_code"] == 0
+
+    # A client without the extension keeps the plain result, past the threshold too.
+    ran = structured(plain.call("execute_terminal_command", sandbox_id=second, command="sleep 2; echo plain"))
+    assert ran["stdout"] == "plain\n"
+
+    # The tenant's cap counts running and finished tasks: a third task fills
+    # it, and the next long call is refused with a tool error; bob is not.
+    third = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2")
+    assert third["resultType"] == "task", third
+    refusal = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2")
+    assert refusal.get("isError") and f"you hold {PER_TENANT} tasks" in refusal["content"][0]["text"], refusal
+    bobs = structured(bob.call("create_sandbox"))["sandbox_id"]
+    assert structured(bob.call("execute_python_code", sandbox_id=bobs, code="print('bob')"))["stdout"] == "bob\n"
+
+    # The slow run is polled to its end; the output so far was its status.
+    done, messages = poll(alice, slow_id, started + 140)
+    assert done["status"] == "completed", done
+    assert any("started" in m for m in messages), messages
+    result = done["result"]
+    assert result["structuredContent"]["stdout"] == "started\ndone\n", result
+    assert time.time() - started >= 90
+    # The result survives: polled again, it is still there.
+    assert alice.get_task(slow_id)["result"]["result"] == result
