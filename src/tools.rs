@@ -303,7 +303,8 @@ impl SandboxServer {
 
     #[tool(
         description = "Install a Python package (pip requirement, e.g. \"numpy\" or \"pandas==2.2.2\") into a sandbox. \
-            Waits a few seconds: status is success, failed (with the installer's output) or installing. If installing, \
+            Waits a few seconds (a tasks client: until it ends): status is success, failed (with the installer's output) \
+            or installing. If installing, \
             poll check_package_installation_status. Code you run afterwards waits for the install to finish.",
         output_schema = schema_for_output::<InstallResult>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true)
