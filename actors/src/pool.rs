@@ -93,14 +93,31 @@ async fn remove_host_side(ctx: &Context, id: Uuid) {
     ctx.egress.detach(id);
 }
 
+/// How long the removal of a sandbox that was never handed out is retried
+/// while the engine does not answer (it may be restarting): given up at
+/// once, the container and its volume would outlive the server's stop.
+const DISCARD_RETRY_FOR: Duration = Duration::from_secs(90);
+const DISCARD_RETRY_EVERY: Duration = Duration::from_secs(2);
+
 /// Removes a provisioned sandbox that was never handed out.
 pub async fn discard(ctx: &Context, p: &Provisioned) {
-    if let Err(e) = ctx
-        .runtime
-        .remove(&p.container.container_id, Some(&p.container.volume))
-        .await
-    {
-        warn!(sandbox = %p.id, error = %e, "could not remove a pooled sandbox");
+    let until = tokio::time::Instant::now() + DISCARD_RETRY_FOR;
+    loop {
+        let removed = ctx
+            .runtime
+            .remove(&p.container.container_id, Some(&p.container.volume))
+            .await;
+        match removed {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() + DISCARD_RETRY_EVERY < until => {
+                warn!(sandbox = %p.id, error = %e, "could not remove a pooled sandbox; retrying");
+                tokio::time::sleep(DISCARD_RETRY_EVERY).await;
+            }
+            Err(e) => {
+                warn!(sandbox = %p.id, error = %e, "could not remove a pooled sandbox; the next start removes it");
+                break;
+            }
+        }
     }
     remove_host_side(ctx, p.id).await;
 }
