@@ -92,7 +92,26 @@ pub async fn refuse(stream: &mut UnixStream, denial: &Denial) {
         let _ = stream.shutdown().await;
     })
     .await;
+    // A lingering close: what the client still sends is read and dropped
+    // (a little, briefly) so that its relay, writing the request it has not
+    // yet passed on, never finds the socket closed and drops the answer.
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut sink = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
+
+/// How long, and for how many bytes, a refused connection is read after
+/// its answer (see [`refuse`]).
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 64 * 1024;
 
 /// Serves one connection of the sandbox `sb`; refusals are reported to the
 /// caller (which counts and logs them) after being answered.
