@@ -278,7 +278,9 @@ impl Inliner {
 
 /// The regular file `path` beneath `root`, opened without following links.
 fn opened(root: &Path, path: &ResultsPath) -> Result<File, NotInlined> {
-    open_file(root, path).map(|(file, _)| file).map_err(|_| NotInlined::Unreadable)
+    open_file(root, path)
+        .map(|(file, _)| file)
+        .map_err(|_| NotInlined::Unreadable)
 }
 
 /// `files` that are still regular files beneath `root`, most recently
@@ -664,7 +666,10 @@ mod tests {
     fn a_jpeg_is_refused_by_what_its_decoder_takes() {
         let jpeg = |side: u32| {
             let mut bytes = Cursor::new(Vec::new());
-            plot(side, side).to_rgb8().write_to(&mut bytes, ImageFormat::Jpeg).unwrap();
+            plot(side, side)
+                .to_rgb8()
+                .write_to(&mut bytes, ImageFormat::Jpeg)
+                .unwrap();
             bytes.into_inner()
         };
         // 2400² RGB is 17 MB of pixels, 69 MB with its coefficients.
@@ -811,10 +816,7 @@ mod tests {
         let busy = inliner.image(root.path(), &file, 64 * 1024, soon).await;
         assert_eq!(busy.unwrap_err(), NotInlined::Busy);
         drop(held);
-        assert!(inliner
-            .image(root.path(), &file, 64 * 1024, later())
-            .await
-            .is_ok());
+        assert!(inliner.image(root.path(), &file, 64 * 1024, later()).await.is_ok());
     }
 
     #[tokio::test]
@@ -842,9 +844,18 @@ mod tests {
             ..ResultsConfig::default()
         });
         let shown = off.run(root.path(), std::slice::from_ref(&file)).await;
-        assert!(shown.content.is_empty() && shown.notes.is_empty(), "a run says nothing when off");
+        assert!(
+            shown.content.is_empty() && shown.notes.is_empty(),
+            "a run says nothing when off"
+        );
         let opened = std::fs::File::open(root.path().join("a.png")).unwrap();
-        assert_eq!(off.image_file(opened, 64 * 1024, later()).await.unwrap_err(), NotInlined::Off);
-        assert_eq!(off.image(root.path(), &file, 64 * 1024, later()).await.unwrap_err(), NotInlined::Off);
+        assert_eq!(
+            off.image_file(opened, 64 * 1024, later()).await.unwrap_err(),
+            NotInlined::Off
+        );
+        assert_eq!(
+            off.image(root.path(), &file, 64 * 1024, later()).await.unwrap_err(),
+            NotInlined::Off
+        );
     }
 }

@@ -467,5 +467,8 @@ async fn an_open_sandbox_moves_at_most_its_bytes_per_minute() {
     let id = capped.create().await;
     let (all, sustained) = download(&capped, id).await;
     assert!(all > 100_000, "the connection worked: {all} bytes");
-    assert!(all < 4 * 1024 * 1024 && sustained < 800 * 1024, "{all} bytes, {sustained} past 10 s");
+    assert!(
+        all < 4 * 1024 * 1024 && sustained < 800 * 1024,
+        "{all} bytes, {sustained} past 10 s"
+    );
 }

@@ -91,8 +91,16 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
     let bytes = |matches: &[&str], mode: &str, direction: &str| {
         let mut r: Vec<String> = matches.iter().map(|s| s.to_string()).collect();
         r.extend(
-            ["-m", "hashlimit", "--hashlimit-above", &rate, "--hashlimit-mode", mode, "--hashlimit-name"]
-                .map(String::from),
+            [
+                "-m",
+                "hashlimit",
+                "--hashlimit-above",
+                &rate,
+                "--hashlimit-mode",
+                mode,
+                "--hashlimit-name",
+            ]
+            .map(String::from),
         );
         r.push(bucket(server_id, direction));
         r
@@ -116,25 +124,52 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
         rule("DOCKER-USER", from(&["-d", subnet]), &["DROP"]),
         rule(
             "DOCKER-USER",
-            from(&[&new[..], &["-m", "connlimit", "--connlimit-above", &connections, "--connlimit-mask", "32"]].concat()),
+            from(
+                &[
+                    &new[..],
+                    &[
+                        "-m",
+                        "connlimit",
+                        "--connlimit-above",
+                        &connections,
+                        "--connlimit-mask",
+                        "32",
+                    ],
+                ]
+                .concat(),
+            ),
             &["REJECT"],
         ),
         rule(
             "DOCKER-USER",
-            from(&[
-                &new[..],
+            from(
                 &[
-                    "-m", "hashlimit", "--hashlimit-above", &new_flows, "--hashlimit-burst", &new_flows_burst,
-                    "--hashlimit-mode", "srcip", "--hashlimit-name", &bucket(server_id, "nw"),
-                ],
-            ]
-            .concat()),
+                    &new[..],
+                    &[
+                        "-m",
+                        "hashlimit",
+                        "--hashlimit-above",
+                        &new_flows,
+                        "--hashlimit-burst",
+                        &new_flows_burst,
+                        "--hashlimit-mode",
+                        "srcip",
+                        "--hashlimit-name",
+                        &bucket(server_id, "nw"),
+                    ],
+                ]
+                .concat(),
+            ),
             &["REJECT"],
         ),
         rule("DOCKER-USER", bytes(&["-s", subnet], "srcip", "up"), &["DROP"]),
         rule(
             "DOCKER-USER",
-            bytes(&["-d", subnet, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"], "dstip", "dn"),
+            bytes(
+                &["-d", subnet, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"],
+                "dstip",
+                "dn",
+            ),
             &["DROP"],
         ),
         rule("DOCKER-USER", from(&["-d", LINK_LOCAL]), &["DROP"]),
@@ -251,12 +286,24 @@ mod tests {
         assert!(r.iter().all(|(_, args)| args.contains(&"mcp-sandbox:abc".to_string())));
         let has = |i: usize, words: &[&str]| words.iter().all(|w| r[i].1.contains(&w.to_string()));
         assert_eq!((r[0].0, r[1].0), ("INPUT", "DOCKER-USER"));
-        assert!(has(1, &["-s", "-d", "172.30.0.0/16", "DROP"]), "sandbox to sandbox first");
-        assert!(has(2, &["NEW", "--connlimit-above", "6", "REJECT"]), "then the flow cap, any protocol");
+        assert!(
+            has(1, &["-s", "-d", "172.30.0.0/16", "DROP"]),
+            "sandbox to sandbox first"
+        );
+        assert!(
+            has(2, &["NEW", "--connlimit-above", "6", "REJECT"]),
+            "then the flow cap, any protocol"
+        );
         assert!(!r[2].1.contains(&"tcp".to_string()));
-        assert!(has(3, &["NEW", "20/sec", "50", "mabcnw", "REJECT"]), "new flows per second");
+        assert!(
+            has(3, &["NEW", "20/sec", "50", "mabcnw", "REJECT"]),
+            "new flows per second"
+        );
         assert!(has(4, &["-s", "--hashlimit-above", "1048576b/s", "srcip", "mabcup"]));
-        assert!(has(5, &["-d", "ESTABLISHED,RELATED", "dstip", "mabcdn"]), "replies are bounded too");
+        assert!(
+            has(5, &["-d", "ESTABLISHED,RELATED", "dstip", "mabcdn"]),
+            "replies are bounded too"
+        );
         assert!(bucket("0123456789abcdef", "nw").len() <= 15);
         let returned = r
             .iter()
