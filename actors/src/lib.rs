@@ -25,6 +25,9 @@ pub mod status;
 mod supervisor;
 pub mod uploads;
 
+#[cfg(test)]
+mod tests;
+
 pub use agent::{Package, Progress, RunOutput, Work};
 pub use config::EgressPolicy;
 pub use context::Settings;

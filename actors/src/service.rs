@@ -720,6 +720,19 @@ impl Sandboxes {
     }
 }
 
+/// What the engine-free tests look at directly.
+#[cfg(test)]
+impl Sandboxes {
+    pub(crate) fn pool_ready(&self) -> usize {
+        self.pool.ready()
+    }
+
+    pub(crate) fn actor_of(&self, id: Uuid) -> Option<ActorRef<SandboxMsg>> {
+        let registry = self.registry.read().expect("registry lock");
+        registry.get(&id).map(|e| e.actor.clone())
+    }
+}
+
 /// What a call to an actor came to (see [`Sandboxes::ask`]).
 fn answer<T>(
     actor: &ActorRef<SandboxMsg>,

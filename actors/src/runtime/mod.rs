@@ -3,6 +3,8 @@
 
 pub mod disk;
 mod docker;
+#[cfg(test)]
+pub mod fake;
 pub mod firewall;
 mod image;
 

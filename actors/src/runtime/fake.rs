@@ -1,0 +1,636 @@
+//! A container runtime in memory, for unit tests of the domain's logic
+//! without a Docker engine: containers that start, pause, stop, die and
+//! vanish, an engine that can go down, and for each running container an
+//! in-process agent that speaks the real agent protocol (JSON lines) over a
+//! socket pair and can be told to answer slowly, never, wrongly or hugely.
+//!
+//! Tests run it on tokio's paused clock, so a deadline of minutes passes in
+//! microseconds and the order of events is the same on every run.
+//!
+//! The agent reads the code it is sent as one directive (see [`exec`]), so a
+//! test says what the sandbox does in a word: `sleep 3`, `set x 1`, `oom`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage};
+use crate::agent::AgentClient;
+use crate::error::{Result, SandboxError};
+
+/// How an agent answers: what the sandbox's user can put in its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// The real agent's answers.
+    Normal,
+    /// Accepts connections and reads requests, never answers.
+    Silent,
+    /// Answers every request with a line that is not JSON.
+    Garbage,
+    /// Answers every request with a line of this many bytes.
+    Huge(usize),
+}
+
+/// One container: its state, and the life of its current start (ended when
+/// it stops, restarts or is removed, which closes its agent's connections).
+struct Container {
+    sandbox: Uuid,
+    volume: String,
+    state: ContainerState,
+    life: CancellationToken,
+    paused: watch::Sender<bool>,
+    worker: Arc<Mutex<Worker>>,
+}
+
+impl Container {
+    fn boot(&mut self) {
+        self.life.cancel();
+        self.life = CancellationToken::new();
+        self.worker = Arc::default();
+        self.state = ContainerState::Running;
+        self.paused.send_replace(false);
+    }
+
+    fn halt(&mut self, exit_code: i64, oom_killed: bool) {
+        self.life.cancel();
+        self.state = ContainerState::Stopped { exit_code, oom_killed };
+        self.paused.send_replace(false);
+    }
+}
+
+/// The Python worker of one start: its namespace, and whether it runs a request.
+#[derive(Default)]
+struct Worker {
+    vars: HashMap<String, String>,
+    busy: bool,
+}
+
+/// What the fake did, for tests to assert on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Created {
+        container: String,
+        sandbox: Uuid,
+        volume: String,
+    },
+    Started(String),
+    Restarted(String),
+    Paused(String),
+    Unpaused(String),
+    Removed(String),
+    VolumeRemoved(String),
+    /// An agent began a request: exec code, or the program's argv joined.
+    Exec {
+        sandbox: Uuid,
+        work: String,
+        at: tokio::time::Instant,
+    },
+    Upload {
+        container: String,
+        dest: String,
+        bytes: usize,
+    },
+    Installer {
+        sandbox: Uuid,
+        argv: Vec<String>,
+    },
+}
+
+#[derive(Default)]
+struct State {
+    containers: HashMap<String, Container>,
+    /// Volume → its sandbox.
+    volumes: HashMap<String, Uuid>,
+    /// Sandbox → its current container (a re-creation replaces it).
+    current: HashMap<Uuid, String>,
+    behaviour: HashMap<Uuid, Behaviour>,
+    events: Vec<Event>,
+    next: u64,
+    create_delay: Duration,
+    fail_creates: usize,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    engine_down: AtomicBool,
+}
+
+/// The in-memory runtime; clones share one engine.
+#[derive(Clone, Default)]
+pub struct FakeRuntime {
+    shared: Arc<Shared>,
+}
+
+impl FakeRuntime {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared.state.lock().expect("fake runtime lock")
+    }
+
+    fn engine(&self) -> Result<()> {
+        match self.shared.engine_down.load(Ordering::SeqCst) {
+            true => Err(SandboxError::Docker("the fake engine is down".into())),
+            false => Ok(()),
+        }
+    }
+
+    /// Every runtime call but the agent's connection fails while down.
+    pub fn set_engine_down(&self, down: bool) {
+        self.shared.engine_down.store(down, Ordering::SeqCst);
+    }
+
+    /// How the agents of `sandbox` answer from their next request on.
+    pub fn set_behaviour(&self, sandbox: Uuid, behaviour: Behaviour) {
+        self.lock().behaviour.insert(sandbox, behaviour);
+    }
+
+    /// Each creation takes this long (a slow engine).
+    pub fn set_create_delay(&self, delay: Duration) {
+        self.lock().create_delay = delay;
+    }
+
+    /// The next `n` creations fail.
+    pub fn fail_creates(&self, n: usize) {
+        self.lock().fail_creates = n;
+    }
+
+    /// The container `sandbox` runs in now.
+    pub fn container_of(&self, sandbox: Uuid) -> Option<String> {
+        self.lock().current.get(&sandbox).cloned()
+    }
+
+    pub fn state_of(&self, container: &str) -> ContainerState {
+        self.lock()
+            .containers
+            .get(container)
+            .map_or(ContainerState::Missing, |c| c.state.clone())
+    }
+
+    pub fn volume_of(&self, container: &str) -> Option<String> {
+        self.lock().containers.get(container).map(|c| c.volume.clone())
+    }
+
+    /// Containers that exist (in any state), with their sandbox.
+    pub fn containers(&self) -> Vec<(String, Uuid)> {
+        let mut all: Vec<_> = self
+            .lock()
+            .containers
+            .iter()
+            .map(|(id, c)| (id.clone(), c.sandbox))
+            .collect();
+        all.sort();
+        all
+    }
+
+    pub fn volumes(&self) -> Vec<String> {
+        let mut all: Vec<_> = self.lock().volumes.keys().cloned().collect();
+        all.sort();
+        all
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.lock().events.clone()
+    }
+
+    /// The work agents began, in order, for one sandbox.
+    pub fn execs(&self, sandbox: Uuid) -> Vec<(String, tokio::time::Instant)> {
+        self.lock()
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Exec { sandbox: s, work, at } if *s == sandbox => Some((work.clone(), *at)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn count(&self, pick: impl Fn(&Event) -> bool) -> usize {
+        self.lock().events.iter().filter(|e| pick(e)).count()
+    }
+
+    /// The container stops behind the server's back (`docker kill`, or the
+    /// memory limit when `oom_killed`).
+    pub fn kill(&self, container: &str, oom_killed: bool) {
+        if let Some(c) = self.lock().containers.get_mut(container) {
+            c.halt(137, oom_killed);
+        }
+    }
+
+    /// The container is frozen behind the server's back (`docker pause`).
+    pub fn freeze(&self, container: &str) {
+        if let Some(c) = self.lock().containers.get_mut(container) {
+            c.state = ContainerState::Paused;
+            c.paused.send_replace(true);
+        }
+    }
+
+    /// The container is removed behind the server's back (`docker rm -f`);
+    /// its volume stays.
+    pub fn vanish(&self, container: &str) {
+        if let Some(c) = self.lock().containers.remove(container) {
+            c.life.cancel();
+        }
+    }
+
+    fn record(&self, event: Event) {
+        self.lock().events.push(event);
+    }
+
+    /// Applies `change` to an existing container, or says it is missing.
+    fn with_container<T>(&self, id: &str, change: impl FnOnce(&mut Container) -> Result<T>) -> Result<T> {
+        self.engine()?;
+        let mut state = self.lock();
+        let c = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| SandboxError::Docker(format!("no such container: {id}")))?;
+        change(c)
+    }
+}
+
+#[async_trait]
+impl ContainerRuntime for FakeRuntime {
+    async fn ping(&self) -> Result<()> {
+        self.engine()
+    }
+
+    async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef> {
+        self.engine()?;
+        let delay = self.lock().create_delay;
+        tokio::time::sleep(delay).await;
+        self.engine()?;
+        let mut state = self.lock();
+        if state.fail_creates > 0 {
+            state.fail_creates -= 1;
+            return Err(SandboxError::Docker("the fake engine refused the creation".into()));
+        }
+        state.next += 1;
+        let container_id = format!("fake-{}", state.next);
+        let volume = volume.map_or_else(|| format!("fake-volume-{}", state.next), str::to_string);
+        let mut c = Container {
+            sandbox: paths.id,
+            volume: volume.clone(),
+            state: ContainerState::Missing,
+            life: CancellationToken::new(),
+            paused: watch::channel(false).0,
+            worker: Arc::default(),
+        };
+        c.boot();
+        state.containers.insert(container_id.clone(), c);
+        state.volumes.insert(volume.clone(), paths.id);
+        state.current.insert(paths.id, container_id.clone());
+        state.events.push(Event::Created {
+            container: container_id.clone(),
+            sandbox: paths.id,
+            volume: volume.clone(),
+        });
+        Ok(ContainerRef { container_id, volume })
+    }
+
+    async fn start(&self, container_id: &str) -> Result<()> {
+        self.with_container(container_id, |c| {
+            if matches!(c.state, ContainerState::Stopped { .. }) {
+                c.boot();
+            }
+            Ok(())
+        })?;
+        self.record(Event::Started(container_id.into()));
+        Ok(())
+    }
+
+    async fn state(&self, container_id: &str) -> Result<ContainerState> {
+        self.engine()?;
+        Ok(self.state_of(container_id))
+    }
+
+    async fn usage(&self, container_id: &str) -> Result<Usage> {
+        self.with_container(container_id, |_| Ok(Usage::default()))
+    }
+
+    async fn pause(&self, container_id: &str) -> Result<()> {
+        self.with_container(container_id, |c| match c.state {
+            ContainerState::Running => {
+                c.state = ContainerState::Paused;
+                c.paused.send_replace(true);
+                Ok(())
+            }
+            _ => Err(SandboxError::Docker(format!("container {container_id} is not running"))),
+        })?;
+        self.record(Event::Paused(container_id.into()));
+        Ok(())
+    }
+
+    async fn unpause(&self, container_id: &str) -> Result<()> {
+        self.with_container(container_id, |c| match c.state {
+            ContainerState::Paused => {
+                c.state = ContainerState::Running;
+                c.paused.send_replace(false);
+                Ok(())
+            }
+            _ => Err(SandboxError::Docker(format!("container {container_id} is not paused"))),
+        })?;
+        self.record(Event::Unpaused(container_id.into()));
+        Ok(())
+    }
+
+    async fn restart(&self, container_id: &str) -> Result<()> {
+        self.with_container(container_id, |c| {
+            c.boot();
+            Ok(())
+        })?;
+        self.record(Event::Restarted(container_id.into()));
+        Ok(())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<()> {
+        self.engine()?;
+        if self.lock().volumes.remove(name).is_some() {
+            self.record(Event::VolumeRemoved(name.into()));
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()> {
+        self.engine()?;
+        let removed = self.lock().containers.remove(container_id);
+        if let Some(c) = removed {
+            c.life.cancel();
+            self.record(Event::Removed(container_id.into()));
+        }
+        if let Some(v) = volume {
+            self.remove_volume(v).await?;
+        }
+        Ok(())
+    }
+
+    async fn list_containers(&self) -> Result<Vec<Labelled>> {
+        self.engine()?;
+        Ok(self
+            .containers()
+            .into_iter()
+            .map(|(id, sandbox)| Labelled {
+                id,
+                sandbox: Some(sandbox),
+            })
+            .collect())
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<Labelled>> {
+        self.engine()?;
+        Ok(self
+            .lock()
+            .volumes
+            .iter()
+            .map(|(id, sandbox)| Labelled {
+                id: id.clone(),
+                sandbox: Some(*sandbox),
+            })
+            .collect())
+    }
+
+    async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()> {
+        self.with_container(container_id, |c| match c.state {
+            ContainerState::Running => Ok(()),
+            _ => Err(SandboxError::Docker(format!("container {container_id} is not running"))),
+        })?;
+        self.record(Event::Upload {
+            container: container_id.into(),
+            dest: dest_dir.into(),
+            bytes: tar.len(),
+        });
+        Ok(())
+    }
+
+    async fn run_installer(
+        &self,
+        paths: &SandboxPaths,
+        _volume: &str,
+        argv: Vec<String>,
+        _timeout: Duration,
+    ) -> Result<Installed> {
+        self.engine()?;
+        self.record(Event::Installer {
+            sandbox: paths.id,
+            argv,
+        });
+        Ok(Installed {
+            exit_code: 0,
+            output: "installed".into(),
+            timed_out: false,
+        })
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.engine()
+    }
+
+    async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "no agent listens");
+        let agent = {
+            let state = self.lock();
+            let id = state.current.get(&paths.id).ok_or_else(refused)?;
+            let c = state.containers.get(id).ok_or_else(refused)?;
+            if matches!(c.state, ContainerState::Stopped { .. } | ContainerState::Missing) {
+                return Err(refused());
+            }
+            Agent {
+                runtime: self.clone(),
+                sandbox: c.sandbox,
+                container: id.clone(),
+                life: c.life.clone(),
+                paused: c.paused.subscribe(),
+                worker: c.worker.clone(),
+            }
+        };
+        let (ours, theirs) = UnixStream::pair()?;
+        tokio::spawn(agent.serve(theirs));
+        Ok(AgentClient::from_stream(ours, 64 * 1024))
+    }
+}
+
+/// The agent of one container start, serving one connection.
+struct Agent {
+    runtime: FakeRuntime,
+    sandbox: Uuid,
+    container: String,
+    life: CancellationToken,
+    paused: watch::Receiver<bool>,
+    worker: Arc<Mutex<Worker>>,
+}
+
+impl Agent {
+    async fn serve(mut self, stream: UnixStream) {
+        let (r, mut w) = stream.into_split();
+        let (tx, mut requests) = mpsc::channel::<Value>(16);
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(r).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(req) = serde_json::from_str(&line) else { break };
+                if tx.send(req).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let life = self.life.clone();
+        tokio::select! {
+            _ = self.answer(&mut requests, &mut w) => {}
+            _ = life.cancelled() => {}
+        }
+        reader.abort();
+    }
+
+    async fn answer(&mut self, requests: &mut mpsc::Receiver<Value>, w: &mut OwnedWriteHalf) {
+        while let Some(req) = requests.recv().await {
+            // A frozen container answers nothing until it is thawed.
+            if self.paused.wait_for(|p| !p).await.is_err() {
+                return;
+            }
+            let id = req["id"].clone();
+            let behaviour = self
+                .runtime
+                .lock()
+                .behaviour
+                .get(&self.sandbox)
+                .copied()
+                .unwrap_or(Behaviour::Normal);
+            let reply = match behaviour {
+                Behaviour::Silent => continue,
+                Behaviour::Garbage => Some(b"<html>not the protocol</html>".to_vec()),
+                Behaviour::Huge(n) => Some(vec![b'x'; n]),
+                Behaviour::Normal => None,
+            };
+            if let Some(line) = reply {
+                if send_raw(w, &line).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let ok = |body: Value| {
+                let mut reply = json!({"id": id, "type": "result"});
+                if let (Value::Object(r), Value::Object(b)) = (&mut reply, body) {
+                    r.extend(b);
+                }
+                reply
+            };
+            let reply = match req["op"].as_str().unwrap_or_default() {
+                "ping" => ok(json!({})),
+                "reset" => {
+                    self.worker.lock().expect("worker lock").vars.clear();
+                    ok(json!({}))
+                }
+                "packages" => ok(json!({"packages": [{"name": "pip", "version": "24.0"}]})),
+                "interrupt" => continue,
+                op @ ("exec" | "run") => {
+                    let busy = std::mem::replace(&mut self.worker.lock().expect("worker lock").busy, true);
+                    if busy {
+                        json!({"id": id, "type": "error", "error": "busy"})
+                    } else {
+                        let work = match op {
+                            "exec" => req["code"].as_str().unwrap_or_default().to_string(),
+                            _ => req["argv"]
+                                .as_array()
+                                .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
+                                .unwrap_or_default(),
+                        };
+                        let out = self.exec(&work, &req, requests).await;
+                        self.worker.lock().expect("worker lock").busy = false;
+                        ok(out)
+                    }
+                }
+                op => json!({"id": id, "type": "error", "error": format!("unknown op {op:?}")}),
+            };
+            if send_raw(w, reply.to_string().as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Runs one directive, the first word of `work`:
+    /// - `sleep S`: takes S seconds; an interrupt ends it (exit 130), and so
+    ///   does the request's timeout (exit 124);
+    /// - `stubborn S`: takes S seconds whatever the interrupts;
+    /// - `hang`: never ends;
+    /// - `exit` / `oom`: the container stops under the run (the memory
+    ///   limit for `oom`), which ends the connection;
+    /// - `set K V` / `get K`: the worker's namespace;
+    /// - `flood N`: N bytes of output, truncated at the request's cap;
+    /// - anything else is echoed on stdout.
+    async fn exec(&mut self, work: &str, req: &Value, requests: &mut mpsc::Receiver<Value>) -> Value {
+        self.runtime.record(Event::Exec {
+            sandbox: self.sandbox,
+            work: work.to_string(),
+            at: tokio::time::Instant::now(),
+        });
+        let words: Vec<&str> = work.split_whitespace().collect();
+        let timeout = Duration::from_secs_f64(req["timeout"].as_f64().unwrap_or(30.0));
+        let cap = req["output_cap"].as_u64().unwrap_or(64 * 1024) as usize;
+        let seconds = |i: usize| Duration::from_secs_f64(words.get(i).and_then(|s| s.parse().ok()).unwrap_or(0.0));
+        let done = |stdout: String, exit_code: i64| json!({"stdout": stdout, "stderr": "", "exit_code": exit_code});
+        match words.first().copied().unwrap_or_default() {
+            "sleep" => {
+                let sleep = tokio::time::sleep(seconds(1).min(timeout));
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        _ = &mut sleep => break,
+                        req = requests.recv() => match req {
+                            Some(r) if r["op"] == "interrupt" => {
+                                return json!({"stdout": "", "stderr": "KeyboardInterrupt\n", "exit_code": 130, "cancelled": true});
+                            }
+                            Some(_) => {}
+                            // The caller hung up: the run goes on to its end.
+                            None => {
+                                (&mut sleep).await;
+                                break;
+                            }
+                        },
+                    }
+                }
+                match seconds(1) > timeout {
+                    true => json!({"stdout": "", "stderr": "", "exit_code": 124, "timed_out": true}),
+                    false => done(String::new(), 0),
+                }
+            }
+            "stubborn" => {
+                tokio::time::sleep(seconds(1)).await;
+                done(String::new(), 0)
+            }
+            "hang" => std::future::pending().await,
+            stop @ ("exit" | "oom") => {
+                self.runtime.kill(&self.container, stop == "oom");
+                std::future::pending().await
+            }
+            "set" if words.len() == 3 => {
+                let mut worker = self.worker.lock().expect("worker lock");
+                worker.vars.insert(words[1].into(), words[2].into());
+                done(String::new(), 0)
+            }
+            "get" if words.len() == 2 => match self.worker.lock().expect("worker lock").vars.get(words[1]) {
+                Some(v) => done(format!("{v}\n"), 0),
+                None => {
+                    json!({"stdout": "", "stderr": format!("NameError: name '{}' is not defined\n", words[1]), "exit_code": 1})
+                }
+            },
+            "flood" => {
+                let n: usize = words.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+                json!({"stdout": "y".repeat(n.min(cap)), "stderr": "", "exit_code": 0, "truncated": n > cap})
+            }
+            _ => done(format!("{work}\n"), 0),
+        }
+    }
+}
+
+async fn send_raw(w: &mut OwnedWriteHalf, line: &[u8]) -> std::io::Result<()> {
+    w.write_all(line).await?;
+    w.write_all(b"\n").await
+}

@@ -1,0 +1,218 @@
+//! The link to the agent: each recovery branch (stopped, frozen, removed
+//! container), each deadline, and an agent that answers slowly, never,
+//! wrongly or hugely.
+
+use std::time::Duration;
+
+use super::{Server, OWNER};
+use crate::error::SandboxError;
+use crate::runtime::fake::{Behaviour, Event};
+use crate::runtime::{ContainerRuntime, ContainerState, SandboxPaths};
+use crate::Work;
+
+#[tokio::test(start_paused = true)]
+async fn python_state_lives_across_calls() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "set x 41").await.unwrap();
+    assert_eq!(s.stdout(id, "get x").await, "41\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_container_is_started_again_and_the_caller_told() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    s.run(id, "set x 1").await.unwrap();
+    s.fake.kill(&container, false);
+    let ran = s.run(id, "get x").await.unwrap();
+    assert_eq!(ran.output.exit_code, 1, "a restart loses the namespace");
+    let notice = ran.notice.expect("a notice");
+    assert!(notice.contains("had stopped (exit code 137)"), "{notice}");
+    assert_eq!(s.fake.count(|e| *e == Event::Started(container.clone())), 1);
+    assert_eq!(s.container(id), container);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_the_memory_limit_stopped_is_named_so() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    s.fake.kill(&s.container(id), true);
+    let notice = s.run(id, "echo back").await.unwrap().notice.unwrap();
+    assert!(notice.contains("ran out of memory"), "{notice}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_the_memory_limit_ends_answers_137_and_the_sandbox_comes_back() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let ran = s.run(id, "oom").await.unwrap();
+    assert_eq!(ran.output.exit_code, 137);
+    assert!(ran.output.state_lost);
+    assert!(ran.output.stderr.contains("ran out of memory"), "{}", ran.output.stderr);
+    assert_eq!(s.fake.state_of(&s.container(id)), ContainerState::Running);
+    assert_eq!(s.stdout(id, "echo again").await, "echo again\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_removed_container_is_made_again_on_the_same_volume() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let old = s.container(id);
+    let volume = s.fake.volume_of(&old).unwrap();
+    s.run(id, "echo warm").await.unwrap();
+    s.fake.vanish(&old);
+    let ran = s.run(id, "echo back").await.unwrap();
+    assert!(ran.notice.unwrap().contains("re-created"));
+    let new = s.container(id);
+    assert_ne!(new, old);
+    assert_eq!(s.fake.volume_of(&new).unwrap(), volume, "packages are kept");
+    // The record follows: a restarted server adopts the new container.
+    assert_eq!(s.sb().info(OWNER, id).await.unwrap().container_id, new);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_frozen_behind_the_servers_back_is_thawed() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    s.fake.freeze(&container);
+    assert_eq!(s.stdout(id, "echo thawed").await, "echo thawed\n");
+    assert_eq!(s.fake.state_of(&container), ContainerState::Running);
+    assert_eq!(s.fake.count(|e| *e == Event::Unpaused(container.clone())), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_past_its_timeout_and_grace_restarts_the_container() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    let started = tokio::time::Instant::now();
+    let err = s
+        .sb()
+        .run(OWNER, id, Work::Python("hang".into()), Some(20), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SandboxError::Unresponsive { .. }), "{err}");
+    assert!(err.to_string().contains("within 35 s"), "{err}");
+    // The watchdog fired at the timeout plus its slack, not before.
+    assert!(started.elapsed() >= Duration::from_secs(35));
+    assert_eq!(s.fake.count(|e| *e == Event::Restarted(container.clone())), 1);
+    assert_eq!(s.stdout(id, "echo back").await, "echo back\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_the_agent_keeps_is_a_result_not_an_error() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let ran = s
+        .sb()
+        .run(OWNER, id, Work::Python("sleep 100".into()), Some(3), None)
+        .await
+        .unwrap();
+    assert!(ran.output.timed_out);
+    assert_eq!(ran.output.exit_code, 124);
+    assert_eq!(s.fake.count(|e| matches!(e, Event::Restarted(_))), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_accepts_and_never_answers_is_restarted_after_its_start_deadline() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    s.run(id, "echo warm").await.unwrap();
+    // The sandbox's user replaces the agent by a listener that never answers.
+    s.fake.set_behaviour(id, Behaviour::Silent);
+    s.fake.kill(&container, false);
+    let started = tokio::time::Instant::now();
+    let err = s.run(id, "echo lost").await.unwrap_err();
+    assert!(matches!(err, SandboxError::Unresponsive { .. }), "{err}");
+    assert!(err.to_string().contains("did not answer after a start"), "{err}");
+    assert!(started.elapsed() >= Duration::from_secs(30));
+    assert!(s.fake.count(|e| *e == Event::Restarted(container.clone())) >= 1);
+    // Once the agent answers again, so does the sandbox.
+    s.fake.set_behaviour(id, Behaviour::Normal);
+    let ran = s.run(id, "echo back").await.unwrap();
+    assert_eq!(ran.output.stdout, "echo back\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_that_is_not_the_protocol_is_an_agent_error() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    s.fake.set_behaviour(id, Behaviour::Garbage);
+    let err = s.run(id, "echo x").await.unwrap_err();
+    assert!(matches!(err, SandboxError::Agent(_)), "{err}");
+    assert!(err.to_string().contains("broke the protocol"), "{err}");
+    s.fake.set_behaviour(id, Behaviour::Normal);
+    assert_eq!(s.stdout(id, "echo y").await, "echo y\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_beyond_the_line_bound_is_refused_unread() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    s.fake.set_behaviour(id, Behaviour::Huge(4 << 20));
+    let err = s.run(id, "echo x").await.unwrap_err();
+    assert!(err.to_string().contains("a reply longer than"), "{err}");
+}
+
+/// Runs `directive` on a connection of the sandbox's agent other than the
+/// server's (what an earlier server left running), in the background.
+async fn run_elsewhere(s: &Server, id: uuid::Uuid, directive: &str) {
+    let paths = SandboxPaths {
+        id,
+        results: Default::default(),
+        agent: Default::default(),
+        egress: None,
+        packages: None,
+    };
+    let mut other = s.fake.connect_agent(&paths).await.unwrap();
+    let work = Work::Python(directive.into());
+    tokio::spawn(async move { other.run(&work, 600.0, 1024, None).await });
+    super::pass(Duration::from_millis(100)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_agent_finishing_an_earlier_run_is_waited_for() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    run_elsewhere(&s, id, "stubborn 5").await;
+    let started = tokio::time::Instant::now();
+    let ran = s.run(id, "echo after").await.unwrap();
+    assert_eq!(ran.output.stdout, "echo after\n");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "answered before the agent was free"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_agent_past_the_busy_wait_is_an_error_not_a_hang() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    run_elsewhere(&s, id, "stubborn 60").await;
+    let started = tokio::time::Instant::now();
+    let err = s.run(id, "echo after").await.unwrap_err();
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(15), "waited past the busy wait");
+}
+
+#[tokio::test(start_paused = true)]
+async fn installed_packages_are_listed_over_a_second_connection_during_a_run() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let (ran, status) = tokio::join!(s.run(id, "sleep 5"), async {
+        super::pass(Duration::from_secs(1)).await;
+        s.sb().install_status(OWNER, id, "pip").await
+    });
+    ran.unwrap();
+    let status = status.unwrap();
+    assert_eq!(status.status, crate::InstallStatusKind::Success, "{status:?}");
+    assert!(status.message.contains("24.0"), "{status:?}");
+}

@@ -1,0 +1,127 @@
+//! Unit tests of the domain's logic on the in-memory runtime
+//! ([`crate::runtime::fake`]) and tokio's paused clock: no Docker engine,
+//! and a deadline of minutes passes at once. The same paths against the
+//! real engine are in `actors/tests/`.
+
+mod actor;
+mod link;
+mod pool;
+mod registry;
+mod supervisor;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::agent::Work;
+use crate::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
+use crate::egress::Egress;
+use crate::error::Result;
+use crate::records::RecordStore;
+use crate::runtime::fake::FakeRuntime;
+use crate::{Quota, Ran, Sandboxes, Settings};
+
+pub const OWNER: &str = "tester";
+
+/// A server on the fake runtime, with its own folders.
+pub struct Server {
+    pub sandboxes: Option<Sandboxes>,
+    pub fake: FakeRuntime,
+    pub settings: Settings,
+    _root: tempfile::TempDir,
+}
+
+impl Server {
+    pub async fn start() -> Self {
+        Self::with(|_| {}).await
+    }
+
+    pub async fn with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let mut settings = Settings {
+            sandbox: SandboxConfig {
+                // No capped file systems (they need root and loop devices),
+                // no egress proxy, no pausing unless a test asks.
+                results_mb: 0,
+                packages_mb: 0,
+                pause_after_seconds: 0,
+                ..SandboxConfig::default()
+            },
+            packages: PackagesConfig::default(),
+            uploads: UploadsConfig::default(),
+            pool: PoolConfig { size: 0 },
+            state_dir: root.path().join("state"),
+            results_dir: root.path().join("results"),
+            protected: vec![],
+            min_free_disk_mb: 0,
+        };
+        tweak(&mut settings);
+        let fake = FakeRuntime::default();
+        let sandboxes = open(&settings, &fake).await.expect("start on the fake runtime");
+        Self {
+            sandboxes: Some(sandboxes),
+            fake,
+            settings,
+            _root: root,
+        }
+    }
+
+    pub fn sb(&self) -> &Sandboxes {
+        self.sandboxes.as_ref().expect("running")
+    }
+
+    /// Stops the server and starts it again on the same records and engine.
+    pub async fn restart(&mut self) {
+        if let Some(s) = self.sandboxes.take() {
+            s.shutdown().await;
+        }
+        self.sandboxes = Some(open(&self.settings, &self.fake).await.expect("restart"));
+    }
+
+    pub async fn create(&self) -> Uuid {
+        self.sb()
+            .create(OWNER, None, Quota::UNLIMITED, Default::default())
+            .await
+            .expect("create")
+            .sandbox_id
+    }
+
+    /// Runs one directive of the fake agent (see `runtime::fake`).
+    pub async fn run(&self, id: Uuid, directive: &str) -> Result<Ran> {
+        self.sb()
+            .run(OWNER, id, Work::Python(directive.into()), None, None)
+            .await
+    }
+
+    pub async fn stdout(&self, id: Uuid, directive: &str) -> String {
+        let ran = self.run(id, directive).await.expect("run");
+        ran.output.stdout
+    }
+
+    pub fn container(&self, id: Uuid) -> String {
+        self.fake.container_of(id).expect("a container")
+    }
+}
+
+async fn open(settings: &Settings, fake: &FakeRuntime) -> Result<Sandboxes> {
+    std::fs::create_dir_all(settings.state_dir.join("agents")).unwrap();
+    std::fs::create_dir_all(&settings.results_dir).unwrap();
+    let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
+    let egress = Egress::new(settings, vec![])?;
+    Sandboxes::with_runtime(settings.clone(), store, "fake".into(), Arc::new(fake.clone()), egress).await
+}
+
+/// Lets background work (ticks, refills, retries) run for `d` of paused time.
+pub async fn pass(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+/// Waits (in paused time, at most a minute) until `cond` holds.
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
