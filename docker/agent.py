@@ -15,6 +15,11 @@ Python code runs in a persistent worker process (one namespace, like a notebook
 kernel), so each exec costs a pipe round trip instead of an interpreter start.
 Output goes to files rather than pipes so that output of subprocesses and C code
 is captured too and a flood of output never blocks the program. Stdlib only.
+
+The folders default to the image's; MCP_AGENT_DIR (socket), MCP_AGENT_RESULTS
+(results) and MCP_AGENT_SPOOL (output being written) move them, so that
+actors/tests/agent_protocol.rs can run the agent on the host. Reported paths
+stay under /app/results either way.
 """
 
 import json
@@ -30,16 +35,28 @@ import sys
 import time
 
 SOCKET_DIR = os.environ.get("MCP_AGENT_DIR", "/run/mcp-agent")
-RESULTS = "/app/results"
+# The results folder as the server knows it: every path the agent reports lies
+# below it, whatever folder it really is.
+RESULTS_REPORTED = "/app/results"
+# The folder itself. Only an agent run outside its image (the protocol tests
+# on the host) sets another one.
+RESULTS = os.path.normpath(os.environ.get("MCP_AGENT_RESULTS", RESULTS_REPORTED))
 # Our own files under the results folder (full outputs); never reported as artifacts.
 PRIVATE = ".mcp-sandbox"
-SPOOL = "/tmp/.mcp-agent"
+SPOOL = os.environ.get("MCP_AGENT_SPOOL", "/tmp/.mcp-agent")
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
 GRACE = 2.0
 PROGRESS_EVERY = 1.0
 PROGRESS_CHUNK = 16 * 1024
+
+
+def reported(path):
+    """A path under the results folder as the server knows it."""
+    if RESULTS == RESULTS_REPORTED or not path.startswith(RESULTS + "/"):
+        return path
+    return RESULTS_REPORTED + path[len(RESULTS) :]
 
 
 def coarse_now_ns():
@@ -626,11 +643,12 @@ class Agent:
             "cancelled": job.cancelled,
             "state_lost": state_lost,
             "truncated": out_trunc or err_trunc,
-            "output_files": [f for f in (out_file, err_file) if f],
+            "output_files": [reported(f) for f in (out_file, err_file) if f],
             "duration_ms": round((time.monotonic() - job.started) * 1000, 3),
         }
         watched = self.watcher.changes() if self.watcher is not None else None
-        result["files"] = watched if watched is not None else self.changed_files(job.started_ns)
+        changed = watched if watched is not None else self.changed_files(job.started_ns)
+        result["files"] = [reported(f) for f in changed]
         self.job = None
         self.send(job.conn, result)
 

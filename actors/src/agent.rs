@@ -62,15 +62,62 @@ pub enum Work {
     Program(Vec<String>),
 }
 
+/// The part of every reply that says which request it answers; read first,
+/// so that a stale reply of another request is skipped whatever its shape.
 #[derive(Debug, Deserialize)]
-struct Reply {
-    id: Option<u64>,
-    #[serde(rename = "type")]
-    kind: String,
+struct Envelope {
     #[serde(default)]
-    error: Option<String>,
-    #[serde(flatten)]
-    body: serde_json::Value,
+    id: Option<u64>,
+}
+
+/// A reply to one request, tagged by `type`. `T` is the body of a `result`,
+/// which differs by operation: [`RunOutput`] for `exec` and `run`,
+/// [`PackageList`] for `packages`, [`Pong`] and [`ResetDone`] for the bare
+/// acknowledgements. A reply of another shape fails to parse.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Reply<T> {
+    Progress(Progress),
+    Result(T),
+    Error(ErrorBody),
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorBody {
+    error: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct PackageList {
+    packages: Vec<Package>,
+}
+
+/// The answer to `ping`. Its field is required, so that the result of
+/// another operation is refused (as for [`ResetDone`]).
+#[derive(Debug, Deserialize)]
+struct Pong {
+    #[serde(rename = "pong")]
+    _pong: True,
+}
+
+/// The answer to `reset`.
+#[derive(Debug, Deserialize)]
+struct ResetDone {
+    #[serde(rename = "reset")]
+    _reset: True,
+}
+
+/// The JSON value `true`, and nothing else.
+#[derive(Debug)]
+struct True;
+
+impl<'de> Deserialize<'de> for True {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match bool::deserialize(d)? {
+            true => Ok(True),
+            false => Err(serde::de::Error::custom("expected true")),
+        }
+    }
 }
 
 /// Output of one run, as the agent reports it.
@@ -247,21 +294,14 @@ impl AgentClient {
         };
         self.send(&req).await?;
         loop {
-            let reply = self.receive(id).await?;
-            match reply.kind.as_str() {
-                "progress" => {
+            match self.receive::<RunOutput>(id).await? {
+                Reply::Progress(p) => {
                     if let Some(tx) = progress {
-                        let p: Progress =
-                            serde_json::from_value(reply.body).map_err(|e| AgentError::Protocol(e.to_string()))?;
                         let _ = tx.try_send(p);
                     }
                 }
-                "result" => {
-                    let out: RunOutput =
-                        serde_json::from_value(reply.body).map_err(|e| AgentError::Protocol(e.to_string()))?;
-                    return Ok(out.sanitise());
-                }
-                _ => return Err(reply_error(reply)),
+                Reply::Result(out) => return Ok(out.sanitise()),
+                Reply::Error(e) => return Err(e.into()),
             }
         }
     }
@@ -270,34 +310,31 @@ impl AgentClient {
     pub async fn packages(&mut self) -> Result<Vec<Package>, AgentError> {
         let id = self.take_id();
         self.send(&Request::Packages { id }).await?;
-        let reply = self.receive(id).await?;
-        if reply.kind != "result" {
-            return Err(reply_error(reply));
-        }
-        let list = reply.body.get("packages").cloned().unwrap_or_default();
-        let mut packages: Vec<Package> =
-            serde_json::from_value(list).map_err(|e| AgentError::Protocol(e.to_string()))?;
+        let mut packages = self.answer::<PackageList>(id).await?.packages;
         packages.truncate(10_000);
         Ok(packages)
     }
 
     /// Replaces the Python worker: a fresh namespace, files and packages kept.
     pub async fn reset(&mut self) -> Result<(), AgentError> {
-        self.command(|id| Request::Reset { id }).await
+        let id = self.take_id();
+        self.send(&Request::Reset { id }).await?;
+        self.answer::<ResetDone>(id).await.map(drop)
     }
 
     /// Asks the agent whether it is there (callers bound the wait).
     pub async fn ping(&mut self) -> Result<(), AgentError> {
-        self.command(|id| Request::Ping { id }).await
+        let id = self.take_id();
+        self.send(&Request::Ping { id }).await?;
+        self.answer::<Pong>(id).await.map(drop)
     }
 
-    /// Sends a request that carries only its id, answered by a bare `result`.
-    async fn command(&mut self, request: fn(u64) -> Request<'static>) -> Result<(), AgentError> {
-        let id = self.take_id();
-        self.send(&request(id)).await?;
-        match self.receive(id).await? {
-            reply if reply.kind == "result" => Ok(()),
-            reply => Err(reply_error(reply)),
+    /// The `result` of a request answered at once (no progress).
+    async fn answer<T: serde::de::DeserializeOwned>(&mut self, id: u64) -> Result<T, AgentError> {
+        match self.receive::<T>(id).await? {
+            Reply::Result(body) => Ok(body),
+            Reply::Error(e) => Err(e.into()),
+            Reply::Progress(_) => Err(AgentError::Protocol("progress for a request that has none".into())),
         }
     }
 
@@ -314,13 +351,15 @@ impl AgentClient {
     }
 
     /// Reads replies until the one for `id` (stale ones of a cancelled
-    /// request are skipped), never buffering more than `max_line` bytes.
-    async fn receive(&mut self, id: u64) -> Result<Reply, AgentError> {
+    /// request are skipped), never buffering more than `max_line` bytes, and
+    /// parses it as a reply whose `result` is a `T`.
+    async fn receive<T: serde::de::DeserializeOwned>(&mut self, id: u64) -> Result<Reply<T>, AgentError> {
+        let protocol = |e: serde_json::Error| AgentError::Protocol(e.to_string());
         loop {
             let line = self.read_line().await?;
-            let reply: Reply = serde_json::from_slice(&line).map_err(|e| AgentError::Protocol(e.to_string()))?;
-            if reply.id == Some(id) || reply.id.is_none() {
-                return Ok(reply);
+            let envelope: Envelope = serde_json::from_slice(&line).map_err(protocol)?;
+            if envelope.id == Some(id) || envelope.id.is_none() {
+                return serde_json::from_slice(&line).map_err(protocol);
             }
         }
     }
@@ -356,12 +395,13 @@ impl AgentClient {
     }
 }
 
-fn reply_error(reply: Reply) -> AgentError {
-    match reply.error.as_deref() {
-        Some("busy") => AgentError::Busy,
-        Some(e) if e.starts_with("unknown op") => AgentError::Unsupported(e.to_string()),
-        Some(e) => AgentError::Protocol(e.to_string()),
-        None => AgentError::Protocol(format!("unexpected reply type {:?}", reply.kind)),
+impl From<ErrorBody> for AgentError {
+    fn from(body: ErrorBody) -> Self {
+        match body.error.as_str() {
+            "busy" => AgentError::Busy,
+            e if e.starts_with("unknown op") => AgentError::Unsupported(body.error),
+            _ => AgentError::Protocol(body.error),
+        }
     }
 }
 
@@ -449,6 +489,180 @@ mod tests {
         });
         let err = client.reset().await.unwrap_err();
         assert!(matches!(err, AgentError::Unsupported(_)), "{err}");
+    }
+
+    /// A fake agent that answers the n-th request with the n-th list of
+    /// replies; a reply without an `id` gets the request's.
+    fn fake_agent(script: Vec<Vec<serde_json::Value>>) -> AgentClient {
+        let (a, b) = UnixStream::pair().unwrap();
+        tokio::spawn(async move {
+            let (r, mut w) = b.into_split();
+            let mut lines = BufReader::new(r).lines();
+            for replies in script {
+                let Ok(Some(line)) = lines.next_line().await else {
+                    return;
+                };
+                let req: serde_json::Value = serde_json::from_str(&line).unwrap();
+                for mut reply in replies {
+                    if let Some(fields) = reply.as_object_mut() {
+                        fields.entry("id").or_insert_with(|| req["id"].clone());
+                    }
+                    let _ = w.write_all(format!("{reply}\n").as_bytes()).await;
+                }
+            }
+            // Hold the connection open until the client is done.
+            let _ = lines.next_line().await;
+        });
+        AgentClient::from_stream(a, 1024)
+    }
+
+    fn run_result() -> serde_json::Value {
+        serde_json::json!({"type": "result", "stdout": "out", "stderr": "", "exit_code": 0})
+    }
+
+    async fn run(client: &mut AgentClient) -> Result<RunOutput, AgentError> {
+        client.run(&Work::Python("print(1)".into()), 1.0, 1024, None).await
+    }
+
+    #[tokio::test]
+    async fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
+        use serde_json::json;
+        let packages = json!({"type": "result", "packages": [{"name": "six", "version": "1"}]});
+        let pong = json!({"type": "result", "pong": true});
+        let reset = json!({"type": "result", "reset": true});
+        let progress = json!({"type": "progress", "stdout": "x", "stderr": ""});
+        let wrong_for_run = [
+            packages.clone(),
+            pong.clone(),
+            json!({"type": "result"}),
+            json!({"type": "result", "stdout": "", "stderr": "", "exit_code": "0"}),
+            json!({"type": "result", "stdout": 1, "stderr": "", "exit_code": 0}),
+            json!({"type": "result", "stdout": "", "stderr": "", "exit_code": 0, "files": "/app/results/a"}),
+            json!({"type": "progress", "stdout": 5}),
+            json!({"type": "weird", "stdout": ""}),
+            json!({"type": "error"}),
+            json!({"stdout": "", "stderr": "", "exit_code": 0}),
+            json!([1, 2]),
+        ];
+        for reply in wrong_for_run {
+            let err = run(&mut fake_agent(vec![vec![reply.clone()]])).await.unwrap_err();
+            assert!(matches!(err, AgentError::Protocol(_)), "{reply}: {err}");
+        }
+        for reply in [
+            run_result(),
+            pong.clone(),
+            progress.clone(),
+            json!({"type": "result", "packages": {"six": "1"}}),
+            json!({"type": "result", "packages": [{"name": "six"}]}),
+        ] {
+            let err = fake_agent(vec![vec![reply.clone()]]).packages().await.unwrap_err();
+            assert!(matches!(err, AgentError::Protocol(_)), "{reply}: {err}");
+        }
+        for reply in [
+            reset.clone(),
+            packages.clone(),
+            json!({"type": "result"}),
+            json!({"type": "result", "pong": false}),
+            progress.clone(),
+        ] {
+            let err = fake_agent(vec![vec![reply.clone()]]).ping().await.unwrap_err();
+            assert!(matches!(err, AgentError::Protocol(_)), "{reply}: {err}");
+        }
+        for reply in [pong.clone(), run_result(), json!({"type": "result", "reset": "yes"})] {
+            let err = fake_agent(vec![vec![reply.clone()]]).reset().await.unwrap_err();
+            assert!(matches!(err, AgentError::Protocol(_)), "{reply}: {err}");
+        }
+        // The right shapes, for contrast.
+        fake_agent(vec![vec![pong]]).ping().await.unwrap();
+        fake_agent(vec![vec![reset]]).reset().await.unwrap();
+        let list = fake_agent(vec![vec![packages]]).packages().await.unwrap();
+        assert_eq!(
+            list,
+            vec![Package {
+                name: "six".into(),
+                version: "1".into()
+            }]
+        );
+        assert_eq!(
+            run(&mut fake_agent(vec![vec![run_result()]])).await.unwrap().stdout,
+            "out"
+        );
+    }
+
+    #[tokio::test]
+    async fn stale_replies_of_other_requests_are_skipped_whatever_their_shape() {
+        use serde_json::json;
+        let mut client = fake_agent(vec![
+            vec![
+                json!({"id": 999, "type": "progress", "stdout": "old", "stderr": ""}),
+                json!({"id": 998, "type": "result", "packages": []}),
+                json!({"id": 997, "type": "error", "error": "busy"}),
+                json!({"type": "progress", "stdout": "new", "stderr": ""}),
+                run_result(),
+            ],
+            vec![
+                json!({"id": 996, "type": "result", "stdout": "", "stderr": "", "exit_code": 1}),
+                json!({"type": "result", "pong": true}),
+            ],
+        ]);
+        let (tx, mut rx) = mpsc::channel(8);
+        let out = client
+            .run(&Work::Python("print(1)".into()), 1.0, 1024, Some(&tx))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, "out");
+        assert_eq!(rx.try_recv().unwrap().stdout, "new", "only this request's progress");
+        assert!(rx.try_recv().is_err());
+        client.ping().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn errors_busy_and_results_are_mapped() {
+        use serde_json::json;
+        let err = run(&mut fake_agent(vec![vec![json!({"type": "error", "error": "busy"})]]))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::Busy), "{err}");
+        let err = fake_agent(vec![vec![json!({"type": "error", "error": "busy"})]])
+            .reset()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AgentError::Busy), "{err}");
+        let err = fake_agent(vec![vec![json!({"type": "error", "error": "could not start: x"})]])
+            .ping()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Protocol(e) if e == "could not start: x"),
+            "{err}"
+        );
+        // An error about a malformed request carries no id; it answers the request.
+        let err = fake_agent(vec![vec![
+            json!({"id": null, "type": "error", "error": "malformed request"}),
+        ]])
+        .packages()
+        .await
+        .unwrap_err();
+        assert!(matches!(err, AgentError::Protocol(_)), "{err}");
+
+        let many: Vec<_> = (0..10_005)
+            .map(|i| json!({"name": format!("p{i}"), "version": "1"}))
+            .collect();
+        let list = fake_agent(vec![vec![json!({"type": "result", "packages": many})]])
+            .packages()
+            .await
+            .unwrap();
+        assert_eq!(list.len(), 10_000, "the list is bounded");
+
+        let mut reply = run_result();
+        reply["files"] = json!(["/app/results/a.png", "/etc/passwd", "/app/results/../x"]);
+        reply["output_files"] = json!(["/tmp/out.txt", "/app/results/.mcp-sandbox/output/1-stdout.txt"]);
+        let out = run(&mut fake_agent(vec![vec![reply]])).await.unwrap();
+        assert_eq!(out.files, vec!["/app/results/a.png".to_string()]);
+        assert_eq!(
+            out.output_files,
+            vec!["/app/results/.mcp-sandbox/output/1-stdout.txt".to_string()]
+        );
     }
 
     #[test]

@@ -1,0 +1,521 @@
+//! The agent protocol from both ends without Docker: the real
+//! `docker/agent.py`, started with the host's `python3` on a temporary socket
+//! folder and results folder, driven by the real [`AgentClient`].
+//!
+//! Needs neither a Docker engine nor root; a missing `python3` fails the tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sandbox_actors::agent::{AgentClient, AgentError, SOCKET_NAME};
+use sandbox_actors::{Package, Work};
+use tokio::sync::mpsc;
+
+const AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/agent.py");
+const CAP: usize = 64 * 1024;
+/// A distribution that only the test's `PYTHONPATH` holds.
+const DIST: (&str, &str) = ("mcp-sandbox-protocol-test", "1.2.3");
+
+/// One agent process with folders of its own; killed, with every process it
+/// started, when dropped.
+struct Agent {
+    child: tokio::process::Child,
+    socket: PathBuf,
+    results: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    async fn start() -> Self {
+        // Under /tmp: a unix socket's path is limited to 107 bytes.
+        let dir = tempfile::Builder::new()
+            .prefix("agent-protocol")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let (sock_dir, results, spool, site) = (
+            dir.path().join("sock"),
+            dir.path().join("results"),
+            dir.path().join("spool"),
+            dir.path().join("site"),
+        );
+        let dist_info = site.join(format!("{}-{}.dist-info", DIST.0.replace('-', "_"), DIST.1));
+        for d in [&sock_dir, &results, &spool, &dist_info] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(
+            dist_info.join("METADATA"),
+            format!("Metadata-Version: 2.1\nName: {}\nVersion: {}\n", DIST.0, DIST.1),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+        let child = tokio::process::Command::new("python3")
+            .arg("-u")
+            .arg(AGENT)
+            .env("MCP_AGENT_DIR", &sock_dir)
+            .env("MCP_AGENT_RESULTS", &results)
+            .env("MCP_AGENT_SPOOL", &spool)
+            .env("PYTHONPATH", &site)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("MCP_EGRESS_SOCKET")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("these tests need python3 on PATH to run docker/agent.py: {e}"));
+        let mut agent = Self {
+            child,
+            socket: sock_dir.join(SOCKET_NAME),
+            results,
+            dir,
+        };
+        agent.wait_ready().await;
+        agent
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the agent ended ({status}) before listening: {}", self.log());
+            }
+            if let Ok(mut c) = AgentClient::connect(&self.socket, CAP).await {
+                if c.ping().await.is_ok() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the agent never listened: {}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    async fn client(&self) -> AgentClient {
+        AgentClient::connect(&self.socket, CAP).await.unwrap()
+    }
+
+    /// The host path of a path the agent reported under `/app/results`.
+    fn host_path(&self, reported: &str) -> PathBuf {
+        let rel = reported
+            .strip_prefix("/app/results/")
+            .expect("reported under /app/results");
+        self.results.join(rel)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // The worker and the programs of runs live in sessions of their own:
+        // end them first, while they are still the agent's children.
+        if let Some(pid) = self.child.id() {
+            for leader in processes().filter(|p| p.ppid == pid).map(|p| p.pid) {
+                for p in processes().filter(|p| p.session == leader) {
+                    // SAFETY: signalling a process id; no memory is involved.
+                    unsafe { libc::kill(p.pid as i32, libc::SIGKILL) };
+                }
+            }
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+struct Proc {
+    pid: u32,
+    ppid: u32,
+    session: u32,
+}
+
+fn processes() -> impl Iterator<Item = Proc> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+            Some(Proc {
+                pid,
+                ppid: fields.get(1)?.parse().ok()?,
+                session: fields.get(3)?.parse().ok()?,
+            })
+        })
+}
+
+fn py(code: &str) -> Work {
+    Work::Python(code.into())
+}
+
+fn program(argv: &[&str]) -> Work {
+    Work::Program(argv.iter().map(|s| s.to_string()).collect())
+}
+
+async fn exec(c: &mut AgentClient, code: &str) -> sandbox_actors::RunOutput {
+    c.run(&py(code), 30.0, CAP, None).await.unwrap()
+}
+
+/// A progress sender for a run, and the stdout of its first progress line:
+/// user code that prints a marker is then known to be running.
+fn first_progress() -> (
+    mpsc::Sender<sandbox_actors::Progress>,
+    tokio::sync::oneshot::Receiver<String>,
+) {
+    let (tx, mut rx) = mpsc::channel::<sandbox_actors::Progress>(64);
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Some(p) = rx.recv().await {
+            let _ = seen_tx.send(p.stdout);
+        }
+        while rx.recv().await.is_some() {}
+    });
+    (tx, seen_rx)
+}
+
+#[tokio::test]
+async fn python_state_persists_across_execs() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let r = exec(&mut c, "import json\nx = 41\nprint('hi')").await;
+    assert_eq!(
+        (r.stdout.as_str(), r.exit_code, r.state_lost),
+        ("hi\n", 0, false),
+        "{r:?}"
+    );
+    let r = exec(&mut c, "x += 1\nimport os\nprint(json.dumps({'x': x}), os.getpid())").await;
+    let (x, pid) = r.stdout.trim().rsplit_once(' ').unwrap();
+    assert_eq!(x, "{\"x\": 42}", "variables and imports persist: {r:?}");
+    let r = exec(&mut c, "print(os.getpid())").await;
+    assert_eq!(r.stdout.trim(), pid, "the same worker runs every exec");
+
+    let r = exec(&mut c, "import sys\nprint('err', file=sys.stderr)\nsys.exit(3)").await;
+    assert_eq!((r.stderr.as_str(), r.exit_code), ("err\n", 3), "{r:?}");
+    let r = exec(&mut c, "def f():\n    raise ValueError('boom')\nf()").await;
+    assert_eq!(r.exit_code, 1);
+    assert!(
+        r.stderr.contains("ValueError: boom") && !r.stderr.contains("agent.py"),
+        "{}",
+        r.stderr
+    );
+    let r = exec(&mut c, "import os\nprint(os.getcwd())").await;
+    assert_eq!(
+        Path::new(r.stdout.trim()),
+        agent.results.as_path(),
+        "code runs in the results folder"
+    );
+    assert_eq!(
+        exec(&mut c, "print(x)").await.stdout,
+        "42\n",
+        "a failed exec keeps the state"
+    );
+}
+
+#[tokio::test]
+async fn interrupt_cancels_a_sleep_and_keeps_the_state() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    exec(&mut c, "import time\nx = 7").await;
+
+    let (tx, seen) = first_progress();
+    let interrupter = c.interrupter();
+    let interrupting = tokio::spawn(async move {
+        let marker = seen.await.unwrap();
+        assert!(marker.contains("sleeping"), "{marker:?}");
+        interrupter.interrupt().await;
+    });
+    let started = Instant::now();
+    let r = c
+        .run(
+            &py("print('sleeping', flush=True)\ntime.sleep(60)"),
+            120.0,
+            CAP,
+            Some(&tx),
+        )
+        .await
+        .unwrap();
+    interrupting.await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(r.cancelled && !r.timed_out, "{r:?}");
+    assert_eq!(r.exit_code, 130, "{r:?}");
+    assert!(
+        r.stderr.contains("KeyboardInterrupt") && r.stderr.contains("Cancelled"),
+        "{}",
+        r.stderr
+    );
+    // An interrupted sleep leaves the worker alive: the state is kept.
+    assert!(!r.state_lost, "{r:?}");
+    assert_eq!(exec(&mut c, "print(x)").await.stdout, "7\n");
+}
+
+#[tokio::test]
+async fn a_python_timeout_interrupts_and_keeps_the_state() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    exec(&mut c, "import time\nx = 8").await;
+    let started = Instant::now();
+    let r = c.run(&py("time.sleep(60)"), 0.5, CAP, None).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(r.timed_out && !r.cancelled && !r.state_lost, "{r:?}");
+    assert_eq!(r.exit_code, 124);
+    assert_eq!(exec(&mut c, "print(x)").await.stdout, "8\n");
+}
+
+#[tokio::test]
+async fn reset_replaces_the_worker_and_keeps_files() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let before = exec(
+        &mut c,
+        "import os\nx = 1\nopen('kept.txt', 'w').write('kept')\nprint(os.getpid())",
+    )
+    .await;
+    assert_eq!(before.files, vec!["/app/results/kept.txt".to_string()]);
+    c.reset().await.unwrap();
+    let r = exec(&mut c, "print(x)").await;
+    assert_eq!(r.exit_code, 1, "{r:?}");
+    assert!(r.stderr.contains("NameError"), "the namespace is new: {}", r.stderr);
+    let r = exec(&mut c, "import os\nprint(os.getpid(), open('kept.txt').read())").await;
+    let (pid, content) = r.stdout.trim().split_once(' ').unwrap();
+    assert_ne!(pid, before.stdout.trim(), "a new worker");
+    assert_eq!(content, "kept", "files are kept");
+    assert!(agent.results.join("kept.txt").is_file());
+}
+
+#[tokio::test]
+async fn a_killed_worker_is_reported_and_replaced() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    exec(&mut c, "x = 1").await;
+    let r = exec(&mut c, "import os\nos.kill(os.getpid(), 9)").await;
+    assert!(r.state_lost, "{r:?}");
+    assert_eq!(r.exit_code, 137, "{r:?}");
+    assert!(r.stderr.contains("worker was killed"), "{}", r.stderr);
+    let r = exec(&mut c, "print(x)").await;
+    assert!(
+        r.exit_code == 1 && r.stderr.contains("NameError"),
+        "the state is gone: {r:?}"
+    );
+    assert_eq!(exec(&mut c, "print(2)").await.stdout, "2\n", "the next exec works");
+
+    exec(&mut c, "y = 1").await;
+    let r = exec(&mut c, "import os\nprint('bye', flush=True)\nos._exit(5)").await;
+    assert!(r.state_lost && !r.cancelled && !r.timed_out, "{r:?}");
+    assert_eq!((r.stdout.as_str(), r.exit_code), ("bye\n", 5), "{r:?}");
+    let r = exec(&mut c, "print(y)").await;
+    assert!(r.exit_code == 1 && r.stderr.contains("NameError"), "{r:?}");
+    let r = exec(&mut c, "print(3)").await;
+    assert_eq!((r.stdout.as_str(), r.state_lost), ("3\n", false));
+}
+
+#[tokio::test]
+async fn an_output_flood_is_truncated_and_kept_in_full() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let cap = 4096;
+    let r = c
+        .run(
+            &py("import sys\nprint('o' * 100_000)\nsys.stderr.write('e' * 50_000)"),
+            30.0,
+            cap,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(r.truncated, "{r:?}");
+    assert!(
+        r.stdout.len() < cap + 200 && r.stdout.contains("bytes omitted"),
+        "{}",
+        r.stdout.len()
+    );
+    assert!(r.stderr.len() < cap + 200, "{}", r.stderr.len());
+    assert!(r.stdout.starts_with("ooo") && r.stdout.ends_with("ooo\n"));
+    assert_eq!(r.output_files.len(), 2, "{r:?}");
+    for (path, name, size) in [
+        (&r.output_files[0], "stdout", 100_001),
+        (&r.output_files[1], "stderr", 50_000),
+    ] {
+        assert!(
+            path.starts_with("/app/results/.mcp-sandbox/output/") && path.ends_with(&format!("-{name}.txt")),
+            "{path}"
+        );
+        let full = std::fs::metadata(agent.host_path(path)).unwrap();
+        assert_eq!(full.len(), size, "{path} holds the full output");
+    }
+    assert!(
+        r.files.is_empty(),
+        "the agent's own files are no artifacts: {:?}",
+        r.files
+    );
+
+    let r = c.run(&py("print('o' * 1000)"), 30.0, cap, None).await.unwrap();
+    assert!(!r.truncated && r.output_files.is_empty(), "{r:?}");
+    assert_eq!(r.stdout.len(), 1001);
+}
+
+#[tokio::test]
+async fn files_written_under_results_are_reported() {
+    let agent = Agent::start().await;
+    std::fs::write(agent.results.join("old.txt"), "old").unwrap();
+    let mut c = agent.client().await;
+    let code = "import os\n\
+                open('a.txt', 'w').write('a')\n\
+                os.makedirs('sub/deep')\n\
+                open('sub/deep/b.csv', 'w').write('1,2')\n\
+                os.makedirs('.mcp-sandbox/mine', exist_ok=True)\n\
+                open('.mcp-sandbox/mine/private.txt', 'w').write('p')\n\
+                os.symlink('/etc/passwd', 'link')";
+    let r = exec(&mut c, code).await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_eq!(
+        r.files,
+        vec![
+            "/app/results/a.txt".to_string(),
+            "/app/results/sub/deep/b.csv".to_string()
+        ],
+        "new regular files only, the agent's private folder and untouched files left out"
+    );
+    assert_eq!(std::fs::read_to_string(agent.host_path(&r.files[1])).unwrap(), "1,2");
+
+    assert!(
+        exec(&mut c, "print(1)").await.files.is_empty(),
+        "a run that writes nothing"
+    );
+    let r = exec(&mut c, "open('sub/deep/b.csv', 'a').write('\\n3,4')").await;
+    assert_eq!(
+        r.files,
+        vec!["/app/results/sub/deep/b.csv".to_string()],
+        "a changed file"
+    );
+    let r = c
+        .run(&program(&["sh", "-c", "echo x > c.txt"]), 30.0, CAP, None)
+        .await
+        .unwrap();
+    assert_eq!(r.files, vec!["/app/results/c.txt".to_string()], "a program's files too");
+}
+
+#[tokio::test]
+async fn programs_run_with_exit_code_and_timeout() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let r = c
+        .run(
+            &program(&["sh", "-c", "echo out; echo err >&2; pwd -P; exit 3"]),
+            30.0,
+            CAP,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 3, "{r:?}");
+    let mut lines = r.stdout.lines();
+    assert_eq!(lines.next(), Some("out"));
+    assert_eq!(
+        Path::new(lines.next().unwrap()),
+        agent.results.as_path(),
+        "runs in the results folder"
+    );
+    assert_eq!(r.stderr, "err\n");
+    assert!(!r.timed_out && !r.cancelled && !r.state_lost, "{r:?}");
+
+    let started = Instant::now();
+    let r = c.run(&program(&["sleep", "60"]), 0.5, CAP, None).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.exit_code, 124);
+
+    let r = c
+        .run(&program(&["sh", "-c", "kill -9 $$"]), 30.0, CAP, None)
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 137, "killed by a signal: {r:?}");
+
+    let err = c
+        .run(&program(&["/nonexistent/program"]), 30.0, CAP, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Protocol(e) if e.contains("could not start")),
+        "{err}"
+    );
+    assert_eq!(exec(&mut c, "print('after')").await.stdout, "after\n");
+}
+
+#[tokio::test]
+async fn a_second_connection_while_a_request_runs_is_busy() {
+    let agent = Agent::start().await;
+    let mut first = agent.client().await;
+    exec(&mut first, "import time").await;
+    let interrupter = first.interrupter();
+    let (tx, seen) = first_progress();
+    let running = tokio::spawn(async move {
+        first
+            .run(
+                &py("print('sleeping', flush=True)\ntime.sleep(60)"),
+                120.0,
+                CAP,
+                Some(&tx),
+            )
+            .await
+    });
+    seen.await.unwrap();
+
+    let mut second = agent.client().await;
+    let err = second.run(&py("print(1)"), 30.0, CAP, None).await.unwrap_err();
+    assert!(matches!(err, AgentError::Busy), "{err}");
+    let err = second.run(&program(&["true"]), 30.0, CAP, None).await.unwrap_err();
+    assert!(matches!(err, AgentError::Busy), "{err}");
+    let err = second.reset().await.unwrap_err();
+    assert!(matches!(err, AgentError::Busy), "{err}");
+    second.ping().await.expect("ping answers while a request runs");
+    assert!(!second.packages().await.unwrap().is_empty(), "so do queries");
+
+    interrupter.interrupt().await;
+    let r = running.await.unwrap().unwrap();
+    assert!(r.cancelled, "{r:?}");
+    assert_eq!(
+        second.run(&py("print(1)"), 30.0, CAP, None).await.unwrap().stdout,
+        "1\n"
+    );
+}
+
+#[tokio::test]
+async fn progress_arrives_while_a_request_runs() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let (tx, mut rx) = mpsc::channel(64);
+    let r = c
+        .run(
+            &py("import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')"),
+            30.0,
+            CAP,
+            Some(&tx),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "early\nlate\n");
+    let p = rx.try_recv().expect("a progress line came before the result");
+    assert_eq!(p.stdout, "early\n");
+}
+
+#[tokio::test]
+async fn ping_and_packages() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    c.ping().await.unwrap();
+    let packages = c.packages().await.unwrap();
+    assert!(
+        packages.contains(&Package {
+            name: DIST.0.into(),
+            version: DIST.1.into()
+        }),
+        "{packages:?}"
+    );
+    assert!(packages.iter().all(|p| !p.name.is_empty()), "{packages:?}");
+    // The connection stays usable for a run after queries.
+    c.ping().await.unwrap();
+    assert_eq!(exec(&mut c, "print('ok')").await.stdout, "ok\n");
+}
