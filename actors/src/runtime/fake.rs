@@ -523,10 +523,10 @@ impl Agent {
                 reply
             };
             let reply = match req["op"].as_str().unwrap_or_default() {
-                "ping" => ok(json!({})),
+                "ping" => ok(json!({"pong": true})),
                 "reset" => {
                     self.worker.lock().expect("worker lock").vars.clear();
-                    ok(json!({}))
+                    ok(json!({"reset": true}))
                 }
                 "packages" => ok(json!({"packages": [{"name": "pip", "version": "24.0"}]})),
                 "interrupt" => continue,
