@@ -12,7 +12,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::arg;
-use sandbox_actors::config::{EgressPolicy, PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::config::EgressPolicy;
 use sandbox_actors::{CreateOptions, Quota, Sandboxes, Settings, Work};
 
 const OWNER: &str = "bench";
@@ -24,22 +24,11 @@ async fn main() {
     let url: String = arg("--url", WHEEL.to_string());
     let root = tempfile::tempdir().unwrap();
     let ca = PathBuf::from("/etc/ssl/certs/ca-certificates.crt");
-    let settings = Settings {
-        sandbox: SandboxConfig {
-            ca_bundle: ca.is_file().then_some(ca),
-            // The cost of the path is measured, not the bytes cap (which
-            // under `open` is a sustained rate the kernel holds).
-            egress_mb_per_minute: 1 << 20,
-            ..SandboxConfig::default()
-        },
-        packages: PackagesConfig::default(),
-        uploads: UploadsConfig::default(),
-        pool: PoolConfig { size: 0 },
-        state_dir: root.path().join("state"),
-        results_dir: root.path().join("results"),
-        protected: vec![],
-        min_free_disk_mb: 0,
-    };
+    let mut settings = Settings::under(root.path());
+    settings.sandbox.ca_bundle = ca.is_file().then_some(ca);
+    // The cost of the path is measured, not the bytes cap (which under
+    // `open` is a sustained rate the kernel holds).
+    settings.sandbox.egress_mb_per_minute = 1 << 20;
     let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let mut ids = vec![];
     for egress in [EgressPolicy::Open, EgressPolicy::Packages] {

@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use bollard::Docker;
 use common::{arg, docker_exec, header, row, Series};
-use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::{Sandboxes, Settings, Work};
 
 const OWNER: &str = "bench";
@@ -21,16 +20,7 @@ async fn main() {
     let n: usize = arg("--n", 500);
     let baseline_n: usize = arg("--baseline-n", 100);
     let root = tempfile::tempdir().unwrap();
-    let settings = Settings {
-        sandbox: SandboxConfig::default(),
-        packages: PackagesConfig::default(),
-        uploads: UploadsConfig::default(),
-        pool: PoolConfig { size: 0 },
-        state_dir: root.path().join("state"),
-        results_dir: root.path().join("results"),
-        protected: vec![],
-        min_free_disk_mb: 0,
-    };
+    let settings = Settings::under(root.path());
     let sandboxes = Sandboxes::start(settings).await.expect("start (is Docker running?)");
     let id = sandboxes
         .create(

@@ -31,6 +31,23 @@ pub struct Settings {
     pub min_free_disk_mb: u64,
 }
 
+impl Settings {
+    /// The defaults, with the state and results folders under `root`: no
+    /// warm pool, no uploads, no free-disk guard (tests and benchmarks).
+    pub fn under(root: &std::path::Path) -> Self {
+        Self {
+            sandbox: SandboxConfig::default(),
+            packages: PackagesConfig::default(),
+            uploads: UploadsConfig::default(),
+            pool: PoolConfig { size: 0 },
+            state_dir: root.join("state"),
+            results_dir: root.join("results"),
+            protected: vec![],
+            min_free_disk_mb: 0,
+        }
+    }
+}
+
 pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,
     pub store: RecordStore,

@@ -15,7 +15,6 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::agent::Work;
-use crate::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use crate::egress::Egress;
 use crate::error::Result;
 use crate::records::RecordStore;
@@ -39,23 +38,12 @@ impl Server {
 
     pub async fn with(tweak: impl FnOnce(&mut Settings)) -> Self {
         let root = tempfile::tempdir().unwrap();
-        let mut settings = Settings {
-            sandbox: SandboxConfig {
-                // No capped file systems (they need root and loop devices),
-                // no egress proxy, no pausing unless a test asks.
-                results_mb: 0,
-                packages_mb: 0,
-                pause_after_seconds: 0,
-                ..SandboxConfig::default()
-            },
-            packages: PackagesConfig::default(),
-            uploads: UploadsConfig::default(),
-            pool: PoolConfig { size: 0 },
-            state_dir: root.path().join("state"),
-            results_dir: root.path().join("results"),
-            protected: vec![],
-            min_free_disk_mb: 0,
-        };
+        let mut settings = Settings::under(root.path());
+        // No capped file systems (they need root and loop devices), no
+        // egress proxy, no pausing unless a test asks.
+        settings.sandbox.results_mb = 0;
+        settings.sandbox.packages_mb = 0;
+        settings.sandbox.pause_after_seconds = 0;
         tweak(&mut settings);
         let fake = FakeRuntime::default();
         let sandboxes = open(&settings, &fake).await.expect("start on the fake runtime");

@@ -53,16 +53,22 @@ async fn a_creation_whose_caller_left_leaves_nothing() {
     s.sb().create(OWNER, None, ONE_EACH, Default::default()).await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_failed_creation_says_so_and_gives_its_place_back() {
-    let s = Server::start().await;
-    s.fake.fail_creates(1);
+/// A creation that must fail with an engine error.
+async fn refused_by_docker(s: &Server) -> SandboxError {
     let err = s
         .sb()
         .create(OWNER, None, ONE_EACH, Default::default())
         .await
         .unwrap_err();
     assert!(matches!(err, SandboxError::Docker(_)), "{err}");
+    err
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_creation_says_so_and_gives_its_place_back() {
+    let s = Server::start().await;
+    s.fake.fail_creates(1);
+    let err = refused_by_docker(&s).await;
     assert!(err.to_string().contains("Try again later"), "{err}");
     s.sb().create(OWNER, None, ONE_EACH, Default::default()).await.unwrap();
     assert_eq!(s.fake.containers().len(), 1);
@@ -72,12 +78,7 @@ async fn a_failed_creation_says_so_and_gives_its_place_back() {
 async fn an_engine_that_is_down_fails_the_creation_cleanly() {
     let s = Server::start().await;
     s.fake.set_engine_down(true);
-    let err = s
-        .sb()
-        .create(OWNER, None, ONE_EACH, Default::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, SandboxError::Docker(_)), "{err}");
+    refused_by_docker(&s).await;
     s.fake.set_engine_down(false);
     let id = s.create().await;
     assert_eq!(s.stdout(id, "echo up").await, "echo up\n");

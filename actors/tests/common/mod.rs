@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::{labels, InstallStatus, InstallStatusKind, Quota, Ran, Sandboxes, Settings, Work};
 use uuid::Uuid;
 
@@ -18,25 +17,13 @@ pub fn settings(root: &Path) -> Settings {
     let ca = PathBuf::from("/etc/ssl/certs/ca-certificates.crt");
     let uploads = root.join("uploads");
     std::fs::create_dir_all(&uploads).unwrap();
-    Settings {
-        sandbox: SandboxConfig {
-            ca_bundle: ca.is_file().then_some(ca),
-            memory_mb: 512,
-            pids_limit: 128,
-            ..SandboxConfig::default()
-        },
-        packages: PackagesConfig::default(),
-        uploads: UploadsConfig {
-            allowed_dirs: vec![uploads],
-            ..Default::default()
-        },
-        // Tests count their own objects; the pool has tests of its own.
-        pool: PoolConfig { size: 0 },
-        state_dir: root.join("state"),
-        results_dir: root.join("results"),
-        protected: vec![],
-        min_free_disk_mb: 0,
-    }
+    let mut s = Settings::under(root);
+    s.sandbox.ca_bundle = ca.is_file().then_some(ca);
+    s.sandbox.memory_mb = 512;
+    s.sandbox.pids_limit = 128;
+    s.uploads.allowed_dirs = vec![uploads];
+    // No warm pool: tests count their own objects; the pool has tests of its own.
+    s
 }
 
 pub struct Harness {
