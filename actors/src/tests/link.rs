@@ -216,3 +216,38 @@ async fn installed_packages_are_listed_over_a_second_connection_during_a_run() {
     assert_eq!(status.status, crate::InstallStatusKind::Success, "{status:?}");
     assert!(status.message.contains("24.0"), "{status:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_the_agent_never_answers_ends_at_its_deadline_with_a_restart() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    s.run(id, "echo warm").await.unwrap();
+    s.fake.set_behaviour(id, Behaviour::Silent);
+    let started = tokio::time::Instant::now();
+    let err = s.sb().reset_python(OWNER, id).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SandboxError::Unresponsive {
+                what: "resetting Python",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(10));
+    assert_eq!(s.fake.count(|e| *e == Event::Restarted(container.clone())), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_package_listing_the_agent_never_answers_ends_at_its_deadline() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    s.fake.set_behaviour(id, Behaviour::Silent);
+    let started = tokio::time::Instant::now();
+    let err = s.sb().install_status(OWNER, id, "pip").await.unwrap_err();
+    assert!(err.to_string().contains("listing its packages"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(16), "past the query deadline");
+}

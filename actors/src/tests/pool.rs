@@ -92,3 +92,28 @@ async fn a_stop_removes_what_nobody_claimed() {
     s.restart().await;
     assert_eq!(s.stdout(id, "echo adopted").await, "echo adopted\n");
 }
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_claims_each_get_a_sandbox_of_their_own() {
+    let s = Server::with(|st| st.pool.size = 2).await;
+    until("the pool is full", || s.sb().pool_ready() == 2).await;
+    let claims = (0..6).map(|_| s.sb().create(OWNER, None, Quota::UNLIMITED, Default::default()));
+    let ids: Vec<_> = futures_util::future::join_all(claims)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().sandbox_id)
+        .collect();
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6, "a pooled sandbox was handed out twice");
+    let mut containers: Vec<_> = ids.iter().map(|id| s.container(*id)).collect();
+    containers.sort();
+    containers.dedup();
+    assert_eq!(containers.len(), 6);
+    until("the pool refills", || s.sb().pool_ready() == 2).await;
+    assert_eq!(s.fake.containers().len(), 8);
+    for id in ids {
+        assert_eq!(s.stdout(id, "echo own").await, "echo own\n");
+    }
+}
