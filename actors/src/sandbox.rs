@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::agent::{Package, Progress, Work};
 use crate::context::{Context, Counters};
-use crate::error::{Result, SandboxError};
+use crate::error::{DockerError, Result, SandboxError};
 use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord, History};
 use crate::install::{InstallArgs, InstallTask};
@@ -161,7 +161,7 @@ pub enum SandboxMsg {
     /// connection): restart its container in turn with its calls.
     Unhealthy,
     /// The removal of a deleted or expired sandbox ended.
-    Removed(std::result::Result<(), String>),
+    Removed(Result<(), Arc<SandboxError>>),
 }
 
 pub struct Finished {
@@ -480,9 +480,7 @@ impl Actor for SandboxActor {
                     Err(e) => {
                         warn!(sandbox = %state.record.id, error = %e, "could not remove a deleted sandbox; retrying");
                         for waiter in deletion.waiters.drain(..) {
-                            let _ = waiter.send(Err(SandboxError::Docker(format!(
-                                "{e}; the sandbox stays deleted and its removal is retried"
-                            ))));
+                            let _ = waiter.send(Err(DockerError::RemovalRetried(e.clone()).into()));
                         }
                     }
                 }
@@ -632,7 +630,7 @@ fn begin_deletion(
             Ok(()) => remove_everything(&ctx, &record).await,
             Err(e) => Err(e),
         };
-        let _ = me.send_message(SandboxMsg::Removed(result.map_err(|e| e.to_string())));
+        let _ = me.send_message(SandboxMsg::Removed(result.map_err(Arc::new)));
     });
 }
 

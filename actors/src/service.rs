@@ -27,7 +27,7 @@ use crate::agent::{Progress, Work};
 use crate::config::EgressPolicy;
 use crate::context::{Context, Counters, Settings};
 use crate::egress::Egress;
-use crate::error::{Result, SandboxError};
+use crate::error::{DockerError, Result, SandboxError, StoreError};
 use crate::files::{self, FileError, FileRead, ListOptions, Listing, ResultsPath, Window, MAX_WRITE_BYTES};
 use crate::history::CallRecord;
 use crate::host::{self, Resources};
@@ -649,7 +649,7 @@ impl Sandboxes {
         let container = self.info(scope, id).await?.container_id;
         tokio::time::timeout(QUERY_DEADLINE, self.ctx.runtime.usage(&container))
             .await
-            .map_err(|_| SandboxError::Docker("the engine did not report the container's usage in time".into()))?
+            .map_err(|_| DockerError::UsageTimedOut)?
     }
 
     /// Figures for the server's metrics.
@@ -744,7 +744,7 @@ async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord
         reply,
     })
     .map_err(|e| SandboxError::Internal(e.to_string()))?
-    .map_err(SandboxError::Internal)
+    .map_err(|e| SandboxError::Internal(e.to_string()))
 }
 
 /// The work of one creation, owned by its own task.
@@ -830,8 +830,7 @@ fn server_id(state_dir: &Path) -> Result<String> {
         Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
         _ => {
             let id = Uuid::new_v4().simple().to_string()[..12].to_string();
-            std::fs::write(&path, format!("{id}\n"))
-                .map_err(|e| SandboxError::Store(format!("writing {}: {e}", path.display())))?;
+            std::fs::write(&path, format!("{id}\n")).map_err(|source| StoreError::ServerId { path, source })?;
             Ok(id)
         }
     }

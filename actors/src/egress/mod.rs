@@ -29,7 +29,7 @@ use crate::context::Settings;
 use crate::error::{Result, SandboxError};
 use crate::runtime::SANDBOX_UID;
 
-pub use rules::{host_networks, is_host_name, name_servers, Guard, Rules, PRIVATE_V4};
+pub use rules::{host_networks, is_host_name, name_servers, Guard, RuleError, Rules, PRIVATE_V4};
 
 /// The proxy's socket inside its sandbox's host folder.
 pub const SOCKET_NAME: &str = "proxy.sock";

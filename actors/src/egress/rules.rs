@@ -16,6 +16,15 @@ enum Entry {
     Net(IpNet),
 }
 
+/// An allow-list entry that is none of the forms [`Rules::parse`] takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{0:?}: a wildcard is *. followed by a domain with a dot")]
+    Wildcard(String),
+    #[error("{0:?} is neither a host name, a *.suffix wildcard nor a CIDR")]
+    Unknown(String),
+}
+
 /// A parsed allow-list.
 #[derive(Debug, Clone, Default)]
 pub struct Rules {
@@ -37,7 +46,7 @@ pub fn is_host_name(name: &str) -> bool {
 
 impl Rules {
     /// Parses entries as configured; the error names the bad entry.
-    pub fn parse<S: AsRef<str>>(list: &[S]) -> Result<Self, String> {
+    pub fn parse<S: AsRef<str>>(list: &[S]) -> Result<Self, RuleError> {
         let mut entries = Vec::with_capacity(list.len());
         for raw in list {
             let raw = raw.as_ref().trim();
@@ -48,15 +57,13 @@ impl Rules {
                 Entry::Net(IpNet::from(ip))
             } else if let Some(suffix) = lower.strip_prefix("*.") {
                 if !is_host_name(suffix) || !suffix.contains('.') {
-                    return Err(format!("{raw:?}: a wildcard is *. followed by a domain with a dot"));
+                    return Err(RuleError::Wildcard(raw.to_string()));
                 }
                 Entry::Suffix(suffix.to_string())
             } else if is_host_name(&lower) {
                 Entry::Host(lower)
             } else {
-                return Err(format!(
-                    "{raw:?} is neither a host name, a *.suffix wildcard nor a CIDR"
-                ));
+                return Err(RuleError::Unknown(raw.to_string()));
             };
             entries.push(entry);
         }
