@@ -32,12 +32,14 @@ use crate::files::{self, FileError, FileRead, ListOptions, Listing, ResultsPath,
 use crate::history::CallRecord;
 use crate::host::{self, Resources};
 use crate::link::Ran;
+use crate::messages::{RunRequest, SandboxMsg};
 use crate::packages;
 use crate::pool::{self, Pool};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
+use crate::results::{InstallStatus, SandboxInfo, Uploaded};
 use crate::runtime::disk::Disks;
 use crate::runtime::{ContainerRuntime, ContainerState, DockerRuntime, Usage};
-use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
+use crate::sandbox::remove_everything;
 use crate::scope::Scope;
 use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};

@@ -12,8 +12,9 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::context::Context;
+use crate::messages::SandboxMsg;
 use crate::records::SandboxRecord;
-use crate::sandbox::{SandboxActor, SandboxArgs, SandboxMsg};
+use crate::sandbox::{SandboxActor, SandboxArgs};
 
 /// How often sandboxes are asked whether their lifetime is over.
 const REAP_EVERY: Duration = Duration::from_secs(2);
