@@ -1,12 +1,13 @@
 //! Settings the sandbox domain needs, deserialised straight from the
 //! `[sandbox]`, `[packages]` and `[uploads]` sections of `config.toml`
-//! (the server embeds these types in its own configuration).
+//! (the server embeds these types in its own configuration), and the
+//! [`Settings`] that join them with the server's folders.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::egress::RuleError;
+use crate::egress_rules::{is_host_name, RuleError, Rules};
 
 /// A value serde accepted that the sandbox domain cannot use; the message
 /// names the key.
@@ -25,6 +26,24 @@ fn invalid(key: impl Into<String>, detail: impl Into<String>) -> InvalidConfig {
         key: key.into(),
         detail: detail.into(),
     }
+}
+
+/// Settings of the sandbox domain, from the server's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub sandbox: SandboxConfig,
+    pub packages: PackagesConfig,
+    pub uploads: UploadsConfig,
+    pub pool: PoolConfig,
+    /// The server's own folder: records and agent sockets. Never uploadable.
+    pub state_dir: PathBuf,
+    /// Host folder holding each sandbox's `/app/results`.
+    pub results_dir: PathBuf,
+    /// Files that must never be uploaded into a sandbox (the config file).
+    pub protected: Vec<PathBuf>,
+    /// New sandboxes and installs are refused while the state or results
+    /// folder's file system has less free space than this (0: never).
+    pub min_free_disk_mb: u64,
 }
 
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.
@@ -194,7 +213,7 @@ impl PackagesConfig {
                 }
             }
         }
-        if let Some(bad) = self.file_hosts.iter().find(|h| !crate::egress::is_host_name(h)) {
+        if let Some(bad) = self.file_hosts.iter().find(|h| !is_host_name(h)) {
             return Err(invalid("packages.file_hosts", format!("{bad:?} is not a host name")));
         }
         Ok(())
@@ -283,7 +302,7 @@ impl SandboxConfig {
         if self.max_queued_calls == 0 {
             return Err(invalid("sandbox.max_queued_calls", "at least 1"));
         }
-        if let Err(source) = crate::egress::Rules::parse(&self.egress_allow) {
+        if let Err(source) = Rules::parse(&self.egress_allow) {
             return Err(InvalidConfig::Rules {
                 key: "sandbox.egress_allow",
                 source,

@@ -6,8 +6,6 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::runtime::disk::DiskError;
-
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("sandbox {0} not found: it does not exist or belongs to someone else. Call list_sandboxes to see yours, or create_sandbox to make one.")]
@@ -85,11 +83,22 @@ pub enum DockerError {
     RemovalRetried(#[source] Arc<SandboxError>),
 }
 
+/// Why a sandbox's capped file systems could not be made, mounted or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// A tool (`mkfs.ext4`, `mount`) failed or did not answer; `what` says
+    /// what was being done.
+    #[error("{what}: {detail}")]
+    Tool { what: String, detail: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
 /// What went wrong with the record store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Another server holds the database open.
-    #[error("{} is in use by another mcp-sandbox server; give each server its own server.state_dir", .0.display())]
+    #[error("{0} is in use by another mcp-sandbox server; give each server its own server.state_dir")]
     InUse(PathBuf),
     #[error(transparent)]
     Database(#[from] redb::DatabaseError),
@@ -104,7 +113,7 @@ pub enum StoreError {
     #[error(transparent)]
     Encoding(#[from] serde_json::Error),
     /// The server id file could not be written.
-    #[error("writing {}: {source}", .path.display())]
+    #[error("writing {path}: {source}")]
     ServerId { path: PathBuf, source: std::io::Error },
 }
 

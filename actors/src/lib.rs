@@ -7,6 +7,7 @@ pub mod agent;
 pub mod config;
 pub mod context;
 pub mod egress;
+mod egress_rules;
 pub mod error;
 pub mod files;
 pub mod history;
@@ -29,7 +30,7 @@ pub mod uploads;
 
 pub use agent::{Package, Progress, RunOutput, Work};
 pub use config::EgressPolicy;
-pub use context::Settings;
+pub use config::Settings;
 pub use error::{Result, SandboxError};
 pub use history::{CallKind, CallRecord};
 pub use host::Resources;

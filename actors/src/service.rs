@@ -24,8 +24,8 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
-use crate::config::EgressPolicy;
-use crate::context::{Context, Counters, Settings};
+use crate::config::{EgressPolicy, Settings};
+use crate::context::{Context, Counters};
 use crate::egress::Egress;
 use crate::error::{DockerError, Result, SandboxError, StoreError};
 use crate::files::{self, FileError, FileRead, ListOptions, Listing, ResultsPath, Window, MAX_WRITE_BYTES};

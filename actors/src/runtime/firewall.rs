@@ -23,7 +23,7 @@ use std::process::Command;
 use ipnet::IpNet;
 
 use crate::config::SandboxConfig;
-use crate::egress::{host_networks, name_servers, RuleError, Rules, PRIVATE_V4};
+use crate::egress_rules::{host_networks, name_servers, RuleError, Rules, PRIVATE_V4};
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
 const LINK_LOCAL: &str = "169.254.0.0/16";

@@ -1,6 +1,8 @@
-//! What a policy lets through: host names, `*.suffix` wildcards and CIDRs,
-//! and which addresses are never a public destination (private ranges, the
-//! host's own addresses and the networks it sits on, link-local, loopback).
+//! What an egress policy lets through: host names, `*.suffix` wildcards and
+//! CIDRs, and which addresses are never a public destination (private
+//! ranges, the host's own addresses and the networks it sits on, link-local,
+//! loopback). The configuration check, the egress proxy and the host
+//! firewall all read allow-lists this way.
 
 use std::net::IpAddr;
 
