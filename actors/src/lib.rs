@@ -58,8 +58,7 @@ mod supervisor;
 pub mod uploads;
 
 pub use agent::{Package, Progress, RunOutput, Work};
-pub use config::EgressPolicy;
-pub use config::Settings;
+pub use config::{EgressPolicy, Settings};
 pub use egress_rules::RuleError;
 pub use error::{DiskError, DockerError, Result, SandboxError, StoreError};
 pub use history::{CallKind, CallRecord};
