@@ -201,8 +201,12 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.sandbox.validate().map_err(ConfigError::Invalid)?;
-        self.packages.validate().map_err(ConfigError::Invalid)?;
+        self.sandbox
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.packages
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.limits.validate().map_err(ConfigError::Invalid)?;
         self.results.validate().map_err(ConfigError::Invalid)?;
         let longest_run = self

@@ -1,10 +1,67 @@
 //! Settings the sandbox domain needs, deserialised straight from the
 //! `[sandbox]`, `[packages]` and `[uploads]` sections of `config.toml`
-//! (the server embeds these types in its own configuration).
+//! (the server embeds these types in its own configuration), and the
+//! [`Settings`] that join them with the server's folders.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::egress_rules::{is_host_name, RuleError, Rules};
+
+/// A value serde accepted that the sandbox domain cannot use; the message
+/// names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidConfig {
+    /// `detail` says what the key must hold.
+    #[error("{key}: {detail}")]
+    Value { key: String, detail: String },
+    /// An allow-list entry is none of the accepted forms.
+    #[error("{key}: {source}")]
+    Rules { key: &'static str, source: RuleError },
+}
+
+fn invalid(key: impl Into<String>, detail: impl Into<String>) -> InvalidConfig {
+    InvalidConfig::Value {
+        key: key.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Settings of the sandbox domain, from the server's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub sandbox: SandboxConfig,
+    pub packages: PackagesConfig,
+    pub uploads: UploadsConfig,
+    pub pool: PoolConfig,
+    /// The server's own folder: records and agent sockets. Never uploadable.
+    pub state_dir: PathBuf,
+    /// Host folder holding each sandbox's `/app/results`.
+    pub results_dir: PathBuf,
+    /// Files that must never be uploaded into a sandbox (the config file).
+    pub protected: Vec<PathBuf>,
+    /// New sandboxes and installs are refused while the state or results
+    /// folder's file system has less free space than this (0: never).
+    pub min_free_disk_mb: u64,
+}
+
+impl Settings {
+    /// The defaults, with the state and results folders under `root`: no
+    /// warm pool, no uploads, no free-disk guard (tests and benchmarks).
+    pub fn under(root: &Path) -> Self {
+        Self {
+            sandbox: SandboxConfig::default(),
+            packages: PackagesConfig::default(),
+            uploads: UploadsConfig::default(),
+            pool: PoolConfig { size: 0 },
+            state_dir: root.join("state"),
+            results_dir: root.join("results"),
+            protected: vec![],
+            min_free_disk_mb: 0,
+        }
+    }
+}
 
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.
 #[derive(Debug, Clone, Deserialize)]
@@ -159,19 +216,22 @@ impl PackagesConfig {
         hosts
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         for (key, url) in [
             ("index_url", &self.index_url),
             ("extra_index_url", &self.extra_index_url),
         ] {
             if let Some(url) = url {
                 if url_host(url).is_none() {
-                    return Err(format!("packages.{key}: an http(s) URL with a host, not {url:?}"));
+                    return Err(invalid(
+                        format!("packages.{key}"),
+                        format!("an http(s) URL with a host, not {url:?}"),
+                    ));
                 }
             }
         }
-        if let Some(bad) = self.file_hosts.iter().find(|h| !crate::egress::is_host_name(h)) {
-            return Err(format!("packages.file_hosts: {bad:?} is not a host name"));
+        if let Some(bad) = self.file_hosts.iter().find(|h| !is_host_name(h)) {
+            return Err(invalid("packages.file_hosts", format!("{bad:?} is not a host name")));
         }
         Ok(())
     }
@@ -222,66 +282,79 @@ impl Default for UploadsConfig {
 
 impl SandboxConfig {
     /// Checks what serde cannot; each message names the offending key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         if self.image.trim().is_empty() || self.image.contains(':') {
-            return Err("sandbox.image: a repository name without a tag".into());
+            return Err(invalid("sandbox.image", "a repository name without a tag"));
         }
         if !matches!(self.runtime.as_str(), "runc" | "runsc") {
-            return Err(format!(
-                "sandbox.runtime: \"runc\" or \"runsc\", not {:?}",
-                self.runtime
+            return Err(invalid(
+                "sandbox.runtime",
+                format!("\"runc\" or \"runsc\", not {:?}", self.runtime),
             ));
         }
         if self.memory_mb < 64 {
-            return Err("sandbox.memory_mb: at least 64".into());
+            return Err(invalid("sandbox.memory_mb", "at least 64"));
         }
         if !(self.cpus > 0.0 && self.cpus <= 64.0) {
-            return Err("sandbox.cpus: more than 0 and at most 64".into());
+            return Err(invalid("sandbox.cpus", "more than 0 and at most 64"));
         }
         if self.pids_limit < 32 {
-            return Err("sandbox.pids_limit: at least 32".into());
+            return Err(invalid("sandbox.pids_limit", "at least 32"));
         }
         if self.tmp_size_mb < 16 {
-            return Err("sandbox.tmp_size_mb: at least 16".into());
+            return Err(invalid("sandbox.tmp_size_mb", "at least 16"));
         }
         if self.exec_timeout_seconds == 0 || self.exec_timeout_seconds > self.max_exec_timeout_seconds {
-            return Err("sandbox.exec_timeout_seconds: at least 1 and at most sandbox.max_exec_timeout_seconds".into());
+            return Err(invalid(
+                "sandbox.exec_timeout_seconds",
+                "at least 1 and at most sandbox.max_exec_timeout_seconds",
+            ));
         }
         if self.install_timeout_seconds == 0 {
-            return Err("sandbox.install_timeout_seconds: at least 1".into());
+            return Err(invalid("sandbox.install_timeout_seconds", "at least 1"));
         }
         if self.output_cap_bytes < 1024 {
-            return Err("sandbox.output_cap_bytes: at least 1024".into());
+            return Err(invalid("sandbox.output_cap_bytes", "at least 1024"));
         }
         if self.max_queued_calls == 0 {
-            return Err("sandbox.max_queued_calls: at least 1".into());
+            return Err(invalid("sandbox.max_queued_calls", "at least 1"));
         }
-        if let Err(e) = crate::egress::Rules::parse(&self.egress_allow) {
-            return Err(format!("sandbox.egress_allow: {e}"));
+        if let Err(source) = Rules::parse(&self.egress_allow) {
+            return Err(InvalidConfig::Rules {
+                key: "sandbox.egress_allow",
+                source,
+            });
         }
         if self.egress_max_connections == 0 {
-            return Err("sandbox.egress_max_connections: at least 1".into());
+            return Err(invalid("sandbox.egress_max_connections", "at least 1"));
         }
         if self.egress_mb_per_minute == 0 {
-            return Err("sandbox.egress_mb_per_minute: at least 1".into());
+            return Err(invalid("sandbox.egress_mb_per_minute", "at least 1"));
         }
         for (key, mb, inodes_key, inodes) in [
             ("results_mb", self.results_mb, "results_inodes", self.results_inodes),
             ("packages_mb", self.packages_mb, "packages_inodes", self.packages_inodes),
         ] {
             if mb != 0 && !(16..=1 << 20).contains(&mb) {
-                return Err(format!("sandbox.{key}: 0 (not capped) or from 16 to 1048576"));
+                return Err(invalid(
+                    format!("sandbox.{key}"),
+                    "0 (not capped) or from 16 to 1048576",
+                ));
             }
             // ext4 needs a few inodes of its own and at most one per 1 KiB block.
             if mb != 0 && !(256..=mb * 1024).contains(&inodes) {
-                return Err(format!(
-                    "sandbox.{inodes_key}: from 256 to 1024 per MB of sandbox.{key}"
+                return Err(invalid(
+                    format!("sandbox.{inodes_key}"),
+                    format!("from 256 to 1024 per MB of sandbox.{key}"),
                 ));
             }
         }
         if let Some(path) = &self.ca_bundle {
             if !path.is_file() {
-                return Err(format!("sandbox.ca_bundle: {} is not a file", path.display()));
+                return Err(invalid(
+                    "sandbox.ca_bundle",
+                    format!("{} is not a file", path.display()),
+                ));
             }
         }
         Ok(())

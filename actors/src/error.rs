@@ -1,6 +1,9 @@
 //! Errors of the sandbox domain. Each message is written for the caller
 //! (often an LLM): it says what went wrong and what to do next.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +21,7 @@ pub enum SandboxError {
     #[error("{0}")]
     Quota(String),
     #[error("Docker is unavailable: {0}. Try again later; if it persists, the server operator must check the Docker engine.")]
-    Docker(String),
+    Docker(#[from] DockerError),
     #[error("the sandbox's agent failed: {0}")]
     Agent(String),
     /// The sandbox missed a deadline; its container is being restarted.
@@ -35,9 +38,9 @@ pub enum SandboxError {
     Image(String),
     /// A sandbox's capped file systems could not be made or mounted.
     #[error("sandbox disk: {0}")]
-    Disk(String),
+    Disk(#[from] DiskError),
     #[error("record store: {0}")]
-    Store(String),
+    Store(#[from] StoreError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -64,21 +67,59 @@ impl SandboxError {
     }
 }
 
+/// What went wrong with the Docker engine.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The engine refused a request or could not be reached.
+    #[error(transparent)]
+    Engine(#[from] bollard::errors::Error),
+    /// The engine's statistics stream of a container ended without a sample.
+    #[error("no statistics for the container")]
+    NoStatistics,
+    #[error("the engine did not report the container's usage in time")]
+    UsageTimedOut,
+    /// The removal of a deleted sandbox failed; it is retried at every tick.
+    #[error("{0}; the sandbox stays deleted and its removal is retried")]
+    RemovalRetried(#[source] Arc<SandboxError>),
+}
+
+/// Why a sandbox's capped file systems could not be made, mounted or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// A tool (`mkfs.ext4`, `mount`) failed or did not answer; `what` says
+    /// what was being done.
+    #[error("{what}: {detail}")]
+    Tool { what: String, detail: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// What went wrong with the record store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another server holds the database open.
+    #[error("{0} is in use by another mcp-sandbox server; give each server its own server.state_dir")]
+    InUse(PathBuf),
+    #[error(transparent)]
+    Database(#[from] redb::DatabaseError),
+    #[error(transparent)]
+    Transaction(#[from] redb::TransactionError),
+    #[error(transparent)]
+    Table(#[from] redb::TableError),
+    #[error(transparent)]
+    Storage(#[from] redb::StorageError),
+    #[error(transparent)]
+    Commit(#[from] redb::CommitError),
+    #[error(transparent)]
+    Encoding(#[from] serde_json::Error),
+    /// The server id file could not be written.
+    #[error("writing {path}: {source}")]
+    ServerId { path: PathBuf, source: std::io::Error },
+}
+
 impl From<bollard::errors::Error> for SandboxError {
     fn from(e: bollard::errors::Error) -> Self {
-        SandboxError::Docker(e.to_string())
-    }
-}
-
-impl From<crate::runtime::disk::DiskError> for SandboxError {
-    fn from(e: crate::runtime::disk::DiskError) -> Self {
-        SandboxError::Disk(e.to_string())
-    }
-}
-
-impl From<redb::Error> for SandboxError {
-    fn from(e: redb::Error) -> Self {
-        SandboxError::Store(e.to_string())
+        SandboxError::Docker(e.into())
     }
 }
 
@@ -86,7 +127,7 @@ macro_rules! store_error_from {
     ($($t:ty),*) => {$(
         impl From<$t> for SandboxError {
             fn from(e: $t) -> Self {
-                SandboxError::Store(e.to_string())
+                SandboxError::Store(e.into())
             }
         }
     )*};

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::context::Settings;
+use crate::config::Settings;
 use crate::error::{Result, SandboxError};
 
 /// What the sandboxes take from the host.

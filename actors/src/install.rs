@@ -23,8 +23,8 @@ use crate::agent::Work;
 use crate::config::PackagesConfig;
 use crate::error::Result;
 use crate::link::Link;
+use crate::messages::{Finished, SandboxMsg};
 use crate::records::{InstallRecord, InstallState};
-use crate::sandbox::{Finished, SandboxMsg};
 
 /// The image's uv environment, on the read-only root (docker/Dockerfile).
 pub const TRUSTED_UV: &str = "/opt/uv/bin/uv";

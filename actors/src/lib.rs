@@ -2,26 +2,58 @@
 //! containers, the supervisor that restarts them, the install-task actor, the
 //! records of who owns what, and the container runtime. Nothing here knows
 //! about HTTP or MCP.
+//!
+//! # Layout
+//!
+//! - `service`: [`Sandboxes`], the face the front end calls; it finds a
+//!   sandbox's actor and sends it a message.
+//! - `supervisor`: parent and registry of the sandbox actors.
+//! - `sandbox/`: the sandbox actor: its state and upkeep (`mod.rs`), the jobs
+//!   it queues and the tasks that run them (`jobs.rs`), deletion
+//!   (`deletion.rs`).
+//! - `install`: the install-task actor.
+//! - `messages`: what the actors send each other; `results`: what they
+//!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
+//! - `link`: one sandbox's connection to its agent, with recovery; `agent`:
+//!   the channel to the in-container agent.
+//! - `pool`: making sandboxes, and keeping a few made ahead of demand.
+//! - `runtime/`: the [`ContainerRuntime`](runtime::ContainerRuntime) trait and
+//!   its Docker implementation, with the image build, the disk quotas and
+//!   the host firewall.
+//! - `egress/`: the egress proxy; `egress_rules`: allow-lists and the
+//!   addresses never reached, read by the configuration check, the proxy and
+//!   the firewall.
+//! - `records`: the record store; `history`: a sandbox's recent calls.
+//! - `files`: file tools on `/app/results`; `uploads`: what may be uploaded;
+//!   `packages`: accepted package specs.
+//! - `config`: the configuration sections and [`Settings`]; `context`: what
+//!   every actor shares.
+//! - `error`: [`SandboxError`] and the errors it carries; `status`, `scope`,
+//!   `labels`, `host`: sandbox states, whose sandboxes a call reaches, Docker
+//!   labels, figures about the host.
 
 pub mod agent;
 pub mod config;
-pub mod context;
+mod context;
 pub mod egress;
-pub mod error;
+mod egress_rules;
+mod error;
 pub mod files;
-pub mod history;
+mod history;
 pub mod host;
 mod install;
 pub mod labels;
 mod link;
-pub mod packages;
+mod messages;
+mod packages;
 mod pool;
 pub mod records;
+mod results;
 pub mod runtime;
 mod sandbox;
-pub mod scope;
+mod scope;
 mod service;
-pub mod status;
+mod status;
 mod supervisor;
 pub mod uploads;
 
@@ -29,15 +61,16 @@ pub mod uploads;
 mod tests;
 
 pub use agent::{Package, Progress, RunOutput, Work};
-pub use config::EgressPolicy;
-pub use context::Settings;
-pub use error::{Result, SandboxError};
+pub use config::{EgressPolicy, Settings};
+pub use egress_rules::RuleError;
+pub use error::{DiskError, DockerError, Result, SandboxError, StoreError};
 pub use history::{CallKind, CallRecord};
 pub use host::Resources;
 pub use link::Ran;
+pub use results::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
 pub use runtime::disk::{DiskUsage, DiskUse};
 pub use runtime::Usage;
-pub use sandbox::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded, MAX_INSTALL_RECORDS};
+pub use sandbox::MAX_INSTALL_RECORDS;
 pub use scope::Scope;
 pub use service::{CreateOptions, Quota, Sandboxes, Stats};
 pub use status::SandboxStatus;

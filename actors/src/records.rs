@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::agent::Package;
 use crate::config::EgressPolicy;
-use crate::error::{Result, SandboxError};
+use crate::error::{Result, SandboxError, StoreError};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 /// `"{sandbox id}/{requirement}"` → [`InstallRecord`].
@@ -92,10 +92,7 @@ pub struct RecordStore {
 impl RecordStore {
     pub fn open(path: &Path) -> Result<Self> {
         let db = Database::create(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => SandboxError::Store(format!(
-                "{} is in use by another mcp-sandbox server; give each server its own server.state_dir",
-                path.display()
-            )),
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse(path.to_path_buf()),
             e => e.into(),
         })?;
         let txn = db.begin_write()?;
@@ -214,7 +211,7 @@ fn move_inline_installs(
 }
 
 fn to_json(value: &impl Serialize) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| SandboxError::Store(e.to_string()))
+    Ok(serde_json::to_vec(value).map_err(StoreError::Encoding)?)
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

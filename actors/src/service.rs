@@ -24,20 +24,22 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
-use crate::config::EgressPolicy;
-use crate::context::{Context, Counters, Settings};
+use crate::config::{EgressPolicy, Settings};
+use crate::context::{Context, Counters};
 use crate::egress::Egress;
-use crate::error::{Result, SandboxError};
+use crate::error::{DockerError, Result, SandboxError, StoreError};
 use crate::files::{self, FileError, FileRead, ListOptions, Listing, ResultsPath, Window, MAX_WRITE_BYTES};
 use crate::history::CallRecord;
 use crate::host::{self, Resources};
 use crate::link::Ran;
+use crate::messages::{RunRequest, SandboxMsg};
 use crate::packages;
 use crate::pool::{self, Pool};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
+use crate::results::{InstallStatus, SandboxInfo, Uploaded};
 use crate::runtime::disk::Disks;
 use crate::runtime::{ContainerRuntime, ContainerState, DockerRuntime, Usage};
-use crate::sandbox::{remove_everything, InstallStatus, RunRequest, SandboxInfo, SandboxMsg, Uploaded};
+use crate::sandbox::remove_everything;
 use crate::scope::Scope;
 use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
@@ -649,7 +651,7 @@ impl Sandboxes {
         let container = self.info(scope, id).await?.container_id;
         tokio::time::timeout(QUERY_DEADLINE, self.ctx.runtime.usage(&container))
             .await
-            .map_err(|_| SandboxError::Docker("the engine did not report the container's usage in time".into()))?
+            .map_err(|_| DockerError::UsageTimedOut)?
     }
 
     /// Figures for the server's metrics.
@@ -757,7 +759,7 @@ async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord
         reply,
     })
     .map_err(|e| SandboxError::Internal(e.to_string()))?
-    .map_err(SandboxError::Internal)
+    .map_err(|e| SandboxError::Internal(e.to_string()))
 }
 
 /// The work of one creation, owned by its own task.
@@ -843,8 +845,7 @@ fn server_id(state_dir: &Path) -> Result<String> {
         Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
         _ => {
             let id = Uuid::new_v4().simple().to_string()[..12].to_string();
-            std::fs::write(&path, format!("{id}\n"))
-                .map_err(|e| SandboxError::Store(format!("writing {}: {e}", path.display())))?;
+            std::fs::write(&path, format!("{id}\n")).map_err(|source| StoreError::ServerId { path, source })?;
             Ok(id)
         }
     }

@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use tracing::warn;
 use uuid::Uuid;
 
 use crate::context::Context;
+use crate::messages::SandboxMsg;
 use crate::records::SandboxRecord;
-use crate::sandbox::{SandboxActor, SandboxArgs, SandboxMsg};
+use crate::sandbox::{SandboxActor, SandboxArgs};
 
 /// How often sandboxes are asked whether their lifetime is over.
 const REAP_EVERY: Duration = Duration::from_secs(2);
@@ -31,7 +32,7 @@ pub enum SupervisorMsg {
     Spawn {
         /// Boxed: a record is large next to the other messages.
         record: Box<SandboxRecord>,
-        reply: RpcReplyPort<Result<ActorRef<SandboxMsg>, String>>,
+        reply: RpcReplyPort<Result<ActorRef<SandboxMsg>, SpawnErr>>,
     },
     Reap,
 }
@@ -50,16 +51,14 @@ impl Supervisor {
         state: &mut SupervisorState,
         record: SandboxRecord,
         notice: Option<String>,
-    ) -> Result<ActorRef<SandboxMsg>, String> {
+    ) -> Result<ActorRef<SandboxMsg>, SpawnErr> {
         let (id, owner) = (record.id, record.owner.clone());
         let args = SandboxArgs {
             ctx: state.ctx.clone(),
             record,
             notice,
         };
-        let (actor, _) = Actor::spawn_linked(None, SandboxActor, args, myself.get_cell())
-            .await
-            .map_err(|e| e.to_string())?;
+        let (actor, _) = Actor::spawn_linked(None, SandboxActor, args, myself.get_cell()).await?;
         state.by_actor.insert(actor.get_id(), id);
         state.registry.write().expect("registry lock").insert(
             id,

@@ -6,7 +6,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use crate::agent::RESULTS_IN_CONTAINER;
-use crate::context::Settings;
+use crate::config::Settings;
 use crate::error::{Result, SandboxError};
 use crate::runtime::SANDBOX_UID;
 

@@ -8,7 +8,6 @@
 //! connection, so a pooled sandbox takes its owner's policy when claimed.
 
 mod proxy;
-mod rules;
 mod sni;
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,12 +23,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::config::EgressPolicy;
-use crate::context::Settings;
+use crate::config::{EgressPolicy, Settings};
 use crate::error::{Result, SandboxError};
 use crate::runtime::SANDBOX_UID;
 
-pub use rules::{host_networks, is_host_name, name_servers, Guard, Rules, PRIVATE_V4};
+use crate::egress_rules::is_host_name;
+pub use crate::egress_rules::{host_networks, Guard, Rules};
 
 /// The proxy's socket inside its sandbox's host folder.
 pub const SOCKET_NAME: &str = "proxy.sock";

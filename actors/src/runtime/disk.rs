@@ -30,20 +30,13 @@ use uuid::Uuid;
 
 use super::SANDBOX_UID;
 use crate::config::SandboxConfig;
+use crate::error::DiskError;
 use crate::host;
 
 /// How long one `mkfs.ext4` or `mount` may take.
 const TOOL_DEADLINE: Duration = Duration::from_secs(30);
 /// The agent's folder holds one socket; this is all it may ever hold.
 const AGENT_TMPFS: &str = "size=1m,nr_inodes=64,mode=0755,nodev,nosuid,noexec";
-
-#[derive(Debug, thiserror::Error)]
-pub enum DiskError {
-    #[error("{what}: {detail}")]
-    Tool { what: String, detail: String },
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-}
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
     move |source| DiskError::Io {

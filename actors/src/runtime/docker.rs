@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, SANDBOX_UID};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::SandboxConfig;
-use crate::error::{Result, SandboxError};
+use crate::error::{DockerError, Result, SandboxError};
 use crate::labels;
 
 /// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
@@ -371,7 +371,7 @@ impl ContainerRuntime for DockerRuntime {
             .stats(container_id, Some(options))
             .next()
             .await
-            .ok_or_else(|| SandboxError::Docker("no statistics for the container".into()))??;
+            .ok_or(DockerError::NoStatistics)??;
         let cpu_ns = stats.cpu_stats.and_then(|c| c.cpu_usage).and_then(|u| u.total_usage);
         let memory = stats.memory_stats.unwrap_or_default();
         let cache = memory

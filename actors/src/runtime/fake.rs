@@ -139,7 +139,7 @@ impl FakeRuntime {
 
     fn engine(&self) -> Result<()> {
         match self.shared.engine_down.load(Ordering::SeqCst) {
-            true => Err(SandboxError::Docker("the fake engine is down".into())),
+            true => Err(refusal(503, "the fake engine is down".into())),
             false => Ok(()),
         }
     }
@@ -253,7 +253,7 @@ impl FakeRuntime {
         let c = state
             .containers
             .get_mut(id)
-            .ok_or_else(|| SandboxError::Docker(format!("no such container: {id}")))?;
+            .ok_or_else(|| refusal(404, format!("no such container: {id}")))?;
         change(c)
     }
 }
@@ -272,7 +272,7 @@ impl ContainerRuntime for FakeRuntime {
         let mut state = self.lock();
         if state.fail_creates > 0 {
             state.fail_creates -= 1;
-            return Err(SandboxError::Docker("the fake engine refused the creation".into()));
+            return Err(refusal(500, "the fake engine refused the creation".into()));
         }
         state.next += 1;
         let container_id = format!("fake-{}", state.next);
@@ -324,7 +324,7 @@ impl ContainerRuntime for FakeRuntime {
                 c.paused.send_replace(true);
                 Ok(())
             }
-            _ => Err(SandboxError::Docker(format!("container {container_id} is not running"))),
+            _ => Err(refusal(409, format!("container {container_id} is not running"))),
         })?;
         self.record(Event::Paused(container_id.into()));
         Ok(())
@@ -337,7 +337,7 @@ impl ContainerRuntime for FakeRuntime {
                 c.paused.send_replace(false);
                 Ok(())
             }
-            _ => Err(SandboxError::Docker(format!("container {container_id} is not paused"))),
+            _ => Err(refusal(409, format!("container {container_id} is not paused"))),
         })?;
         self.record(Event::Unpaused(container_id.into()));
         Ok(())
@@ -401,7 +401,7 @@ impl ContainerRuntime for FakeRuntime {
     async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()> {
         self.with_container(container_id, |c| match c.state {
             ContainerState::Running => Ok(()),
-            _ => Err(SandboxError::Docker(format!("container {container_id} is not running"))),
+            _ => Err(refusal(409, format!("container {container_id} is not running"))),
         })?;
         self.record(Event::Upload {
             container: container_id.into(),
@@ -628,6 +628,11 @@ impl Agent {
             _ => done(format!("{work}\n"), 0),
         }
     }
+}
+
+/// An error as the engine answers it.
+fn refusal(status_code: u16, message: String) -> SandboxError {
+    bollard::errors::Error::DockerResponseServerError { status_code, message }.into()
 }
 
 async fn send_raw(w: &mut OwnedWriteHalf, line: &[u8]) -> std::io::Result<()> {

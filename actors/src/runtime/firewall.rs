@@ -23,7 +23,7 @@ use std::process::Command;
 use ipnet::IpNet;
 
 use crate::config::SandboxConfig;
-use crate::egress::{host_networks, name_servers, Rules, PRIVATE_V4};
+use crate::egress_rules::{host_networks, name_servers, RuleError, Rules, PRIVATE_V4};
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
 const LINK_LOCAL: &str = "169.254.0.0/16";
@@ -32,20 +32,31 @@ fn tag(server_id: &str) -> String {
     format!("mcp-sandbox:{server_id}")
 }
 
-fn iptables(args: &[&str]) -> Result<String, String> {
+/// Why the host firewall rules could not be set or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    #[error("iptables: {0}")]
+    Run(#[source] std::io::Error),
+    /// iptables ran and refused; `stderr` says why.
+    #[error("iptables {args}: {stderr}")]
+    Refused { args: String, stderr: String },
+    #[error(transparent)]
+    Rules(#[from] RuleError),
+}
+
+fn iptables(args: &[&str]) -> Result<String, FirewallError> {
     let out = Command::new("iptables")
         .arg("-w")
         .args(args)
         .output()
-        .map_err(|e| format!("iptables: {e}"))?;
+        .map_err(FirewallError::Run)?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "iptables {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(FirewallError::Refused {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -209,7 +220,7 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
 }
 
 /// Removes every rule this server added.
-pub fn remove(server_id: &str) -> Result<(), String> {
+pub fn remove(server_id: &str) -> Result<(), FirewallError> {
     let tag = tag(server_id);
     for chain in ["INPUT", "DOCKER-USER"] {
         let listing = iptables(&["-S", chain])?;
@@ -251,7 +262,7 @@ fn split_rule(spec: &str) -> Vec<String> {
 /// Replaces this server's rules with fresh ones for `subnet`, from the
 /// sandbox settings: `egress_allow`, whose CIDRs stay reachable, and the
 /// egress bounds.
-pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<(), String> {
+pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<(), FirewallError> {
     let listed: Vec<IpNet> = Rules::parse(&config.egress_allow)?.nets().copied().collect();
     let bounds = Bounds {
         connections: config.egress_max_connections,

@@ -12,240 +12,37 @@
 //! and after a short grace the container is removed. A sandbox that misses
 //! a deadline is restarted in turn with its calls.
 
+mod deletion;
+mod jobs;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde::Serialize;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use time::OffsetDateTime;
-use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
 use tracing::warn;
-use uuid::Uuid;
 
-use crate::agent::{Package, Progress, Work};
+use crate::agent::Package;
 use crate::context::{Context, Counters};
-use crate::error::{Result, SandboxError};
-use crate::files::{self, ResultsPath};
+use crate::error::{DockerError, Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
-use crate::install::{InstallArgs, InstallTask};
-use crate::link::{Link, Ran, Retirement};
+use crate::link::{Link, Retirement};
+use crate::messages::{Finished, SandboxMsg};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
-use crate::runtime::disk::DiskUsage;
+use crate::results::{InstallStatus, InstallStatusKind, SandboxInfo};
 use crate::runtime::ContainerState;
 use crate::status::SandboxStatus;
-use crate::uploads::{self, UploadSource};
+use deletion::{begin_deletion, Deletion};
+use jobs::Job;
 
-/// How long a delete waits for the job in flight to hand its link back
-/// before it removes the container anyway.
-const DELETE_GRACE: Duration = Duration::from_secs(2);
+pub use deletion::remove_everything;
+
 /// Requirement strings whose last install a sandbox remembers; past it the
 /// oldest finished ones are forgotten.
 pub const MAX_INSTALL_RECORDS: usize = 100;
-
-/// A run of Python code or of a shell command.
-pub struct RunRequest {
-    pub work: Work,
-    pub timeout: Duration,
-    pub progress: Option<mpsc::Sender<Progress>>,
-    /// Cancelled when the caller gives up: a queued run is skipped, a
-    /// running one interrupted.
-    pub cancel: CancellationToken,
-    pub reply: RpcReplyPort<Result<Ran>>,
-}
-
-/// What an install status query finds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InstallStatusKind {
-    Installing,
-    Success,
-    Failed,
-    NotFound,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct InstallStatus {
-    pub package: String,
-    pub status: InstallStatusKind,
-    pub message: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<String>,
-}
-
-impl From<&InstallRecord> for InstallStatus {
-    fn from(r: &InstallRecord) -> Self {
-        Self {
-            package: r.package.clone(),
-            status: match r.status {
-                InstallState::Installing => InstallStatusKind::Installing,
-                InstallState::Success => InstallStatusKind::Success,
-                InstallState::Failed => InstallStatusKind::Failed,
-            },
-            message: r.message.clone(),
-            output: r.output.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Uploaded {
-    /// The uploaded file or folder inside the sandbox.
-    pub path: String,
-    pub message: String,
-}
-
-/// A sandbox as the front end lists it.
-#[derive(Debug, Clone, Serialize)]
-pub struct SandboxInfo {
-    pub sandbox_id: Uuid,
-    pub name: String,
-    #[serde(skip)]
-    pub owner: String,
-    #[serde(skip)]
-    pub container_id: String,
-    pub status: SandboxStatus,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub expires_at: Option<OffsetDateTime>,
-    pub installed_packages: Vec<Package>,
-    /// Use of the sandbox's capped folders (absent when disks are not capped).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disk: Option<DiskUsage>,
-}
-
-pub enum SandboxMsg {
-    Run(RunRequest),
-    /// Queues an install (or joins the one in progress) and answers at once
-    /// with a receiver that sees its status change.
-    Install {
-        package: String,
-        specs: Vec<String>,
-        reply: RpcReplyPort<Result<watch::Receiver<InstallRecord>>>,
-    },
-    InstallStatus {
-        package: String,
-        reply: RpcReplyPort<Result<InstallStatus>>,
-    },
-    Upload {
-        source: UploadSource,
-        dest: String,
-        reply: RpcReplyPort<Result<Uploaded>>,
-    },
-    /// Restarts the container (Python state is lost, files and packages
-    /// stay), in turn with the other calls.
-    Restart {
-        reply: RpcReplyPort<Result<()>>,
-    },
-    /// Gives Python a fresh namespace (files, packages and the container
-    /// stay), in turn with the other calls; answers with a notice, if any.
-    ResetPython {
-        reply: RpcReplyPort<Result<Option<String>>>,
-    },
-    Delete {
-        reply: RpcReplyPort<Result<()>>,
-    },
-    Info(RpcReplyPort<SandboxInfo>),
-    History(RpcReplyPort<Vec<CallRecord>>),
-    /// Periodic: deletes the sandbox if its lifetime is over, pauses it if
-    /// it has been idle long enough, and notices a container that died.
-    Tick,
-    /// A job ended and hands the link back.
-    Done(Box<Finished>),
-    /// A job's task panicked: its link is gone and must be rebuilt.
-    JobPanicked(String),
-    /// The sandbox missed a deadline outside a job (a query over a second
-    /// connection): restart its container in turn with its calls.
-    Unhealthy,
-    /// The removal of a deleted or expired sandbox ended.
-    Removed(std::result::Result<(), String>),
-}
-
-pub struct Finished {
-    link: Link,
-    install: Option<(InstallRecord, Option<Vec<Package>>)>,
-    /// The call, for the sandbox's history.
-    call: Option<CallRecord>,
-    /// Told with the next result (the container had to be brought back).
-    notice: Option<String>,
-    /// The container is still dead (it could not be brought back yet).
-    still_stopped: bool,
-}
-
-impl Finished {
-    pub fn install(link: Link, record: InstallRecord, packages: Option<Vec<Package>>) -> Self {
-        Self {
-            install: Some((record, packages)),
-            ..Self::job(link, None)
-        }
-    }
-
-    fn job(link: Link, call: Option<CallRecord>) -> Self {
-        Self {
-            link,
-            install: None,
-            call,
-            notice: None,
-            still_stopped: false,
-        }
-    }
-}
-
-enum Job {
-    Run(RunRequest),
-    Install {
-        package: String,
-        specs: Vec<String>,
-    },
-    Upload {
-        source: UploadSource,
-        dest: String,
-        reply: RpcReplyPort<Result<Uploaded>>,
-    },
-    Restart {
-        reply: RpcReplyPort<Result<()>>,
-    },
-    ResetPython {
-        reply: RpcReplyPort<Result<Option<String>>>,
-    },
-    /// Restarts a container that missed a deadline.
-    Recover,
-    /// Brings back a container that died while the sandbox was idle.
-    Revive,
-}
-
-impl Job {
-    /// Answers the caller of a job that will not run.
-    fn refuse(self, error: SandboxError) {
-        match self {
-            Job::Run(req) => {
-                let _ = req.reply.send(Err(error));
-            }
-            Job::Upload { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-            Job::Restart { reply } => {
-                let _ = reply.send(Err(error));
-            }
-            Job::ResetPython { reply } => {
-                let _ = reply.send(Err(error));
-            }
-            Job::Install { .. } | Job::Recover | Job::Revive => {}
-        }
-    }
-}
-
-/// Where a delete (or an expiry) stands.
-#[derive(Default)]
-struct Deletion {
-    /// Callers waiting for the removal.
-    waiters: Vec<RpcReplyPort<Result<()>>>,
-    /// A removal task is running.
-    removing: bool,
-}
 
 pub struct SandboxActor;
 
@@ -480,9 +277,7 @@ impl Actor for SandboxActor {
                     Err(e) => {
                         warn!(sandbox = %state.record.id, error = %e, "could not remove a deleted sandbox; retrying");
                         for waiter in deletion.waiters.drain(..) {
-                            let _ = waiter.send(Err(SandboxError::Docker(format!(
-                                "{e}; the sandbox stays deleted and its removal is retried"
-                            ))));
+                            let _ = waiter.send(Err(DockerError::RemovalRetried(e.clone()).into()));
                         }
                     }
                 }
@@ -579,63 +374,6 @@ fn forget_oldest_installs(state: &mut SandboxState, package: &str) -> Vec<String
     forget
 }
 
-/// Marks the sandbox deleted and starts its removal: the job in flight ends
-/// at once (its link is retired), queued calls are refused with `why`, and
-/// the container goes after a short grace, whatever its agent does.
-fn begin_deletion(
-    myself: &ActorRef<SandboxMsg>,
-    state: &mut SandboxState,
-    why: &str,
-    reply: Option<RpcReplyPort<Result<()>>>,
-) {
-    let deletion = state.deletion.get_or_insert_with(Deletion::default);
-    deletion.waiters.extend(reply);
-    if deletion.removing {
-        return;
-    }
-    if !state.retirement.is_retired() {
-        tracing::info!(sandbox = %state.record.id, why, "deleting the sandbox");
-        state.retirement.retire(why);
-        let error = SandboxError::Ended {
-            id: state.record.id,
-            why: why.to_string(),
-        };
-        for job in state.queue.drain(..) {
-            job.refuse(SandboxError::Ended {
-                id: state.record.id,
-                why: why.to_string(),
-            });
-        }
-        for tx in state.installs.values() {
-            if tx.borrow().status == InstallState::Installing {
-                tx.send_modify(|r| {
-                    r.status = InstallState::Failed;
-                    r.message = error.to_string();
-                });
-            }
-        }
-    }
-    deletion.removing = true;
-    state.record.deleting = true;
-    let ctx = state.ctx.clone();
-    let record = state.record.clone();
-    let link_home = state.link.is_some();
-    let me = myself.clone();
-    tokio::spawn(async move {
-        // Durable first: a server killed during the removal finishes it at
-        // its next start.
-        let marked = ctx.store.put(record.clone()).await;
-        if !link_home {
-            tokio::time::sleep(DELETE_GRACE).await;
-        }
-        let result = match marked {
-            Ok(()) => remove_everything(&ctx, &record).await,
-            Err(e) => Err(e),
-        };
-        let _ = me.send_message(SandboxMsg::Removed(result.map_err(|e| e.to_string())));
-    });
-}
-
 /// The earlier of the end of the sandbox's lifetime and of its idle time.
 fn expires_at(state: &SandboxState) -> Option<OffsetDateTime> {
     let idle = state.ctx.settings.sandbox.idle_timeout_seconds;
@@ -646,120 +384,7 @@ fn expires_at(state: &SandboxState) -> Option<OffsetDateTime> {
     }
 }
 
-/// Spawns a job's task; if it panics, the actor hears of it (the link the
-/// task held is gone with it) instead of waiting for it forever.
-fn spawn_job(me: ActorRef<SandboxMsg>, job: impl std::future::Future<Output = ()> + Send + 'static) {
-    let task = tokio::spawn(job);
-    tokio::spawn(async move {
-        if let Err(e) = task.await {
-            if e.is_panic() {
-                let _ = me.send_message(SandboxMsg::JobPanicked(e.to_string()));
-            }
-        }
-    });
-}
-
 impl SandboxActor {
-    /// Starts the next job when none is running. Each job hands its link
-    /// back (`Done`) before it answers, so that a query the caller sends
-    /// once answered queues behind it in the mailbox and finds the job over
-    /// and in the history.
-    async fn pump(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) -> Result<(), ActorProcessingErr> {
-        while state.link.is_some() && state.deletion.is_none() {
-            let Some(job) = state.queue.pop_front() else {
-                return Ok(());
-            };
-            let mut link = state.link.take().expect("checked");
-            let me = myself.clone();
-            match job {
-                Job::Run(req) => {
-                    if req.cancel.is_cancelled() {
-                        state.link = Some(link);
-                        continue;
-                    }
-                    let notice = state.notice.take();
-                    spawn_job(me.clone(), async move {
-                        let started = OffsetDateTime::now_utc();
-                        let result = link
-                            .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
-                            .await;
-                        let full = link.ctx().disks.full_notice(link.paths.id);
-                        let result = result.map(|mut ran| {
-                            ran.notice = join_notices(join_notices(notice, ran.notice.take()), full);
-                            ran
-                        });
-                        let call = run_record(started, &req.work, &result);
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
-                        let _ = req.reply.send(result);
-                    });
-                }
-                Job::Install { package, specs } => {
-                    let args = InstallArgs {
-                        link,
-                        package,
-                        specs,
-                        report: me,
-                    };
-                    Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
-                }
-                Job::Upload { source, dest, reply } => {
-                    spawn_job(me.clone(), async move {
-                        let started = OffsetDateTime::now_utc();
-                        let what = match &source {
-                            UploadSource::Host(path) => format!("{} → {dest}", path.display()),
-                            UploadSource::Bytes { name, .. } => format!("{name} → {dest}"),
-                        };
-                        let result = upload(&mut link, source, &dest).await;
-                        let call = outcome_record(started, CallKind::Upload, &what, &result, "uploaded");
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
-                        let _ = reply.send(result);
-                    });
-                }
-                Job::Restart { reply } => {
-                    state.restarting = true;
-                    spawn_job(me.clone(), async move {
-                        let started = OffsetDateTime::now_utc();
-                        let result = link.restart().await;
-                        let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
-                        let _ = reply.send(result);
-                    });
-                }
-                Job::ResetPython { reply } => {
-                    let notice = state.notice.take();
-                    spawn_job(me.clone(), async move {
-                        let started = OffsetDateTime::now_utc();
-                        let result = link.reset_python().await.map(|n| join_notices(notice, n));
-                        let call = outcome_record(started, CallKind::ResetPython, "reset_python", &result, "reset");
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
-                        let _ = reply.send(result);
-                    });
-                }
-                Job::Recover => {
-                    state.restarting = true;
-                    spawn_job(me.clone(), async move {
-                        link.restart_unresponsive().await;
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, None))));
-                    });
-                }
-                Job::Revive => {
-                    spawn_job(me.clone(), async move {
-                        let revived = link.revive().await;
-                        if let Err(e) = &revived {
-                            warn!(sandbox = %link.paths.id, error = %e, "could not bring a stopped sandbox back; retrying");
-                        }
-                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
-                            still_stopped: revived.is_err(),
-                            notice: revived.ok().flatten(),
-                            ..Finished::job(link, None)
-                        })));
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Periodic upkeep: lifetime (busy or not), idle expiry, pausing, and a
     /// container that died while nobody was calling.
     async fn tick(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) {
@@ -929,147 +554,5 @@ fn status_from_venv(package: &str, list: &[Package]) -> InstallStatus {
             message: format!("No installation of {package} was found. Install it with install_package_in_sandbox."),
             output: None,
         },
-    }
-}
-
-/// A run's entry in the history.
-fn run_record(started: OffsetDateTime, work: &Work, result: &Result<Ran>) -> CallRecord {
-    let (kind, summary) = match work {
-        Work::Python(code) => (CallKind::Python, code.as_str()),
-        Work::Program(argv) => (CallKind::Shell, argv.last().map_or("", String::as_str)),
-    };
-    let (ok, outcome) = match result {
-        Ok(ran) if ran.output.timed_out => (false, "timed out".to_string()),
-        Ok(ran) => (ran.output.exit_code == 0, format!("exit {}", ran.output.exit_code)),
-        Err(e) => (false, format!("error: {e}")),
-    };
-    CallRecord::ended(started, kind, summary, ok, outcome)
-}
-
-/// The history entry of a call that either worked or failed with an error.
-fn outcome_record<T>(
-    started: OffsetDateTime,
-    kind: CallKind,
-    what: &str,
-    result: &Result<T>,
-    done: &str,
-) -> CallRecord {
-    let (ok, outcome) = match result {
-        Ok(_) => (true, done.to_string()),
-        Err(e) => (false, format!("error: {e}")),
-    };
-    CallRecord::ended(started, kind, what, ok, outcome)
-}
-
-async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Uploaded> {
-    if let UploadSource::Bytes { name, .. } = &source {
-        let target = ResultsPath::parse(&format!("{dest}/{name}"))?;
-        files::bounded(link.paths.results.clone(), "checking the path", move |root| {
-            files::check_writable(root, &target)
-        })
-        .await?;
-    }
-    let (tar, name) = tokio::task::spawn_blocking(move || uploads::pack(source))
-        .await
-        .map_err(|e| SandboxError::Internal(e.to_string()))??;
-    // The folder must exist for the archive API; mkdir runs as the sandbox
-    // user, inside the sandbox.
-    let mkdir = Work::Program(vec!["/bin/mkdir".into(), "-p".into(), "--".into(), dest.to_string()]);
-    let ran = link
-        .run(&mkdir, Duration::from_secs(30), None, &CancellationToken::new())
-        .await?;
-    if ran.output.exit_code != 0 {
-        return Err(SandboxError::UploadRefused(format!(
-            "cannot create {dest}: {}",
-            ran.output.stderr.trim()
-        )));
-    }
-    link.ctx().runtime.upload(&link.container_id, dest, tar).await?;
-    let path = format!("{dest}/{name}");
-    Ok(Uploaded {
-        message: format!("Uploaded {name} to {dest}"),
-        path,
-    })
-}
-
-/// Removes the sandbox's containers (its own and any installer, found by
-/// their label, so a re-created container is never missed), its package
-/// volume, its disks, its folders and its record. Removal kills: it never waits on
-/// anything inside the sandbox.
-pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<()> {
-    let mut containers: Vec<String> = ctx
-        .runtime
-        .list_containers()
-        .await?
-        .into_iter()
-        .filter(|c| c.sandbox == Some(record.id))
-        .map(|c| c.id)
-        .collect();
-    if !containers.contains(&record.container_id) {
-        containers.push(record.container_id.clone());
-    }
-    for container in &containers {
-        ctx.runtime.remove(container, None).await?;
-    }
-    ctx.runtime.remove_volume(&record.volume).await?;
-    ctx.egress.detach(record.id);
-    ctx.disks.remove(record.id).await?;
-    let paths = ctx.paths(record.id);
-    for dir in [&paths.results, &paths.agent] {
-        if let Err(e) = tokio::fs::remove_dir_all(dir).await {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                warn!(dir = %dir.display(), error = %e, "could not remove a sandbox folder");
-            }
-        }
-    }
-    ctx.store.delete(record.id).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::sync::oneshot;
-
-    /// Stands in for a sandbox actor: passes on what the job guard reports.
-    struct Relay;
-
-    impl Actor for Relay {
-        type Msg = SandboxMsg;
-        type State = Option<oneshot::Sender<String>>;
-        type Arguments = oneshot::Sender<String>;
-
-        async fn pre_start(
-            &self,
-            _: ActorRef<SandboxMsg>,
-            tx: oneshot::Sender<String>,
-        ) -> Result<Self::State, ActorProcessingErr> {
-            Ok(Some(tx))
-        }
-
-        async fn handle(
-            &self,
-            _: ActorRef<SandboxMsg>,
-            msg: SandboxMsg,
-            state: &mut Self::State,
-        ) -> Result<(), ActorProcessingErr> {
-            if let (SandboxMsg::JobPanicked(why), Some(tx)) = (msg, state.take()) {
-                let _ = tx.send(why);
-            }
-            Ok(())
-        }
-    }
-
-    #[tokio::test]
-    async fn a_panicking_job_is_reported_instead_of_lost() {
-        let (tx, rx) = oneshot::channel();
-        let (relay, handle) = Actor::spawn(None, Relay, tx).await.unwrap();
-        spawn_job(relay.clone(), async { panic!("job exploded") });
-        let why = tokio::time::timeout(Duration::from_secs(10), rx)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(why.contains("job exploded"), "{why}");
-        relay.stop(None);
-        handle.await.unwrap();
     }
 }

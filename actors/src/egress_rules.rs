@@ -1,6 +1,8 @@
-//! What a policy lets through: host names, `*.suffix` wildcards and CIDRs,
-//! and which addresses are never a public destination (private ranges, the
-//! host's own addresses and the networks it sits on, link-local, loopback).
+//! What an egress policy lets through: host names, `*.suffix` wildcards and
+//! CIDRs, and which addresses are never a public destination (private
+//! ranges, the host's own addresses and the networks it sits on, link-local,
+//! loopback). The configuration check, the egress proxy and the host
+//! firewall all read allow-lists this way.
 
 use std::net::IpAddr;
 
@@ -14,6 +16,15 @@ enum Entry {
     /// `*.example.com`: any name ending in `.example.com`, not the bare suffix.
     Suffix(String),
     Net(IpNet),
+}
+
+/// An allow-list entry that is none of the forms [`Rules::parse`] takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{0:?}: a wildcard is *. followed by a domain with a dot")]
+    Wildcard(String),
+    #[error("{0:?} is neither a host name, a *.suffix wildcard nor a CIDR")]
+    Unknown(String),
 }
 
 /// A parsed allow-list.
@@ -37,7 +48,7 @@ pub fn is_host_name(name: &str) -> bool {
 
 impl Rules {
     /// Parses entries as configured; the error names the bad entry.
-    pub fn parse<S: AsRef<str>>(list: &[S]) -> Result<Self, String> {
+    pub fn parse<S: AsRef<str>>(list: &[S]) -> Result<Self, RuleError> {
         let mut entries = Vec::with_capacity(list.len());
         for raw in list {
             let raw = raw.as_ref().trim();
@@ -48,15 +59,13 @@ impl Rules {
                 Entry::Net(IpNet::from(ip))
             } else if let Some(suffix) = lower.strip_prefix("*.") {
                 if !is_host_name(suffix) || !suffix.contains('.') {
-                    return Err(format!("{raw:?}: a wildcard is *. followed by a domain with a dot"));
+                    return Err(RuleError::Wildcard(raw.to_string()));
                 }
                 Entry::Suffix(suffix.to_string())
             } else if is_host_name(&lower) {
                 Entry::Host(lower)
             } else {
-                return Err(format!(
-                    "{raw:?} is neither a host name, a *.suffix wildcard nor a CIDR"
-                ));
+                return Err(RuleError::Unknown(raw.to_string()));
             };
             entries.push(entry);
         }

@@ -1,0 +1,105 @@
+//! The messages between actors: what the front end, the supervisor and the
+//! install task send a sandbox actor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::RpcReplyPort;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Package, Progress, Work};
+use crate::error::{Result, SandboxError};
+use crate::history::CallRecord;
+use crate::link::{Link, Ran};
+use crate::records::InstallRecord;
+use crate::results::{InstallStatus, SandboxInfo, Uploaded};
+use crate::uploads::UploadSource;
+
+/// A run of Python code or of a shell command.
+pub struct RunRequest {
+    pub work: Work,
+    pub timeout: Duration,
+    pub progress: Option<mpsc::Sender<Progress>>,
+    /// Cancelled when the caller gives up: a queued run is skipped, a
+    /// running one interrupted.
+    pub cancel: CancellationToken,
+    pub reply: RpcReplyPort<Result<Ran>>,
+}
+
+pub enum SandboxMsg {
+    Run(RunRequest),
+    /// Queues an install (or joins the one in progress) and answers at once
+    /// with a receiver that sees its status change.
+    Install {
+        package: String,
+        specs: Vec<String>,
+        reply: RpcReplyPort<Result<watch::Receiver<InstallRecord>>>,
+    },
+    InstallStatus {
+        package: String,
+        reply: RpcReplyPort<Result<InstallStatus>>,
+    },
+    Upload {
+        source: UploadSource,
+        dest: String,
+        reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    /// Restarts the container (Python state is lost, files and packages
+    /// stay), in turn with the other calls.
+    Restart {
+        reply: RpcReplyPort<Result<()>>,
+    },
+    /// Gives Python a fresh namespace (files, packages and the container
+    /// stay), in turn with the other calls; answers with a notice, if any.
+    ResetPython {
+        reply: RpcReplyPort<Result<Option<String>>>,
+    },
+    Delete {
+        reply: RpcReplyPort<Result<()>>,
+    },
+    Info(RpcReplyPort<SandboxInfo>),
+    History(RpcReplyPort<Vec<CallRecord>>),
+    /// Periodic: deletes the sandbox if its lifetime is over, pauses it if
+    /// it has been idle long enough, and notices a container that died.
+    Tick,
+    /// A job ended and hands the link back.
+    Done(Box<Finished>),
+    /// A job's task panicked: its link is gone and must be rebuilt.
+    JobPanicked(String),
+    /// The sandbox missed a deadline outside a job (a query over a second
+    /// connection): restart its container in turn with its calls.
+    Unhealthy,
+    /// The removal of a deleted or expired sandbox ended.
+    Removed(Result<(), Arc<SandboxError>>),
+}
+
+pub struct Finished {
+    pub(crate) link: Link,
+    pub(crate) install: Option<(InstallRecord, Option<Vec<Package>>)>,
+    /// The call, for the sandbox's history.
+    pub(crate) call: Option<CallRecord>,
+    /// Told with the next result (the container had to be brought back).
+    pub(crate) notice: Option<String>,
+    /// The container is still dead (it could not be brought back yet).
+    pub(crate) still_stopped: bool,
+}
+
+impl Finished {
+    pub fn install(link: Link, record: InstallRecord, packages: Option<Vec<Package>>) -> Self {
+        Self {
+            install: Some((record, packages)),
+            ..Self::job(link, None)
+        }
+    }
+
+    pub(crate) fn job(link: Link, call: Option<CallRecord>) -> Self {
+        Self {
+            link,
+            install: None,
+            call,
+            notice: None,
+            still_stopped: false,
+        }
+    }
+}

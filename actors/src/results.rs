@@ -1,0 +1,72 @@
+//! What the sandbox actors answer with: a sandbox as listed, an install's
+//! status, an upload's outcome.
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::agent::Package;
+use crate::records::{InstallRecord, InstallState};
+use crate::runtime::disk::DiskUsage;
+use crate::status::SandboxStatus;
+
+/// What an install status query finds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstallStatusKind {
+    Installing,
+    Success,
+    Failed,
+    NotFound,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InstallStatus {
+    pub package: String,
+    pub status: InstallStatusKind,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl From<&InstallRecord> for InstallStatus {
+    fn from(r: &InstallRecord) -> Self {
+        Self {
+            package: r.package.clone(),
+            status: match r.status {
+                InstallState::Installing => InstallStatusKind::Installing,
+                InstallState::Success => InstallStatusKind::Success,
+                InstallState::Failed => InstallStatusKind::Failed,
+            },
+            message: r.message.clone(),
+            output: r.output.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Uploaded {
+    /// The uploaded file or folder inside the sandbox.
+    pub path: String,
+    pub message: String,
+}
+
+/// A sandbox as the front end lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxInfo {
+    pub sandbox_id: Uuid,
+    pub name: String,
+    #[serde(skip)]
+    pub owner: String,
+    #[serde(skip)]
+    pub container_id: String,
+    pub status: SandboxStatus,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub expires_at: Option<OffsetDateTime>,
+    pub installed_packages: Vec<Package>,
+    /// Use of the sandbox's capped folders (absent when disks are not capped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskUsage>,
+}

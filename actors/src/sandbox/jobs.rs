@@ -1,0 +1,292 @@
+//! The jobs a sandbox actor queues, and the tasks that carry them out while
+//! holding the sandbox's link.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::{join_notices, SandboxActor, SandboxState};
+use crate::agent::Work;
+use crate::error::{Result, SandboxError};
+use crate::files::{self, ResultsPath};
+use crate::history::{CallKind, CallRecord};
+use crate::install::{InstallArgs, InstallTask};
+use crate::link::{Link, Ran};
+use crate::messages::{Finished, RunRequest, SandboxMsg};
+use crate::results::Uploaded;
+use crate::uploads::{self, UploadSource};
+
+pub(super) enum Job {
+    Run(RunRequest),
+    Install {
+        package: String,
+        specs: Vec<String>,
+    },
+    Upload {
+        source: UploadSource,
+        dest: String,
+        reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    Restart {
+        reply: RpcReplyPort<Result<()>>,
+    },
+    ResetPython {
+        reply: RpcReplyPort<Result<Option<String>>>,
+    },
+    /// Restarts a container that missed a deadline.
+    Recover,
+    /// Brings back a container that died while the sandbox was idle.
+    Revive,
+}
+
+impl Job {
+    /// Answers the caller of a job that will not run.
+    pub(super) fn refuse(self, error: SandboxError) {
+        match self {
+            Job::Run(req) => {
+                let _ = req.reply.send(Err(error));
+            }
+            Job::Upload { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::Restart { reply } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::ResetPython { reply } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::Install { .. } | Job::Recover | Job::Revive => {}
+        }
+    }
+}
+
+/// Spawns a job's task; if it panics, the actor hears of it (the link the
+/// task held is gone with it) instead of waiting for it forever.
+fn spawn_job(me: ActorRef<SandboxMsg>, job: impl std::future::Future<Output = ()> + Send + 'static) {
+    let task = tokio::spawn(job);
+    tokio::spawn(async move {
+        if let Err(e) = task.await {
+            if e.is_panic() {
+                let _ = me.send_message(SandboxMsg::JobPanicked(e.to_string()));
+            }
+        }
+    });
+}
+
+impl SandboxActor {
+    /// Starts the next job when none is running. Each job hands its link
+    /// back (`Done`) before it answers, so that a query the caller sends
+    /// once answered queues behind it in the mailbox and finds the job over
+    /// and in the history.
+    pub(super) async fn pump(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        while state.link.is_some() && state.deletion.is_none() {
+            let Some(job) = state.queue.pop_front() else {
+                return Ok(());
+            };
+            let mut link = state.link.take().expect("checked");
+            let me = myself.clone();
+            match job {
+                Job::Run(req) => {
+                    if req.cancel.is_cancelled() {
+                        state.link = Some(link);
+                        continue;
+                    }
+                    let notice = state.notice.take();
+                    spawn_job(me.clone(), async move {
+                        let started = OffsetDateTime::now_utc();
+                        let result = link
+                            .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
+                            .await;
+                        let full = link.ctx().disks.full_notice(link.paths.id);
+                        let result = result.map(|mut ran| {
+                            ran.notice = join_notices(join_notices(notice, ran.notice.take()), full);
+                            ran
+                        });
+                        let call = run_record(started, &req.work, &result);
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = req.reply.send(result);
+                    });
+                }
+                Job::Install { package, specs } => {
+                    let args = InstallArgs {
+                        link,
+                        package,
+                        specs,
+                        report: me,
+                    };
+                    Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
+                }
+                Job::Upload { source, dest, reply } => {
+                    spawn_job(me.clone(), async move {
+                        let started = OffsetDateTime::now_utc();
+                        let what = match &source {
+                            UploadSource::Host(path) => format!("{} → {dest}", path.display()),
+                            UploadSource::Bytes { name, .. } => format!("{name} → {dest}"),
+                        };
+                        let result = upload(&mut link, source, &dest).await;
+                        let call = outcome_record(started, CallKind::Upload, &what, &result, "uploaded");
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
+                    });
+                }
+                Job::Restart { reply } => {
+                    state.restarting = true;
+                    spawn_job(me.clone(), async move {
+                        let started = OffsetDateTime::now_utc();
+                        let result = link.restart().await;
+                        let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
+                    });
+                }
+                Job::ResetPython { reply } => {
+                    let notice = state.notice.take();
+                    spawn_job(me.clone(), async move {
+                        let started = OffsetDateTime::now_utc();
+                        let result = link.reset_python().await.map(|n| join_notices(notice, n));
+                        let call = outcome_record(started, CallKind::ResetPython, "reset_python", &result, "reset");
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
+                    });
+                }
+                Job::Recover => {
+                    state.restarting = true;
+                    spawn_job(me.clone(), async move {
+                        link.restart_unresponsive().await;
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, None))));
+                    });
+                }
+                Job::Revive => {
+                    spawn_job(me.clone(), async move {
+                        let revived = link.revive().await;
+                        if let Err(e) = &revived {
+                            warn!(sandbox = %link.paths.id, error = %e, "could not bring a stopped sandbox back; retrying");
+                        }
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(Finished {
+                            still_stopped: revived.is_err(),
+                            notice: revived.ok().flatten(),
+                            ..Finished::job(link, None)
+                        })));
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A run's entry in the history.
+fn run_record(started: OffsetDateTime, work: &Work, result: &Result<Ran>) -> CallRecord {
+    let (kind, summary) = match work {
+        Work::Python(code) => (CallKind::Python, code.as_str()),
+        Work::Program(argv) => (CallKind::Shell, argv.last().map_or("", String::as_str)),
+    };
+    let (ok, outcome) = match result {
+        Ok(ran) if ran.output.timed_out => (false, "timed out".to_string()),
+        Ok(ran) => (ran.output.exit_code == 0, format!("exit {}", ran.output.exit_code)),
+        Err(e) => (false, format!("error: {e}")),
+    };
+    CallRecord::ended(started, kind, summary, ok, outcome)
+}
+
+/// The history entry of a call that either worked or failed with an error.
+fn outcome_record<T>(
+    started: OffsetDateTime,
+    kind: CallKind,
+    what: &str,
+    result: &Result<T>,
+    done: &str,
+) -> CallRecord {
+    let (ok, outcome) = match result {
+        Ok(_) => (true, done.to_string()),
+        Err(e) => (false, format!("error: {e}")),
+    };
+    CallRecord::ended(started, kind, what, ok, outcome)
+}
+
+async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Uploaded> {
+    if let UploadSource::Bytes { name, .. } = &source {
+        let target = ResultsPath::parse(&format!("{dest}/{name}"))?;
+        files::bounded(link.paths.results.clone(), "checking the path", move |root| {
+            files::check_writable(root, &target)
+        })
+        .await?;
+    }
+    let (tar, name) = tokio::task::spawn_blocking(move || uploads::pack(source))
+        .await
+        .map_err(|e| SandboxError::Internal(e.to_string()))??;
+    // The folder must exist for the archive API; mkdir runs as the sandbox
+    // user, inside the sandbox.
+    let mkdir = Work::Program(vec!["/bin/mkdir".into(), "-p".into(), "--".into(), dest.to_string()]);
+    let ran = link
+        .run(&mkdir, Duration::from_secs(30), None, &CancellationToken::new())
+        .await?;
+    if ran.output.exit_code != 0 {
+        return Err(SandboxError::UploadRefused(format!(
+            "cannot create {dest}: {}",
+            ran.output.stderr.trim()
+        )));
+    }
+    link.ctx().runtime.upload(&link.container_id, dest, tar).await?;
+    let path = format!("{dest}/{name}");
+    Ok(Uploaded {
+        message: format!("Uploaded {name} to {dest}"),
+        path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    /// Stands in for a sandbox actor: passes on what the job guard reports.
+    struct Relay;
+
+    impl Actor for Relay {
+        type Msg = SandboxMsg;
+        type State = Option<oneshot::Sender<String>>;
+        type Arguments = oneshot::Sender<String>;
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<SandboxMsg>,
+            tx: oneshot::Sender<String>,
+        ) -> Result<Self::State, ActorProcessingErr> {
+            Ok(Some(tx))
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<SandboxMsg>,
+            msg: SandboxMsg,
+            state: &mut Self::State,
+        ) -> Result<(), ActorProcessingErr> {
+            if let (SandboxMsg::JobPanicked(why), Some(tx)) = (msg, state.take()) {
+                let _ = tx.send(why);
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_reported_instead_of_lost() {
+        let (tx, rx) = oneshot::channel();
+        let (relay, handle) = Actor::spawn(None, Relay, tx).await.unwrap();
+        spawn_job(relay.clone(), async { panic!("job exploded") });
+        let why = tokio::time::timeout(Duration::from_secs(10), rx)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(why.contains("job exploded"), "{why}");
+        relay.stop(None);
+        handle.await.unwrap();
+    }
+}
