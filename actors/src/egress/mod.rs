@@ -25,13 +25,11 @@ use uuid::Uuid;
 
 use crate::config::{EgressPolicy, Settings};
 use crate::error::{Result, SandboxError};
-use crate::runtime::SANDBOX_UID;
+use crate::runtime::{EGRESS_SOCKET_NAME, SANDBOX_UID};
 
 use crate::egress_rules::is_host_name;
 pub use crate::egress_rules::{host_networks, Guard, Rules};
 
-/// The proxy's socket inside its sandbox's host folder.
-pub const SOCKET_NAME: &str = "proxy.sock";
 /// Refusals logged per sandbox per minute; more are only counted.
 const LOGGED_PER_MINUTE: u64 = 20;
 
@@ -151,7 +149,7 @@ impl Egress {
         let dir = self.root.join(id.to_string());
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-        let path = dir.join(SOCKET_NAME);
+        let path = dir.join(EGRESS_SOCKET_NAME);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}

@@ -17,7 +17,10 @@ use bollard::Docker;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, SANDBOX_UID};
+use super::{
+    ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, EGRESS_SOCKET_NAME,
+    SANDBOX_UID,
+};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::SandboxConfig;
 use crate::error::{DockerError, Result, SandboxError};
@@ -183,10 +186,7 @@ impl DockerRuntime {
         for var in ["NO_PROXY", "no_proxy"] {
             env.push(format!("{var}=localhost,127.0.0.1,::1"));
         }
-        env.push(format!(
-            "MCP_EGRESS_SOCKET={EGRESS_IN_CONTAINER}/{}",
-            crate::egress::SOCKET_NAME
-        ));
+        env.push(format!("MCP_EGRESS_SOCKET={EGRESS_IN_CONTAINER}/{EGRESS_SOCKET_NAME}"));
         env.push(format!("MCP_EGRESS_LISTEN={EGRESS_RELAY}"));
         Ok(body)
     }

@@ -21,6 +21,8 @@ pub use docker::DockerRuntime;
 
 /// The sandbox user of the image (docker/Dockerfile).
 pub const SANDBOX_UID: u32 = 1000;
+/// The egress proxy's socket in the folder [`SandboxPaths::egress`] names.
+pub const EGRESS_SOCKET_NAME: &str = "proxy.sock";
 
 /// Host side of one sandbox: the folders bind-mounted into its container.
 #[derive(Debug, Clone)]
