@@ -19,7 +19,8 @@
 //! - `pool`: making sandboxes, and keeping a few made ahead of demand.
 //! - `runtime/`: the [`ContainerRuntime`](runtime::ContainerRuntime) trait and
 //!   its Docker implementation, with the image build, the disk quotas and
-//!   the host firewall.
+//!   the host firewall; in test builds, an in-memory one (`runtime/fake.rs`)
+//!   with a scripted agent, which the engine-free tests in `tests/` use.
 //! - `egress/`: the egress proxy; `egress_rules`: allow-lists and the
 //!   addresses never reached, read by the configuration check, the proxy and
 //!   the firewall.
