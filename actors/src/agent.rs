@@ -7,13 +7,13 @@
 //! following symlinks (a symlink to a host socket would otherwise connect the
 //! server to it), lines are bounded, and replies are parsed into fixed types.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Mutex};
 
@@ -196,11 +196,18 @@ pub enum AgentError {
     Unsupported(String),
 }
 
+/// A connected socket to an agent.
+pub trait AgentStream: AsyncRead + AsyncWrite + AsRawFd + Send + Sync + Unpin + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + AsRawFd + Send + Sync + Unpin + 'static> AgentStream for S {}
+
 /// One connection to an agent. A request is sent and its answer read by the
 /// same owner; [`Interrupter`] lets another task cancel the request in flight.
 pub struct AgentClient {
-    reader: BufReader<OwnedReadHalf>,
-    writer: Arc<Mutex<OwnedWriteHalf>>,
+    reader: BufReader<ReadHalf<Box<dyn AgentStream>>>,
+    writer: Arc<Mutex<WriteHalf<Box<dyn AgentStream>>>>,
+    /// The socket's descriptor, kept open by the halves, for [`Self::is_closed`].
+    fd: RawFd,
     next_id: u64,
     max_line: usize,
 }
@@ -208,7 +215,7 @@ pub struct AgentClient {
 /// Cancels the request in flight on an [`AgentClient`].
 #[derive(Clone)]
 pub struct Interrupter {
-    writer: Arc<Mutex<OwnedWriteHalf>>,
+    writer: Arc<Mutex<WriteHalf<Box<dyn AgentStream>>>>,
 }
 
 impl Interrupter {
@@ -230,12 +237,16 @@ impl AgentClient {
         Ok(Self::from_stream(stream, output_cap))
     }
 
-    /// Wraps a connected stream (a fake agent in unit tests uses a socket pair).
-    pub fn from_stream(stream: UnixStream, output_cap: usize) -> Self {
-        let (r, w) = stream.into_split();
+    /// Wraps a connected stream: the Docker runtime's unix socket, a socket
+    /// pair (the test runtime's agent), or any other socket a runtime reaches
+    /// its agents over.
+    pub fn from_stream(stream: impl AgentStream, output_cap: usize) -> Self {
+        let fd = stream.as_raw_fd();
+        let (r, w) = tokio::io::split(Box::new(stream) as Box<dyn AgentStream>);
         Self {
             reader: BufReader::new(r),
             writer: Arc::new(Mutex::new(w)),
+            fd,
             next_id: 1,
             // stdout and stderr of at most `output_cap` bytes each, which JSON
             // escaping can inflate up to six times, plus paths and slack.
@@ -249,7 +260,7 @@ impl AgentClient {
         if !self.reader.buffer().is_empty() {
             return false;
         }
-        let fd = self.reader.get_ref().as_ref().as_raw_fd();
+        let fd = self.fd;
         let mut byte = [0u8; 1];
         // SAFETY: `fd` is this client's open socket; the buffer is one byte.
         let n = unsafe { libc::recv(fd, byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };

@@ -61,6 +61,11 @@ impl Settings {
             min_free_disk_mb: 0,
         }
     }
+
+    /// The server's folder of agent sockets, one folder per sandbox.
+    pub fn agents_dir(&self) -> PathBuf {
+        self.state_dir.join("agents")
+    }
 }
 
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.

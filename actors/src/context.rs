@@ -10,7 +10,7 @@ use crate::config::Settings;
 use crate::egress::Egress;
 use crate::records::RecordStore;
 use crate::runtime::disk::Disks;
-use crate::runtime::{ContainerRuntime, SandboxPaths};
+use crate::runtime::{agent_dir, ContainerRuntime, SandboxPaths};
 
 pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,
@@ -42,7 +42,7 @@ impl Context {
         SandboxPaths {
             id,
             results: self.settings.results_dir.join(id.to_string()),
-            agent: self.settings.state_dir.join("agents").join(id.to_string()),
+            agent: agent_dir(&self.settings.agents_dir(), id),
             egress: self.egress.socket_dir(id),
             packages: self.disks.packages_dir(id),
         }

@@ -476,7 +476,7 @@ impl Retry {
 
 /// Connects to the agent within [`AGENT_CONNECT`].
 async fn connect_agent(ctx: &Context, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
-    tokio::time::timeout(AGENT_CONNECT, ctx.runtime.connect_agent(paths))
+    tokio::time::timeout(AGENT_CONNECT, ctx.runtime.connect_agent(paths.id))
         .await
         .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")))
 }

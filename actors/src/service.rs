@@ -123,11 +123,11 @@ impl Sandboxes {
     /// is missing, and adopts or cleans up what an earlier run left.
     pub async fn start(settings: Settings) -> Result<Self> {
         let io = |what: &str, e: std::io::Error| SandboxError::Internal(format!("{what}: {e}"));
-        std::fs::create_dir_all(settings.state_dir.join("agents")).map_err(|e| io("creating the state folder", e))?;
+        std::fs::create_dir_all(settings.agents_dir()).map_err(|e| io("creating the state folder", e))?;
         std::fs::create_dir_all(&settings.results_dir).map_err(|e| io("creating the results folder", e))?;
         let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
         let server_id = server_id(&settings.state_dir)?;
-        let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone()).await?;
+        let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone(), settings.agents_dir()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
         let sandbox_net = runtime.isolate_network().await?;
         let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
@@ -138,7 +138,7 @@ impl Sandboxes {
     pub async fn build_image(settings: &Settings) -> Result<String> {
         std::fs::create_dir_all(&settings.state_dir)
             .map_err(|e| SandboxError::Internal(format!("creating the state folder: {e}")))?;
-        let runtime = DockerRuntime::connect("image-build", settings.sandbox.clone()).await?;
+        let runtime = DockerRuntime::connect("image-build", settings.sandbox.clone(), settings.agents_dir()).await?;
         runtime.ensure_image(&settings.state_dir).await
     }
 
@@ -231,11 +231,7 @@ impl Sandboxes {
         }
         self.ctx.disks.remove_orphans(&known.keys().copied().collect()).await;
         let s = &self.ctx.settings;
-        for dir in [
-            s.state_dir.join("agents"),
-            s.state_dir.join("egress"),
-            s.results_dir.clone(),
-        ] {
+        for dir in [s.agents_dir(), s.state_dir.join("egress"), s.results_dir.clone()] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };

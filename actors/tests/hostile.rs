@@ -110,14 +110,14 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
     let id = h.create().await;
     // The installer of this very sandbox, running a probe instead of uv.
     let settings = common::settings(h.root.path());
-    let mut runtime = DockerRuntime::connect(&h.server_id, settings.sandbox.clone())
+    let mut runtime = DockerRuntime::connect(&h.server_id, settings.sandbox.clone(), settings.agents_dir())
         .await
         .unwrap();
     runtime.isolate_network().await.unwrap();
     let paths = SandboxPaths {
         id,
         results: settings.results_dir.join(id.to_string()),
-        agent: settings.state_dir.join("agents").join(id.to_string()),
+        agent: sandbox_actors::runtime::agent_dir(&settings.agents_dir(), id),
         egress: None,
         packages: Some(settings.state_dir.join("disks").join(id.to_string()).join("packages")),
     };

@@ -45,12 +45,15 @@ pub struct DockerRuntime {
     image: String,
     /// The server's own bridge network, once [`Self::isolate_network`] made it.
     network: Option<String>,
+    /// The server's folder of agent sockets, one folder per sandbox.
+    agents: PathBuf,
 }
 
 impl DockerRuntime {
     /// Connects to the local engine and agrees on an API version (bollard
     /// does not put one in request paths otherwise).
-    pub async fn connect(server_id: &str, config: SandboxConfig) -> Result<Self> {
+    /// `agents` is the server's folder of agent sockets.
+    pub async fn connect(server_id: &str, config: SandboxConfig, agents: PathBuf) -> Result<Self> {
         let docker = Docker::connect_with_local_defaults()?.negotiate_version().await?;
         docker.ping().await?;
         let image = super::image::tag(&config);
@@ -60,6 +63,7 @@ impl DockerRuntime {
             config,
             image,
             network: None,
+            agents,
         })
     }
 
@@ -547,8 +551,8 @@ impl ContainerRuntime for DockerRuntime {
         Ok(())
     }
 
-    async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
-        let socket: PathBuf = paths.agent.join(SOCKET_NAME);
+    async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient> {
+        let socket = super::agent_dir(&self.agents, sandbox).join(SOCKET_NAME);
         AgentClient::connect(&socket, self.config.output_cap_bytes).await
     }
 }

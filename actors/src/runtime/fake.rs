@@ -434,11 +434,11 @@ impl ContainerRuntime for FakeRuntime {
         self.engine()
     }
 
-    async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
+    async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient> {
         let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "no agent listens");
         let agent = {
             let state = self.lock();
-            let id = state.current.get(&paths.id).ok_or_else(refused)?;
+            let id = state.current.get(&sandbox).ok_or_else(refused)?;
             let c = state.containers.get(id).ok_or_else(refused)?;
             if matches!(c.state, ContainerState::Stopped { .. } | ContainerState::Missing) {
                 return Err(refused());

@@ -8,7 +8,7 @@ pub mod fake;
 pub mod firewall;
 mod image;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,6 +23,12 @@ pub use docker::DockerRuntime;
 pub const SANDBOX_UID: u32 = 1000;
 /// The egress proxy's socket in the folder [`SandboxPaths::egress`] names.
 pub const EGRESS_SOCKET_NAME: &str = "proxy.sock";
+
+/// The host folder of a sandbox's agent socket, in the server's folder of
+/// agent sockets.
+pub fn agent_dir(agents: &Path, sandbox: Uuid) -> PathBuf {
+    agents.join(sandbox.to_string())
+}
 
 /// Host side of one sandbox: the folders bind-mounted into its container.
 #[derive(Debug, Clone)]
@@ -122,6 +128,8 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Removes what the runtime set up for this server's sandboxes (their
     /// network, firewall rules), once no sandbox is left.
     async fn release(&self) -> Result<()>;
-    /// Opens a connection to the sandbox's agent.
-    async fn connect_agent(&self, paths: &SandboxPaths) -> std::io::Result<AgentClient>;
+    /// Opens a connection to the sandbox's agent. The runtime knows where it
+    /// listens (here a socket in a host folder; on a cluster, a pod's
+    /// address), so callers name only the sandbox.
+    async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient>;
 }

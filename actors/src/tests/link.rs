@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Server, OWNER};
 use crate::error::SandboxError;
 use crate::runtime::fake::{Behaviour, Event};
-use crate::runtime::{ContainerRuntime, ContainerState, SandboxPaths};
+use crate::runtime::{ContainerRuntime, ContainerState};
 use crate::Work;
 
 #[tokio::test(start_paused = true)]
@@ -163,14 +163,7 @@ async fn a_reply_beyond_the_line_bound_is_refused_unread() {
 /// Runs `directive` on a connection of the sandbox's agent other than the
 /// server's (what an earlier server left running), in the background.
 async fn run_elsewhere(s: &Server, id: uuid::Uuid, directive: &str) {
-    let paths = SandboxPaths {
-        id,
-        results: Default::default(),
-        agent: Default::default(),
-        egress: None,
-        packages: None,
-    };
-    let mut other = s.fake.connect_agent(&paths).await.unwrap();
+    let mut other = s.fake.connect_agent(id).await.unwrap();
     let work = Work::Python(directive.into());
     tokio::spawn(async move { other.run(&work, 600.0, 1024, None).await });
     super::pass(Duration::from_millis(100)).await;

@@ -93,7 +93,7 @@ impl Server {
 }
 
 async fn open(settings: &Settings, fake: &FakeRuntime) -> Result<Sandboxes> {
-    std::fs::create_dir_all(settings.state_dir.join("agents")).unwrap();
+    std::fs::create_dir_all(settings.agents_dir()).unwrap();
     std::fs::create_dir_all(&settings.results_dir).unwrap();
     let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
     let egress = Egress::new(settings, vec![])?;
