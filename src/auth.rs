@@ -99,6 +99,28 @@ impl Identified<'_> {
     }
 }
 
+/// A bad `[auth]` section; the message names the key (`auth.keys[i]` is
+/// the i-th `[[auth.keys]]` entry).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    #[error("auth.keys[{0}].name: 1-64 characters of letters, digits, - _ . @")]
+    Name(usize),
+    #[error("auth.keys[{0}].key: at least 16 characters (use `mcp-sandbox key new`)")]
+    ShortKey(usize),
+    #[error("auth.keys[{0}].key_sha256: 64 hexadecimal digits")]
+    Digest(usize),
+    #[error("auth.keys[{0}]: exactly one of key or key_sha256")]
+    KeyOrDigest(usize),
+    #[error("auth.keys[{0}].name: {1:?} is used twice")]
+    NameTwice(usize, String),
+    #[error("auth.keys[{0}]: limits must be at least 1")]
+    ZeroLimit(usize),
+    #[error("auth.admin_keys: {0:?} is not the name of a key in [[auth.keys]]")]
+    UnknownAdmin(String),
+    #[error("auth.keys: authentication is enabled but no usable key is configured")]
+    NoUsableKey,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Keys {
     tenants: Vec<Tenant>,
@@ -117,27 +139,26 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 impl Keys {
     /// The configured keys; `guests` says whether guest keys will be added
     /// (then authentication needs no configured key).
-    pub fn from_config(config: &AuthConfig, guests: bool) -> Result<Self, String> {
+    pub fn from_config(config: &AuthConfig, guests: bool) -> Result<Self, KeysError> {
         let mut tenants: Vec<Tenant> = Vec::new();
         for (i, k) in config.keys.iter().enumerate() {
-            let at = format!("auth.keys[{i}]");
             if k.name.trim().is_empty()
                 || k.name.len() > 64
                 || !k.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
             {
-                return Err(format!("{at}.name: 1-64 characters of letters, digits, - _ . @"));
+                return Err(KeysError::Name(i));
             }
             let digest = match (&k.key, &k.key_sha256) {
                 (Some(key), None) if key.len() >= 16 => sha256(key.as_bytes()),
-                (Some(_), None) => return Err(format!("{at}.key: at least 16 characters (use `mcp-sandbox key new`)")),
-                (None, Some(hex)) => parse_hex(hex).ok_or_else(|| format!("{at}.key_sha256: 64 hexadecimal digits"))?,
-                _ => return Err(format!("{at}: exactly one of key or key_sha256")),
+                (Some(_), None) => return Err(KeysError::ShortKey(i)),
+                (None, Some(hex)) => parse_hex(hex).ok_or(KeysError::Digest(i))?,
+                _ => return Err(KeysError::KeyOrDigest(i)),
             };
             if tenants.iter().any(|t| t.name == k.name) {
-                return Err(format!("{at}.name: {:?} is used twice", k.name));
+                return Err(KeysError::NameTwice(i, k.name.clone()));
             }
             if k.max_sandboxes == Some(0) || k.requests_per_second == Some(0) {
-                return Err(format!("{at}: limits must be at least 1"));
+                return Err(KeysError::ZeroLimit(i));
             }
             tenants.push(Tenant {
                 name: k.name.clone(),
@@ -154,12 +175,10 @@ impl Keys {
             .iter()
             .find(|n| !tenants.iter().any(|t| &t.name == *n))
         {
-            return Err(format!(
-                "auth.admin_keys: {unknown:?} is not the name of a key in [[auth.keys]]"
-            ));
+            return Err(KeysError::UnknownAdmin(unknown.clone()));
         }
         if config.enabled && !guests && !tenants.iter().any(|t| !t.revoked) {
-            return Err("auth.keys: authentication is enabled but no usable key is configured".into());
+            return Err(KeysError::NoUsableKey);
         }
         Ok(Self { tenants, guests: None })
     }
@@ -408,7 +427,7 @@ mod tests {
                 "exactly one",
             ),
         ] {
-            let err = Keys::from_config(&config(vec![k]), false).unwrap_err();
+            let err = Keys::from_config(&config(vec![k]), false).unwrap_err().to_string();
             assert!(err.contains(want), "{err}");
         }
     }
@@ -455,7 +474,10 @@ mod tests {
         assert!(keys.tenant("ops").unwrap().admin);
         assert!(!keys.tenant("alice").unwrap().admin);
         c.admin_keys = vec!["nobody".into()];
-        assert!(Keys::from_config(&c, false).unwrap_err().contains("auth.admin_keys"));
+        assert!(Keys::from_config(&c, false)
+            .unwrap_err()
+            .to_string()
+            .contains("auth.admin_keys"));
     }
 
     #[test]

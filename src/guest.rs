@@ -60,10 +60,19 @@ impl Default for GuestConfig {
     }
 }
 
+/// A bad `[guest]` section; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuestError {
+    #[error("guest.enabled: guest keys need auth.enabled = true")]
+    WithoutAuth,
+    #[error("guest.{0}: at least 1")]
+    Zero(&'static str),
+}
+
 impl GuestConfig {
-    pub fn validate(&self, auth_enabled: bool) -> Result<(), String> {
+    pub fn validate(&self, auth_enabled: bool) -> Result<(), GuestError> {
         if self.enabled && !auth_enabled {
-            return Err("guest.enabled: guest keys need auth.enabled = true".into());
+            return Err(GuestError::WithoutAuth);
         }
         for (key, v) in [
             ("key_ttl_seconds", self.key_ttl_seconds),
@@ -73,7 +82,7 @@ impl GuestConfig {
             ("sandbox_lifetime_seconds", self.sandbox_lifetime_seconds),
         ] {
             if v == 0 {
-                return Err(format!("guest.{key}: at least 1"));
+                return Err(GuestError::Zero(key));
             }
         }
         Ok(())
@@ -250,12 +259,16 @@ mod tests {
             enabled: true,
             ..Default::default()
         };
-        assert!(on.validate(false).unwrap_err().contains("guest.enabled"));
+        assert!(on.validate(false).unwrap_err().to_string().contains("guest.enabled"));
         assert!(on.validate(true).is_ok());
         let zero = GuestConfig {
             key_ttl_seconds: 0,
             ..on
         };
-        assert!(zero.validate(true).unwrap_err().contains("guest.key_ttl_seconds"));
+        assert!(zero
+            .validate(true)
+            .unwrap_err()
+            .to_string()
+            .contains("guest.key_ttl_seconds"));
     }
 }

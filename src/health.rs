@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandbox_actors::Sandboxes;
+use sandbox_actors::{SandboxError, Sandboxes};
 
 use crate::http::AppState;
 
@@ -25,7 +25,16 @@ pub struct Health {
     sandboxes: Arc<Sandboxes>,
     /// The last check and its outcome; held across a check, so concurrent
     /// probes wait for the one check in flight instead of making their own.
-    last: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    last: tokio::sync::Mutex<Option<(Instant, Result<(), EngineDown>)>>,
+}
+
+/// Why the Docker engine counts as unavailable.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineDown {
+    #[error(transparent)]
+    Failed(Arc<SandboxError>),
+    #[error("the Docker engine did not answer within {0:?}")]
+    Silent(Duration),
 }
 
 impl Health {
@@ -38,7 +47,7 @@ impl Health {
 
     /// The engine's state, checked anew when the last check is over a
     /// second old.
-    pub async fn engine(&self) -> Result<(), String> {
+    pub async fn engine(&self) -> Result<(), EngineDown> {
         let mut last = self.last.lock().await;
         if let Some((at, outcome)) = last.as_ref() {
             if at.elapsed() < FRESH_FOR {
@@ -47,8 +56,8 @@ impl Health {
         }
         let outcome = match tokio::time::timeout(PING_DEADLINE, self.sandboxes.ping()).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("the Docker engine did not answer within {PING_DEADLINE:?}")),
+            Ok(Err(e)) => Err(EngineDown::Failed(Arc::new(e))),
+            Err(_) => Err(EngineDown::Silent(PING_DEADLINE)),
         };
         *last = Some((Instant::now(), outcome.clone()));
         outcome
@@ -69,7 +78,7 @@ pub async fn route(State(app): State<AppState>) -> Response {
         Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok", "resources": resources })).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "unavailable", "docker": e, "resources": resources })),
+            Json(serde_json::json!({ "status": "unavailable", "docker": e.to_string(), "resources": resources })),
         )
             .into_response(),
     }

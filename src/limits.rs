@@ -74,8 +74,13 @@ impl Default for LimitsConfig {
     }
 }
 
+/// A `[limits]` key set to 0.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("limits.{0}: at least 1")]
+pub struct ZeroLimit(pub &'static str);
+
 impl LimitsConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ZeroLimit> {
         for (key, v) in [
             ("requests_per_second", self.requests_per_second as usize),
             ("burst", self.burst as usize),
@@ -91,7 +96,7 @@ impl LimitsConfig {
             ("header_timeout_seconds", self.header_timeout_seconds as usize),
         ] {
             if v == 0 {
-                return Err(format!("limits.{key}: at least 1"));
+                return Err(ZeroLimit(key));
             }
         }
         Ok(())

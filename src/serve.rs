@@ -68,7 +68,7 @@ fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -
 }
 
 fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Result<Arc<Limits>> {
-    let mut keys = Keys::from_config(&config.auth, config.guest.enabled).map_err(anyhow::Error::msg)?;
+    let mut keys = Keys::from_config(&config.auth, config.guest.enabled)?;
     if let Some(signer) = signer.filter(|_| config.guest.enabled) {
         keys = keys.with_guests(GuestKeys::new(signer.clone(), &config.guest));
     }
@@ -108,7 +108,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         )?),
         false => None,
     };
-    let open_files = connections::raise_open_file_limit(&config.limits).map_err(anyhow::Error::msg)?;
+    let open_files = connections::raise_open_file_limit(&config.limits)?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -131,7 +131,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         stop_signal().await;
         stop.cancel();
     });
-    let proxies = TrustedProxies::parse(&config.server.trusted_proxies).map_err(anyhow::Error::msg)?;
+    let proxies = TrustedProxies::parse(&config.server.trusted_proxies)?;
     let serving = connections::serve(listener, app, &config.limits, proxies, metrics, shutdown.clone());
     // Requests in flight get a grace period; then the server stops anyway.
     let deadline = async {
