@@ -7,10 +7,6 @@
 //! lifetime was capped at the key's expiry when they were created, are
 //! removed by the domain.
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::Mac;
@@ -18,10 +14,8 @@ use rand::RngCore;
 use sandbox_actors::config::EgressPolicy;
 use serde::Deserialize;
 
-use crate::auth::{unix_now, LinkSigner, TokenError};
 use crate::caller::{Caller, GUEST_PREFIX};
-use crate::client_ip::ClientIp;
-use crate::http::{error, refusal, AppState};
+use crate::signer::{LinkSigner, TokenError};
 
 const PREFIX: &str = "msg_";
 
@@ -168,46 +162,6 @@ impl GuestKeys {
     }
 }
 
-/// A fresh guest key for `client`, or the response refusing one.
-/// The refusal is boxed: a response is large and the key the common case.
-pub fn issue_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Box<Response>> {
-    let Some(guests) = app.ops.limits.keys().guests() else {
-        return Err(Box::new(error(
-            StatusCode::NOT_FOUND,
-            "guest keys are not enabled on this server ([guest] enabled)",
-        )));
-    };
-    if let Err(wait) = app.ops.limits.check_guest_issue(client.0) {
-        return Err(Box::new(refusal(
-            StatusCode::TOO_MANY_REQUESTS,
-            wait.seconds(),
-            &format!(
-                "this address has had its guest keys for this hour; retry in {} s",
-                wait.seconds()
-            ),
-        )));
-    }
-    app.ops.metrics.guest_key_issued();
-    Ok(guests.issue(unix_now()))
-}
-
-/// `POST /api/guest`: `{key, expires_at, tenant}`.
-pub async fn issue(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
-    match issue_for(&app, client) {
-        Ok((key, guest)) => {
-            let expires = time::OffsetDateTime::from_unix_timestamp(guest.expires_at as i64)
-                .ok()
-                .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok());
-            (
-                StatusCode::CREATED,
-                Json(serde_json::json!({"key": key, "expires_at": expires, "tenant": guest.owner})),
-            )
-                .into_response()
-        }
-        Err(r) => *r,
-    }
-}
-
 /// The caller a valid guest key is.
 pub fn caller(guest: Guest) -> Caller {
     Caller::guest(guest.owner, guest.expires_at)
@@ -219,7 +173,7 @@ mod tests {
 
     fn keys(ttl: u64) -> GuestKeys {
         let dir = tempfile::tempdir().unwrap();
-        let signer = LinkSigner::load(&crate::auth::AuthConfig::default(), dir.path()).unwrap();
+        let signer = LinkSigner::load(None, 3600, dir.path()).unwrap();
         GuestKeys::new(
             signer,
             &GuestConfig {

@@ -1,19 +1,11 @@
-//! `/health`: liveness with the Docker engine's state, from a check made at
-//! most once a second whatever the number of probes, so that probes (and
-//! floods of them) cost the engine nothing. The route is exempt from
-//! request-rate limits: a load balancer's probe must not read somebody
-//! else's flood from the same address as the server being down.
+//! The Docker engine's state for `/health`, from a check made at most once
+//! a second whatever the number of probes, so that probes (and floods of
+//! them) cost the engine nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use sandbox_actors::{SandboxError, Sandboxes};
-
-use crate::http::AppState;
 
 /// How long one engine check answers for.
 const FRESH_FOR: Duration = Duration::from_secs(1);
@@ -61,25 +53,5 @@ impl Health {
         };
         *last = Some((Instant::now(), outcome.clone()));
         outcome
-    }
-}
-
-/// `/health`: whether Docker answers, and the host resources the sandboxes
-/// draw on (free disk, their memory limits added up, the host's memory).
-pub async fn route(State(app): State<AppState>) -> Response {
-    let r = app.ops.sandboxes.resources();
-    let mb = |b: u64| b >> 20;
-    let resources = serde_json::json!({
-        "disk_free_mb": r.disk_free_bytes.map(mb),
-        "sandbox_memory_limits_mb": mb(r.memory_limits_bytes),
-        "host_memory_mb": r.host_memory_bytes.map(mb),
-    });
-    match app.health.engine().await {
-        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok", "resources": resources })).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "unavailable", "docker": e.to_string(), "resources": resources })),
-        )
-            .into_response(),
     }
 }

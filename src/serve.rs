@@ -10,7 +10,7 @@ use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::auth::{Keys, LinkSigner};
+use crate::auth::Keys;
 use crate::caller::Caller;
 use crate::client_ip::TrustedProxies;
 use crate::config::Config;
@@ -21,6 +21,7 @@ use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
 use crate::ops::Ops;
+use crate::signer::LinkSigner;
 use crate::tasks::Tasks;
 use crate::tools::SandboxServer;
 
@@ -103,7 +104,8 @@ async fn stop_signal() {
 pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
     let signer = match config.auth.enabled {
         true => Some(LinkSigner::load(
-            &config.auth,
+            config.auth.link_secret.as_deref(),
+            config.auth.link_ttl_seconds,
             &config.settings(config_path)?.state_dir,
         )?),
         false => None,
