@@ -19,6 +19,7 @@ pub mod http_state;
 pub mod inline_images;
 pub mod limits;
 pub mod links;
+pub mod mcp_results;
 pub mod mcp_sessions;
 pub mod metrics;
 pub mod ops;
