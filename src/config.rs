@@ -225,7 +225,7 @@ impl Config {
                 .entry(section.to_string())
                 .or_insert_with(|| toml::Value::Table(Default::default()));
             let toml::Value::Table(section_table) = entry else {
-                return Err(ConfigError::NotATable(*section));
+                return Err(ConfigError::NotATable(section));
             };
             section_table.insert(key.to_string(), parsed);
         }

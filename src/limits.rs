@@ -176,10 +176,6 @@ impl Limits {
         }
     }
 
-    pub fn config(&self) -> &LimitsConfig {
-        &self.config
-    }
-
     pub fn guest(&self) -> &GuestConfig {
         &self.guest
     }
@@ -200,7 +196,8 @@ impl Limits {
     }
 
     /// Clients the keyed limiters remember.
-    pub fn remembered(&self) -> usize {
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
         self.per_tenant.len() + self.per_guest.len() + self.per_ip.len() + self.creations.len() + self.guest_keys.len()
     }
 
