@@ -1,6 +1,7 @@
 //! The REST API under `/api`, which the web UI uses: JSON in and out, the
 //! same keys as MCP (or the UI's session cookie with its CSRF token), and the
-//! same operations ([`crate::ops`]) with the same results as the tools.
+//! same operations ([`crate::ops`]) with the same results as the tools; and
+//! `POST /api/guest`, which hands out guest keys ([`crate::guest`]).
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -13,11 +14,15 @@ use sandbox_actors::{CallRecord, SandboxError, SandboxInfo, Usage};
 use serde::{Deserialize, Serialize};
 
 use crate::caller::Caller;
-use crate::http::{error, AppState};
+use crate::client_ip::ClientIp;
+use crate::guest::Guest;
+use crate::http_error::{error, refusal};
+use crate::http_state::AppState;
 use crate::ops::parse_id;
 use crate::results::{
     CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, UploadResult,
 };
+use crate::signer::unix_now;
 
 pub fn routes(max_upload_bytes: usize) -> Router<AppState> {
     Router::new()
@@ -333,4 +338,44 @@ async fn upload(
             .upload_bytes(&caller, &id, &q.name, body.to_vec(), &q.dest)
             .await?,
     ))
+}
+
+/// A fresh guest key for `client`, or the response refusing one.
+/// The refusal is boxed: a response is large and the key the common case.
+pub fn guest_key_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Box<Response>> {
+    let Some(guests) = app.ops.limits.keys().guests() else {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            "guest keys are not enabled on this server ([guest] enabled)",
+        )));
+    };
+    if let Err(wait) = app.ops.limits.check_guest_issue(client.0) {
+        return Err(Box::new(refusal(
+            StatusCode::TOO_MANY_REQUESTS,
+            wait.seconds(),
+            &format!(
+                "this address has had its guest keys for this hour; retry in {} s",
+                wait.seconds()
+            ),
+        )));
+    }
+    app.ops.metrics.guest_key_issued();
+    Ok(guests.issue(unix_now()))
+}
+
+/// `POST /api/guest`: `{key, expires_at, tenant}`.
+pub async fn guest_key(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
+    match guest_key_for(&app, client) {
+        Ok((key, guest)) => {
+            let expires = time::OffsetDateTime::from_unix_timestamp(guest.expires_at as i64)
+                .ok()
+                .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok());
+            (
+                StatusCode::CREATED,
+                Json(serde_json::json!({"key": key, "expires_at": expires, "tenant": guest.owner})),
+            )
+                .into_response()
+        }
+        Err(r) => *r,
+    }
 }

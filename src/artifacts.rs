@@ -17,9 +17,9 @@ use sandbox_actors::{SandboxError, Scope};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::auth::unix_now;
 use crate::caller::Caller;
-use crate::http::AppState;
+use crate::http_state::AppState;
+use crate::signer::unix_now;
 
 fn refuse(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()

@@ -1,17 +1,14 @@
-//! API keys and signed artifact links.
+//! API keys.
 //!
 //! With `[auth] enabled = true` every request names a key (Bearer,
 //! `X-API-Key`, or `?api_key=` for clients that can only set a URL); each key
 //! is a tenant, and the tenant is the owner of the sandboxes it creates. Keys
 //! are compared as SHA-256 digests in constant time and never logged.
-//! Artifact links carry an expiring HMAC token instead of any key, so they
+//! Artifact links carry an expiring HMAC token ([`crate::signer`]) instead of any key, so they
 //! work in a plain browser and leak nothing that grants more.
-
-use std::path::Path;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
 use sandbox_actors::EgressPolicy;
 use serde::Deserialize;
@@ -19,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::caller::Caller;
 use crate::guest::{Guest, GuestKeys};
+use crate::signer::{unix_now, TokenError};
 
 /// `[auth]`
 #[derive(Debug, Clone, Deserialize)]
@@ -99,6 +97,28 @@ impl Identified<'_> {
     }
 }
 
+/// A bad `[auth]` section; the message names the key (`auth.keys[i]` is
+/// the i-th `[[auth.keys]]` entry).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    #[error("auth.keys[{0}].name: 1-64 characters of letters, digits, - _ . @")]
+    Name(usize),
+    #[error("auth.keys[{0}].key: at least 16 characters (use `mcp-sandbox key new`)")]
+    ShortKey(usize),
+    #[error("auth.keys[{0}].key_sha256: 64 hexadecimal digits")]
+    Digest(usize),
+    #[error("auth.keys[{0}]: exactly one of key or key_sha256")]
+    KeyOrDigest(usize),
+    #[error("auth.keys[{0}].name: {1:?} is used twice")]
+    NameTwice(usize, String),
+    #[error("auth.keys[{0}]: limits must be at least 1")]
+    ZeroLimit(usize),
+    #[error("auth.admin_keys: {0:?} is not the name of a key in [[auth.keys]]")]
+    UnknownAdmin(String),
+    #[error("auth.keys: authentication is enabled but no usable key is configured")]
+    NoUsableKey,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Keys {
     tenants: Vec<Tenant>,
@@ -117,27 +137,26 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 impl Keys {
     /// The configured keys; `guests` says whether guest keys will be added
     /// (then authentication needs no configured key).
-    pub fn from_config(config: &AuthConfig, guests: bool) -> Result<Self, String> {
+    pub fn from_config(config: &AuthConfig, guests: bool) -> Result<Self, KeysError> {
         let mut tenants: Vec<Tenant> = Vec::new();
         for (i, k) in config.keys.iter().enumerate() {
-            let at = format!("auth.keys[{i}]");
             if k.name.trim().is_empty()
                 || k.name.len() > 64
                 || !k.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
             {
-                return Err(format!("{at}.name: 1-64 characters of letters, digits, - _ . @"));
+                return Err(KeysError::Name(i));
             }
             let digest = match (&k.key, &k.key_sha256) {
                 (Some(key), None) if key.len() >= 16 => sha256(key.as_bytes()),
-                (Some(_), None) => return Err(format!("{at}.key: at least 16 characters (use `mcp-sandbox key new`)")),
-                (None, Some(hex)) => parse_hex(hex).ok_or_else(|| format!("{at}.key_sha256: 64 hexadecimal digits"))?,
-                _ => return Err(format!("{at}: exactly one of key or key_sha256")),
+                (Some(_), None) => return Err(KeysError::ShortKey(i)),
+                (None, Some(hex)) => parse_hex(hex).ok_or(KeysError::Digest(i))?,
+                _ => return Err(KeysError::KeyOrDigest(i)),
             };
             if tenants.iter().any(|t| t.name == k.name) {
-                return Err(format!("{at}.name: {:?} is used twice", k.name));
+                return Err(KeysError::NameTwice(i, k.name.clone()));
             }
             if k.max_sandboxes == Some(0) || k.requests_per_second == Some(0) {
-                return Err(format!("{at}: limits must be at least 1"));
+                return Err(KeysError::ZeroLimit(i));
             }
             tenants.push(Tenant {
                 name: k.name.clone(),
@@ -154,12 +173,10 @@ impl Keys {
             .iter()
             .find(|n| !tenants.iter().any(|t| &t.name == *n))
         {
-            return Err(format!(
-                "auth.admin_keys: {unknown:?} is not the name of a key in [[auth.keys]]"
-            ));
+            return Err(KeysError::UnknownAdmin(unknown.clone()));
         }
         if config.enabled && !guests && !tenants.iter().any(|t| !t.revoked) {
-            return Err("auth.keys: authentication is enabled but no usable key is configured".into());
+            return Err(KeysError::NoUsableKey);
         }
         Ok(Self { tenants, guests: None })
     }
@@ -227,109 +244,10 @@ pub fn new_key(name: &str) -> (String, String) {
     (key, config)
 }
 
-/// Signs and checks artifact link tokens: `{expiry}.{HMAC(sandbox, path, expiry)}`.
-#[derive(Clone)]
-pub struct LinkSigner {
-    secret: Vec<u8>,
-    ttl_seconds: u64,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-pub enum TokenError {
-    Malformed,
-    Expired,
-    BadSignature,
-}
-
-impl LinkSigner {
-    /// The configured secret, or one generated once and kept (0600) in the
-    /// state folder so that links survive a restart.
-    pub fn load(config: &AuthConfig, state_dir: &Path) -> std::io::Result<Self> {
-        let secret = match &config.link_secret {
-            Some(s) => s.as_bytes().to_vec(),
-            None => {
-                let path = state_dir.join("link-secret");
-                match std::fs::read(&path) {
-                    Ok(s) if s.len() >= 32 => s,
-                    _ => {
-                        std::fs::create_dir_all(state_dir)?;
-                        let mut s = vec![0u8; 32];
-                        rand::rng().fill_bytes(&mut s);
-                        let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
-                        write_private(&path, hex.as_bytes())?;
-                        hex.into_bytes()
-                    }
-                }
-            }
-        };
-        Ok(Self {
-            secret,
-            ttl_seconds: config.link_ttl_seconds.max(1),
-        })
-    }
-
-    pub(crate) fn mac(&self, sandbox: &str, path: &str, expiry: u64) -> Hmac<Sha256> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
-        mac.update(format!("{sandbox}\n{path}\n{expiry}").as_bytes());
-        mac
-    }
-
-    pub fn sign(&self, sandbox: &str, path: &str, now: u64) -> String {
-        let expiry = now + self.ttl_seconds;
-        let sig = self.mac(sandbox, path, expiry).finalize().into_bytes();
-        format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(sig))
-    }
-
-    pub fn verify(&self, sandbox: &str, path: &str, token: &str, now: u64) -> Result<(), TokenError> {
-        let (expiry, sig) = token.split_once('.').ok_or(TokenError::Malformed)?;
-        let expiry: u64 = expiry.parse().map_err(|_| TokenError::Malformed)?;
-        let sig = URL_SAFE_NO_PAD.decode(sig).map_err(|_| TokenError::Malformed)?;
-        self.mac(sandbox, path, expiry)
-            .verify_slice(&sig)
-            .map_err(|_| TokenError::BadSignature)?;
-        if now > expiry {
-            return Err(TokenError::Expired);
-        }
-        Ok(())
-    }
-
-    /// The CSRF token of a browser session signed in with `key`: requests
-    /// that the session cookie authenticates must send it back, which a page
-    /// of another site cannot (it never sees the token).
-    pub fn csrf_token(&self, key: &str) -> String {
-        // "csrf" is never a sandbox id, so these never collide with link tokens.
-        URL_SAFE_NO_PAD.encode(self.mac("csrf", key, 0).finalize().into_bytes())
-    }
-
-    pub fn verify_csrf(&self, key: &str, token: &str) -> bool {
-        URL_SAFE_NO_PAD
-            .decode(token.trim())
-            .is_ok_and(|sig| self.mac("csrf", key, 0).verify_slice(&sig).is_ok())
-    }
-}
-
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(data)
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signer::LinkSigner;
 
     fn config(keys: Vec<KeyConfig>) -> AuthConfig {
         AuthConfig {
@@ -408,27 +326,16 @@ mod tests {
                 "exactly one",
             ),
         ] {
-            let err = Keys::from_config(&config(vec![k]), false).unwrap_err();
+            let err = Keys::from_config(&config(vec![k]), false).unwrap_err().to_string();
             assert!(err.contains(want), "{err}");
         }
-    }
-
-    #[test]
-    fn csrf_tokens_bind_their_session() {
-        let dir = tempfile::tempdir().unwrap();
-        let signer = LinkSigner::load(&AuthConfig::default(), dir.path()).unwrap();
-        let token = signer.csrf_token("key-a-0123456789");
-        assert!(signer.verify_csrf("key-a-0123456789", &token));
-        assert!(!signer.verify_csrf("key-b-0123456789", &token));
-        assert!(!signer.verify_csrf("key-a-0123456789", ""));
-        assert!(!signer.verify_csrf("key-a-0123456789", "not base64!"));
     }
 
     #[test]
     fn guest_keys_need_no_configured_key_and_expire_into_401() {
         assert!(Keys::from_config(&config(vec![]), false).is_err());
         let dir = tempfile::tempdir().unwrap();
-        let signer = LinkSigner::load(&AuthConfig::default(), dir.path()).unwrap();
+        let signer = LinkSigner::load(None, 60, dir.path()).unwrap();
         let guests = GuestKeys::new(signer, &crate::guest::GuestConfig::default());
         let keys = Keys::from_config(&config(vec![]), true)
             .unwrap()
@@ -455,50 +362,9 @@ mod tests {
         assert!(keys.tenant("ops").unwrap().admin);
         assert!(!keys.tenant("alice").unwrap().admin);
         c.admin_keys = vec!["nobody".into()];
-        assert!(Keys::from_config(&c, false).unwrap_err().contains("auth.admin_keys"));
-    }
-
-    #[test]
-    fn link_tokens_expire_and_bind_their_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let signer = LinkSigner::load(
-            &AuthConfig {
-                link_ttl_seconds: 60,
-                ..Default::default()
-            },
-            dir.path(),
-        )
-        .unwrap();
-        let token = signer.sign("sb", "a.png", 1000);
-        assert_eq!(signer.verify("sb", "a.png", &token, 1030), Ok(()));
-        assert_eq!(signer.verify("sb", "a.png", &token, 1061), Err(TokenError::Expired));
-        assert_eq!(
-            signer.verify("sb", "b.png", &token, 1030),
-            Err(TokenError::BadSignature)
-        );
-        assert_eq!(
-            signer.verify("other", "a.png", &token, 1030),
-            Err(TokenError::BadSignature)
-        );
-        let (exp, sig) = token.split_once('.').unwrap();
-        let extended = format!("{}.{sig}", exp.parse::<u64>().unwrap() + 1000);
-        assert_eq!(
-            signer.verify("sb", "a.png", &extended, 1030),
-            Err(TokenError::BadSignature)
-        );
-        assert_eq!(
-            signer.verify("sb", "a.png", "garbage", 1030),
-            Err(TokenError::Malformed)
-        );
-        // The generated secret is kept: a restarted server accepts old links.
-        let again = LinkSigner::load(
-            &AuthConfig {
-                link_ttl_seconds: 60,
-                ..Default::default()
-            },
-            dir.path(),
-        )
-        .unwrap();
-        assert_eq!(again.verify("sb", "a.png", &token, 1030), Ok(()));
+        assert!(Keys::from_config(&c, false)
+            .unwrap_err()
+            .to_string()
+            .contains("auth.admin_keys"));
     }
 }

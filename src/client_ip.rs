@@ -59,6 +59,11 @@ impl Cidr {
 #[error("the forwarding headers name no client address the server can use ({0:?})")]
 pub struct UnusableHop(pub String);
 
+/// An entry of `server.trusted_proxies` that is no network.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("server.trusted_proxies: {0:?} is not an address or address/prefix (such as 10.0.0.0/8)")]
+pub struct NotANetwork(pub String);
+
 /// `server.trusted_proxies`.
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies(Vec<Cidr>);
@@ -120,14 +125,10 @@ fn x_forwarded_for(headers: &HeaderMap) -> Vec<String> {
 
 impl TrustedProxies {
     /// Parses the configured networks; the message names the key.
-    pub fn parse(entries: &[String]) -> Result<Self, String> {
+    pub fn parse(entries: &[String]) -> Result<Self, NotANetwork> {
         entries
             .iter()
-            .map(|e| {
-                Cidr::parse(e).ok_or_else(|| {
-                    format!("server.trusted_proxies: {e:?} is not an address or address/prefix (such as 10.0.0.0/8)")
-                })
-            })
+            .map(|e| Cidr::parse(e).ok_or_else(|| NotANetwork(e.clone())))
             .collect::<Result<_, _>>()
             .map(Self)
     }
@@ -189,7 +190,7 @@ mod tests {
             .unwrap()
             .trusts(ip("203.0.113.1")));
         for bad in ["10.0.0.0/33", "ten", "10.0.0.0/x", ""] {
-            let err = TrustedProxies::parse(&[bad.into()]).unwrap_err();
+            let err = TrustedProxies::parse(&[bad.into()]).unwrap_err().to_string();
             assert!(err.contains("server.trusted_proxies"), "{err}");
         }
     }

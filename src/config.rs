@@ -9,11 +9,11 @@ use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsC
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
-use crate::auth::{AuthConfig, Keys};
-use crate::client_ip::TrustedProxies;
-use crate::guest::GuestConfig;
-use crate::limits::LimitsConfig;
-use crate::tasks::TasksConfig;
+use crate::auth::{AuthConfig, Keys, KeysError};
+use crate::client_ip::{NotANetwork, TrustedProxies};
+use crate::guest::{GuestConfig, GuestError};
+use crate::limits::{LimitsConfig, ZeroLimit};
+use crate::tasks::{TasksConfig, TasksConfigError};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -102,28 +102,17 @@ const INLINE_RESULT_MAX_BYTES: usize = 16 << 20;
 const INLINE_IMAGES_PER_RESULT: std::ops::RangeInclusive<usize> = 1..=16;
 
 impl ResultsConfig {
-    fn validate(&self) -> Result<(), String> {
-        let kib = |b: usize| b / 1024;
+    fn validate(&self) -> Result<(), ConfigError> {
         if !INLINE_IMAGE_BYTES.contains(&self.inline_image_max_bytes) {
-            return Err(format!(
-                "results.inline_image_max_bytes: from {} to {} (1 KiB to 4 MiB)",
-                INLINE_IMAGE_BYTES.start(),
-                INLINE_IMAGE_BYTES.end()
-            ));
+            return Err(ConfigError::InlineImageBytes);
         }
         if !(self.inline_image_max_bytes..=INLINE_RESULT_MAX_BYTES).contains(&self.inline_result_max_bytes) {
-            return Err(format!(
-                "results.inline_result_max_bytes: at least results.inline_image_max_bytes ({} KiB) and at most {} KiB",
-                kib(self.inline_image_max_bytes),
-                kib(INLINE_RESULT_MAX_BYTES)
-            ));
+            return Err(ConfigError::InlineResultBytes {
+                image_kib: self.inline_image_max_bytes / 1024,
+            });
         }
         if !INLINE_IMAGES_PER_RESULT.contains(&self.inline_images_per_result) {
-            return Err(format!(
-                "results.inline_images_per_result: from {} to {}",
-                INLINE_IMAGES_PER_RESULT.start(),
-                INLINE_IMAGES_PER_RESULT.end()
-            ));
+            return Err(ConfigError::InlineImagesPerResult);
         }
         Ok(())
     }
@@ -134,12 +123,58 @@ const SECTIONS: [&str; 10] = [
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 
+/// Why the configuration cannot be used; the message names the file or
+/// variable, and the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("{0}")]
-    Invalid(String),
+    /// Not TOML, or a value of the wrong type or an unknown key; `from` is
+    /// the file (or "defaults").
+    #[error("{from}: {source}")]
+    Toml { from: String, source: toml::de::Error },
+    #[error("{0}: no configuration section matches (sections: {sections})", sections = SECTIONS.join(", "))]
+    UnknownSection(String),
+    #[error("[{0}] must be a table")]
+    NotATable(&'static str),
+    /// A `[sandbox]` or `[packages]` value, as the sandbox domain checks it.
+    #[error(transparent)]
+    Sandbox(#[from] sandbox_actors::config::InvalidConfig),
+    #[error(transparent)]
+    Limits(#[from] ZeroLimit),
+    #[error(transparent)]
+    Tasks(#[from] TasksConfigError),
+    #[error(transparent)]
+    Keys(#[from] KeysError),
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    #[error(transparent)]
+    TrustedProxies(#[from] NotANetwork),
+    #[error(
+        "results.inline_image_max_bytes: from {} to {} (1 KiB to 4 MiB)",
+        INLINE_IMAGE_BYTES.start(),
+        INLINE_IMAGE_BYTES.end()
+    )]
+    InlineImageBytes,
+    #[error(
+        "results.inline_result_max_bytes: at least results.inline_image_max_bytes ({image_kib} KiB) and at most {} KiB",
+        INLINE_RESULT_MAX_BYTES / 1024
+    )]
+    InlineResultBytes { image_kib: usize },
+    #[error(
+        "results.inline_images_per_result: from {} to {}",
+        INLINE_IMAGES_PER_RESULT.start(),
+        INLINE_IMAGES_PER_RESULT.end()
+    )]
+    InlineImagesPerResult,
+    #[error("server.allowed_hosts: {0:?} is not a host name")]
+    AllowedHost(String),
+    #[error("server.public_url: an http(s) URL, not {0:?}")]
+    PublicUrl(String),
+    #[error("uploads.max_upload_mb: from 1 to {0}")]
+    MaxUpload(u64),
+    #[error("uploads.allowed_dirs: {} is not an absolute path", .0.display())]
+    UploadDir(PathBuf),
 }
 
 impl Config {
@@ -165,19 +200,18 @@ impl Config {
                 }
             },
         };
-        let mut table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid(format!("{source}: {e}")))?;
+        let bad_toml = |e: toml::de::Error| ConfigError::Toml {
+            from: source.clone(),
+            source: e,
+        };
+        let mut table: toml::Table = text.parse().map_err(bad_toml)?;
         for (name, value) in env {
             let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
             let rest = rest.to_ascii_lowercase();
             let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
-                return Err(ConfigError::Invalid(format!(
-                    "{name}: no configuration section matches (sections: {})",
-                    SECTIONS.join(", ")
-                )));
+                return Err(ConfigError::UnknownSection(name));
             };
             let key = &rest[section.len() + 1..];
             // A value is read as TOML (numbers, booleans, arrays) and
@@ -191,61 +225,48 @@ impl Config {
                 .entry(section.to_string())
                 .or_insert_with(|| toml::Value::Table(Default::default()));
             let toml::Value::Table(section_table) = entry else {
-                return Err(ConfigError::Invalid(format!("[{section}] must be a table")));
+                return Err(ConfigError::NotATable(section));
             };
             section_table.insert(key.to_string(), parsed);
         }
-        let config: Config = Config::deserialize(table).map_err(|e| ConfigError::Invalid(format!("{source}: {e}")))?;
+        let config: Config = Config::deserialize(table).map_err(bad_toml)?;
         config.validate()?;
         Ok(config)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.sandbox
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        self.packages
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        self.limits.validate().map_err(ConfigError::Invalid)?;
-        self.results.validate().map_err(ConfigError::Invalid)?;
+        self.sandbox.validate()?;
+        self.packages.validate()?;
+        self.limits.validate()?;
+        self.results.validate()?;
         let longest_run = self
             .sandbox
             .max_exec_timeout_seconds
             .max(self.sandbox.install_timeout_seconds);
-        self.tasks.validate(longest_run).map_err(ConfigError::Invalid)?;
-        Keys::from_config(&self.auth, self.guest.enabled).map_err(ConfigError::Invalid)?;
-        self.guest.validate(self.auth.enabled).map_err(ConfigError::Invalid)?;
-        TrustedProxies::parse(&self.server.trusted_proxies).map_err(ConfigError::Invalid)?;
+        self.tasks.validate(longest_run)?;
+        Keys::from_config(&self.auth, self.guest.enabled)?;
+        self.guest.validate(self.auth.enabled)?;
+        TrustedProxies::parse(&self.server.trusted_proxies)?;
         if let Some(bad) = self
             .server
             .allowed_hosts
             .iter()
             .find(|h| h.trim().is_empty() || h.contains('/'))
         {
-            return Err(ConfigError::Invalid(format!(
-                "server.allowed_hosts: {bad:?} is not a host name"
-            )));
+            return Err(ConfigError::AllowedHost(bad.clone()));
         }
         if let Some(url) = &self.server.public_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(ConfigError::Invalid(format!(
-                    "server.public_url: an http(s) URL, not {url:?}"
-                )));
+                return Err(ConfigError::PublicUrl(url.clone()));
             }
         }
         let most_mb = sandbox_actors::uploads::MAX_UPLOAD_BYTES / (1024 * 1024);
         if !(1..=most_mb).contains(&self.uploads.max_upload_mb) {
-            return Err(ConfigError::Invalid(format!(
-                "uploads.max_upload_mb: from 1 to {most_mb}"
-            )));
+            return Err(ConfigError::MaxUpload(most_mb));
         }
         for dir in &self.uploads.allowed_dirs {
             if !dir.is_absolute() {
-                return Err(ConfigError::Invalid(format!(
-                    "uploads.allowed_dirs: {} is not an absolute path",
-                    dir.display()
-                )));
+                return Err(ConfigError::UploadDir(dir.clone()));
             }
         }
         Ok(())

@@ -139,10 +139,27 @@ async fn refuse(mut tcp: TcpStream, answer: Vec<u8>) {
     .await;
 }
 
+/// Why the open-file limit cannot hold the configured connections.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenFilesError {
+    #[error("reading the open-file limit: {0}")]
+    Read(#[source] std::io::Error),
+    #[error(
+        "limits.max_connections ({connections}) and limits.max_sandboxes_total ({sandboxes}) need about {need} open \
+         files, but the open-file limit is {have}: lower them or raise the hard limit (ulimit -Hn)"
+    )]
+    TooLow {
+        connections: usize,
+        sandboxes: usize,
+        need: u64,
+        have: u64,
+    },
+}
+
 /// Raises the open-file soft limit to the hard limit and checks that the
 /// connection cap, with room for the sandboxes and the server's own files,
 /// fits in it. Returns the limit.
-pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, String> {
+pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, OpenFilesError> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -150,10 +167,7 @@ pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, String> {
     // SAFETY: getrlimit and setrlimit only read and write the struct passed.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return Err(format!(
-                "reading the open-file limit: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(OpenFilesError::Read(std::io::Error::last_os_error()));
         }
         if lim.rlim_cur < lim.rlim_max {
             let raised = libc::rlimit {
@@ -171,11 +185,12 @@ pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, String> {
         + limits.max_sandboxes_total as u64 * DESCRIPTORS_PER_SANDBOX
         + RESERVED_DESCRIPTORS;
     if need > have {
-        return Err(format!(
-            "limits.max_connections ({}) and limits.max_sandboxes_total ({}) need about {need} open files, \
-             but the open-file limit is {have}: lower them or raise the hard limit (ulimit -Hn)",
-            limits.max_connections, limits.max_sandboxes_total
-        ));
+        return Err(OpenFilesError::TooLow {
+            connections: limits.max_connections,
+            sandboxes: limits.max_sandboxes_total,
+            need,
+            have,
+        });
     }
     Ok(have)
 }

@@ -1,20 +1,19 @@
 //! What the file tools return (`list_files`, `read_file`, `write_file`):
 //! one typed struct per tool, paths absolute in the sandbox, each file with
-//! its download link, and how a read is presented to the model.
+//! its download link.
 
 use std::fs::File;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
-use rmcp::model::CallToolResult;
 use sandbox_actors::agent::RESULTS_IN_CONTAINER;
 use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
 use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
+use crate::inline_images::ImageNote;
 use crate::links::Links;
-use crate::results::{rfc3339, success};
+use crate::results::rfc3339;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct FileListing {
@@ -109,8 +108,8 @@ pub struct ReadResult {
 
 /// A read, ready to present: an image keeps its opened file.
 pub struct Read {
-    result: ReadResult,
-    image: Option<File>,
+    pub result: ReadResult,
+    pub image: Option<File>,
 }
 
 impl Read {
@@ -156,67 +155,6 @@ impl Read {
         };
         Self { result, image }
     }
-
-    /// The tool result; an image is shown inline by `images`, on the budget
-    /// of a run's single image.
-    pub async fn into_tool_result(self, images: &Inliner) -> CallToolResult {
-        match self.image {
-            Some(file) => image_result(self.result, file, images).await,
-            None if self.result.kind == "text" => success(&self.result, None, vec![]),
-            None => {
-                let link = resource_link(&self.result);
-                success(&self.result, None, vec![link])
-            }
-        }
-    }
-}
-
-/// The one place an image read becomes a tool result: its link, size and
-/// type, then the image itself as an `image` item when it fits
-/// `results.inline_image_max_bytes` in time (`file` is opened safely
-/// beneath the sandbox's folder); otherwise the link alone, with the reason.
-async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
-    let deadline = Instant::now() + inline_images::DEADLINE;
-    let shown = match result.mime_type.as_str() {
-        "image/svg+xml" => Err(NotInlined::Svg),
-        _ => images.image_file(file, images.max_bytes(), deadline).await,
-    };
-    let link = resource_link(&result);
-    let (note, item) = match shown {
-        Ok(image) => {
-            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
-            let note = ImageNote {
-                path: result.path.clone(),
-                inline: true,
-                width: Some(image.width),
-                height: Some(image.height),
-                reason: None,
-            };
-            (note, Some(image.into_content()))
-        }
-        Err(why) => {
-            tracing::debug!(path = result.path, reason = %why, "image not inlined");
-            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
-            let note = ImageNote {
-                path: result.path.clone(),
-                inline: false,
-                width: None,
-                height: None,
-                reason: Some(why.to_string()),
-            };
-            (note, None)
-        }
-    };
-    result.image = Some(note);
-    let mut reply = success(&result, None, vec![link]);
-    reply.content.extend(item);
-    reply
-}
-
-/// The `resource_link` item of a read file: its URL and name.
-fn resource_link(result: &ReadResult) -> (String, String) {
-    let name = result.path.rsplit('/').next().unwrap_or(&result.path).to_string();
-    (result.link.clone(), name)
 }
 
 #[derive(Debug, Serialize, JsonSchema)]

@@ -7,10 +7,6 @@
 //! lifetime was capped at the key's expiry when they were created, are
 //! removed by the domain.
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::Mac;
@@ -18,10 +14,8 @@ use rand::RngCore;
 use sandbox_actors::config::EgressPolicy;
 use serde::Deserialize;
 
-use crate::auth::{unix_now, LinkSigner, TokenError};
 use crate::caller::{Caller, GUEST_PREFIX};
-use crate::client_ip::ClientIp;
-use crate::http::{error, refusal, AppState};
+use crate::signer::{LinkSigner, TokenError};
 
 const PREFIX: &str = "msg_";
 
@@ -60,10 +54,19 @@ impl Default for GuestConfig {
     }
 }
 
+/// A bad `[guest]` section; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuestError {
+    #[error("guest.enabled: guest keys need auth.enabled = true")]
+    WithoutAuth,
+    #[error("guest.{0}: at least 1")]
+    Zero(&'static str),
+}
+
 impl GuestConfig {
-    pub fn validate(&self, auth_enabled: bool) -> Result<(), String> {
+    pub fn validate(&self, auth_enabled: bool) -> Result<(), GuestError> {
         if self.enabled && !auth_enabled {
-            return Err("guest.enabled: guest keys need auth.enabled = true".into());
+            return Err(GuestError::WithoutAuth);
         }
         for (key, v) in [
             ("key_ttl_seconds", self.key_ttl_seconds),
@@ -73,7 +76,7 @@ impl GuestConfig {
             ("sandbox_lifetime_seconds", self.sandbox_lifetime_seconds),
         ] {
             if v == 0 {
-                return Err(format!("guest.{key}: at least 1"));
+                return Err(GuestError::Zero(key));
             }
         }
         Ok(())
@@ -159,46 +162,6 @@ impl GuestKeys {
     }
 }
 
-/// A fresh guest key for `client`, or the response refusing one.
-/// The refusal is boxed: a response is large and the key the common case.
-pub fn issue_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Box<Response>> {
-    let Some(guests) = app.ops.limits.keys().guests() else {
-        return Err(Box::new(error(
-            StatusCode::NOT_FOUND,
-            "guest keys are not enabled on this server ([guest] enabled)",
-        )));
-    };
-    if let Err(wait) = app.ops.limits.check_guest_issue(client.0) {
-        return Err(Box::new(refusal(
-            StatusCode::TOO_MANY_REQUESTS,
-            wait.seconds(),
-            &format!(
-                "this address has had its guest keys for this hour; retry in {} s",
-                wait.seconds()
-            ),
-        )));
-    }
-    app.ops.metrics.guest_key_issued();
-    Ok(guests.issue(unix_now()))
-}
-
-/// `POST /api/guest`: `{key, expires_at, tenant}`.
-pub async fn issue(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
-    match issue_for(&app, client) {
-        Ok((key, guest)) => {
-            let expires = time::OffsetDateTime::from_unix_timestamp(guest.expires_at as i64)
-                .ok()
-                .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok());
-            (
-                StatusCode::CREATED,
-                Json(serde_json::json!({"key": key, "expires_at": expires, "tenant": guest.owner})),
-            )
-                .into_response()
-        }
-        Err(r) => *r,
-    }
-}
-
 /// The caller a valid guest key is.
 pub fn caller(guest: Guest) -> Caller {
     Caller::guest(guest.owner, guest.expires_at)
@@ -210,7 +173,7 @@ mod tests {
 
     fn keys(ttl: u64) -> GuestKeys {
         let dir = tempfile::tempdir().unwrap();
-        let signer = LinkSigner::load(&crate::auth::AuthConfig::default(), dir.path()).unwrap();
+        let signer = LinkSigner::load(None, 3600, dir.path()).unwrap();
         GuestKeys::new(
             signer,
             &GuestConfig {
@@ -250,12 +213,16 @@ mod tests {
             enabled: true,
             ..Default::default()
         };
-        assert!(on.validate(false).unwrap_err().contains("guest.enabled"));
+        assert!(on.validate(false).unwrap_err().to_string().contains("guest.enabled"));
         assert!(on.validate(true).is_ok());
         let zero = GuestConfig {
             key_ttl_seconds: 0,
             ..on
         };
-        assert!(zero.validate(true).unwrap_err().contains("guest.key_ttl_seconds"));
+        assert!(zero
+            .validate(true)
+            .unwrap_err()
+            .to_string()
+            .contains("guest.key_ttl_seconds"));
     }
 }

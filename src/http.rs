@@ -10,146 +10,33 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
+use tower::Service;
 
-use crate::auth::{Identified, LinkSigner};
+use crate::auth::Identified;
 use crate::caller::Caller;
 use crate::client_ip::{is_forwarded, ClientIp, TrustedProxies};
 use crate::config::Config;
 use crate::health::Health;
+use crate::http_error::{error, refusal, session_refused};
+use crate::http_state::{AppState, Guard};
 use crate::mcp_sessions::{self, CappedSessions};
 use crate::ops::{Ops, MAX_CODE_BYTES};
 use crate::sessions::Sessions;
-use crate::sse::{self, SseSessions};
+use crate::signer::LinkSigner;
+use crate::sse_sessions::{self, SseSessions};
 use crate::tools::SandboxServer;
-use crate::{api, artifacts, guest, health, ui};
+use crate::{api, artifacts, sse, ui};
 
 /// Largest request body: the largest `code`, JSON-escaped, with room to spare.
 pub const MAX_BODY_BYTES: usize = 8 * MAX_CODE_BYTES;
-
-/// The Streamable HTTP service, with sessions under the server's caps.
-pub type McpService = StreamableHttpService<SandboxServer, CappedSessions<LocalSessionManager>>;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub ops: Ops,
-    pub sse: SseSessions,
-    /// Open MCP sessions of both transports, under their caps.
-    pub sessions: Sessions,
-    pub mcp: McpService,
-    pub health: Arc<Health>,
-    /// Cancelled when the server stops: long-lived streams end with it.
-    pub shutdown: CancellationToken,
-    /// Set when authentication is on: artifact links must carry its tokens.
-    pub signer: Option<LinkSigner>,
-    /// Session cookies get `Secure` when the public URL is HTTPS.
-    pub secure_cookies: bool,
-    guard: Arc<Guard>,
-}
-
-impl AppState {
-    pub fn auth(&self) -> bool {
-        self.guard.auth
-    }
-}
-
-/// DNS-rebinding protection (which `Host` and `Origin` values are
-/// accepted), and who the client is behind trusted proxies.
-#[derive(Debug)]
-struct Guard {
-    /// Host names accepted besides IP literals and `localhost`, which a
-    /// rebinding attack cannot use (it needs a name its attacker resolves).
-    hosts: Vec<String>,
-    origins: Vec<String>,
-    auth: bool,
-    proxies: TrustedProxies,
-}
-
-/// `host:port` → `host` (IPv6 literals keep their brackets).
-fn host_only(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return authority.split_inclusive(']').next().unwrap_or(authority);
-    }
-    authority.split(':').next().unwrap_or(authority)
-}
-
-/// Whether `host` (from a `Host` header) is an IP literal or `localhost`.
-fn is_address_host(host: &str) -> bool {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    bare.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok()
-}
-
-impl Guard {
-    fn new(config: &Config, proxies: TrustedProxies) -> Self {
-        let port = config.server.port;
-        let public = config.public_url();
-        let public_host = public
-            .split("://")
-            .nth(1)
-            .unwrap_or("")
-            .split('/')
-            .next()
-            .unwrap_or("")
-            .to_string();
-        let mut hosts: Vec<String> = config
-            .server
-            .allowed_hosts
-            .iter()
-            .map(|h| host_only(h).to_string())
-            .collect();
-        hosts.push(host_only(&public_host).to_string());
-        let mut origins = config.server.allowed_origins.clone();
-        origins.extend([
-            public.clone(),
-            format!("http://localhost:{port}"),
-            format!("http://127.0.0.1:{port}"),
-        ]);
-        Self {
-            hosts,
-            origins,
-            auth: config.auth.enabled,
-            proxies,
-        }
-    }
-
-    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), &'static str> {
-        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        let host = header(header::HOST).map(host_only).unwrap_or("");
-        if !is_address_host(host) && !self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
-            return Err("this Host is not served here (DNS-rebinding protection); add it to server.allowed_hosts");
-        }
-        if let Some(origin) = header(header::ORIGIN) {
-            if !self
-                .origins
-                .iter()
-                .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin))
-            {
-                return Err("this Origin is not allowed; add it to server.allowed_origins");
-            }
-        }
-        Ok(())
-    }
-}
-
-pub fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
-}
-
-/// A refusal to hold more for a client: 429 or 503, `Retry-After` and a
-/// JSON message.
-pub fn refusal(status: StatusCode, retry_after_seconds: u64, message: &str) -> Response {
-    let mut r = error(status, message);
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds.max(1)));
-    r
-}
 
 const HOW_TO_AUTHENTICATE: &str =
     "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>' \
@@ -295,7 +182,7 @@ async fn guard(
         Some(c) => c.owner.clone(),
         None => path
             .starts_with("/messages")
-            .then(|| sse::session_id(req.uri().query()).and_then(|id| app.sse.caller_of(&id)))
+            .then(|| sse_sessions::session_id(req.uri().query()).and_then(|id| app.sse.caller_of(&id)))
             .flatten()
             .map(|c| c.owner)
             .unwrap_or_else(|| format!("ip:{client}")),
@@ -315,9 +202,45 @@ async fn guard(
     next.run(req).await
 }
 
+/// `/mcp`: rmcp's service, run as the request's caller.
+async fn streamable(State(app): State<AppState>, caller: Option<Extension<Caller>>, req: Request) -> Response {
+    let mut service = app.mcp.clone();
+    let (response, refused) = mcp_sessions::opened_by(caller.map(|Extension(c)| c), service.call(req)).await;
+    if let Some(r) = refused {
+        return session_refused(r);
+    }
+    match response {
+        Ok(r) => r.into_response(),
+        Err(never) => match never {},
+    }
+}
+
+/// `/health`: whether Docker answers, and the host resources the sandboxes
+/// draw on (free disk, their memory limits added up, the host's memory).
+/// It is exempt from request-rate limits: a load balancer's probe must not
+/// read somebody else's flood from the same address as the server being
+/// down.
+async fn health(State(app): State<AppState>) -> Response {
+    let r = app.ops.sandboxes.resources();
+    let mb = |b: u64| b >> 20;
+    let resources = serde_json::json!({
+        "disk_free_mb": r.disk_free_bytes.map(mb),
+        "sandbox_memory_limits_mb": mb(r.memory_limits_bytes),
+        "host_memory_mb": r.host_memory_bytes.map(mb),
+    });
+    match app.health.engine().await {
+        Ok(()) => Json(serde_json::json!({ "status": "ok", "docker": "ok", "resources": resources })).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "unavailable", "docker": e.to_string(), "resources": resources })),
+        )
+            .into_response(),
+    }
+}
+
 /// `/metrics`: open without authentication; with it, administrators only
 /// (the figures span every tenant).
-async fn metrics(State(app): State<AppState>, caller: Option<axum::Extension<Caller>>) -> Response {
+async fn metrics(State(app): State<AppState>, caller: Option<Extension<Caller>>) -> Response {
     if app.auth() && !caller.is_some_and(|c| c.admin) {
         return error(
             StatusCode::FORBIDDEN,
@@ -363,14 +286,14 @@ pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: C
         guard: Arc::new(Guard::new(config, proxies)),
     };
     Router::new()
-        .route("/mcp", any(mcp_sessions::route))
+        .route("/mcp", any(streamable))
         .route("/sse", get(sse::open))
         .route("/messages", post(sse::post))
         .route("/messages/", post(sse::post))
         .route("/results/{sandbox_id}/{*path}", get(artifacts::get))
-        .route("/health", get(health::route))
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route(GUEST_ROUTE, post(guest::issue))
+        .route(GUEST_ROUTE, post(api::guest_key))
         .merge(api::routes(config.uploads.max_upload_mb as usize * 1024 * 1024))
         .merge(ui::routes())
         .layer(middleware::from_fn_with_state(state.clone(), guard))

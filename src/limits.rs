@@ -74,8 +74,13 @@ impl Default for LimitsConfig {
     }
 }
 
+/// A `[limits]` key set to 0.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("limits.{0}: at least 1")]
+pub struct ZeroLimit(pub &'static str);
+
 impl LimitsConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ZeroLimit> {
         for (key, v) in [
             ("requests_per_second", self.requests_per_second as usize),
             ("burst", self.burst as usize),
@@ -91,7 +96,7 @@ impl LimitsConfig {
             ("header_timeout_seconds", self.header_timeout_seconds as usize),
         ] {
             if v == 0 {
-                return Err(format!("limits.{key}: at least 1"));
+                return Err(ZeroLimit(key));
             }
         }
         Ok(())
@@ -171,10 +176,6 @@ impl Limits {
         }
     }
 
-    pub fn config(&self) -> &LimitsConfig {
-        &self.config
-    }
-
     pub fn guest(&self) -> &GuestConfig {
         &self.guest
     }
@@ -195,7 +196,8 @@ impl Limits {
     }
 
     /// Clients the keyed limiters remember.
-    pub fn remembered(&self) -> usize {
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
         self.per_tenant.len() + self.per_guest.len() + self.per_ip.len() + self.creations.len() + self.guest_keys.len()
     }
 

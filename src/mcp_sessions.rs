@@ -4,42 +4,39 @@
 //! and closes it when the registry says so (idle, key expired).
 //!
 //! rmcp does not tell a session manager who asks; the `/mcp` route runs
-//! rmcp inside [`OPENER`], a task-local naming the caller, so that
+//! rmcp inside [`opened_by`], in a task-local naming the caller, so that
 //! `create_session` can charge the right tenant and record a refusal that
 //! the route then answers as 429/503 (rmcp itself would say 500).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use futures_util::{Stream, StreamExt};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage};
 use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
-use tower::Service;
 
 use crate::caller::Caller;
-use crate::http::AppState;
-use crate::sessions::{Refused, Sessions, Ticket};
+use crate::metrics::SessionRefusal;
+use crate::sessions::{Sessions, Ticket};
 
 /// Who is opening sessions in this request, and whether one was refused.
 #[derive(Clone)]
-pub struct Opener {
+struct Opener {
     caller: Option<Caller>,
-    refused: Arc<Mutex<Option<Refused>>>,
+    refused: Arc<Mutex<Option<SessionRefusal>>>,
 }
 
 tokio::task_local! {
     /// The caller of the `/mcp` request being served.
-    pub static OPENER: Opener;
+    static OPENER: Opener;
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError<E: std::error::Error> {
     #[error(transparent)]
-    Refused(Refused),
+    Refused(SessionRefusal),
     #[error("a session can only be opened through the /mcp route")]
     NoCaller,
     #[error(transparent)]
@@ -201,20 +198,16 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
     }
 }
 
-/// The `/mcp` route: rmcp's service, run as the request's caller.
-pub async fn route(State(app): State<AppState>, caller: Option<Extension<Caller>>, req: Request) -> Response {
+/// Runs `call` (rmcp serving a `/mcp` request) as `caller`'s: the sessions
+/// it opens are charged to `caller`. Also says why a session was refused,
+/// if one was.
+pub async fn opened_by<F: Future>(caller: Option<Caller>, call: F) -> (F::Output, Option<SessionRefusal>) {
     let opener = Opener {
-        caller: caller.map(|Extension(c)| c),
+        caller,
         refused: Arc::default(),
     };
     let refused = opener.refused.clone();
-    let mut service = app.mcp.clone();
-    let response = OPENER.scope(opener, service.call(req)).await;
-    if let Some(r) = *refused.lock().expect("opener lock") {
-        return r.response();
-    }
-    match response {
-        Ok(r) => r.into_response(),
-        Err(never) => match never {},
-    }
+    let output = OPENER.scope(opener, call).await;
+    let refused = *refused.lock().expect("opener lock");
+    (output, refused)
 }

@@ -17,8 +17,6 @@ use sandbox_actors::{SandboxError, SandboxStatus, Stats};
 use tracing::{field, info, Instrument};
 use uuid::Uuid;
 
-use crate::sessions::Refused;
-
 /// Upper bounds (seconds) of the execution latency histogram's buckets.
 const BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
@@ -79,6 +77,15 @@ struct Front {
 pub enum ConnectionRefusal {
     PerIp,
     Total,
+}
+
+/// Why a session was not opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SessionRefusal {
+    #[error("this tenant already has its maximum of {0} open MCP sessions; close one (or let it idle out) and retry")]
+    Tenant(usize),
+    #[error("the server holds its maximum of {0} open MCP sessions; retry later")]
+    Total(usize),
 }
 
 fn add(n: &AtomicU64) {
@@ -156,10 +163,10 @@ impl Metrics {
         self.front.sessions.fetch_sub(1, Ordering::Relaxed);
     }
 
-    pub fn session_refused(&self, why: Refused) {
+    pub fn session_refused(&self, why: SessionRefusal) {
         add(match why {
-            Refused::Tenant(_) => &self.front.sessions_refused_per_tenant,
-            Refused::Total(_) => &self.front.sessions_refused_total,
+            SessionRefusal::Tenant(_) => &self.front.sessions_refused_per_tenant,
+            SessionRefusal::Total(_) => &self.front.sessions_refused_total,
         });
     }
 
@@ -407,7 +414,7 @@ mod tests {
         assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"policy\"} 3"));
         assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"sni\"} 0"));
         m.connection_opened();
-        m.session_refused(Refused::Tenant(1));
+        m.session_refused(SessionRefusal::Tenant(1));
         let text = m.render(&Stats::default());
         assert!(text.contains("mcp_sandbox_connections 1"));
         assert!(text.contains("mcp_sandbox_sessions_refused_total{reason=\"per_tenant\"} 1"));

@@ -118,7 +118,7 @@ impl Ops {
                 ..Default::default()
             };
         };
-        let key_left = expires_at.saturating_sub(crate::auth::unix_now()).max(1);
+        let key_left = expires_at.saturating_sub(crate::signer::unix_now()).max(1);
         let guest = self.limits.guest();
         CreateOptions {
             lifetime: Some(Duration::from_secs(key_left.min(guest.sandbox_lifetime_seconds))),

@@ -1,9 +1,8 @@
-//! What the tools return: one typed struct per tool (its `outputSchema`),
-//! sent as `structuredContent` and as one pretty-printed JSON text item, plus
-//! a `resource_link` item per artifact and, for runs, `image` items.
+//! What the operations return, whoever asked: one typed struct per tool
+//! (its `outputSchema`), which the MCP tools send as they are
+//! ([`crate::mcp_results`]) and the REST API as JSON.
 
-use rmcp::model::{CallToolResult, ContentBlock, Resource};
-use sandbox_actors::{DiskUse, InstallStatusKind, Package, Ran, SandboxError, SandboxInfo};
+use sandbox_actors::{DiskUse, InstallStatusKind, Package, Ran, SandboxInfo};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -271,57 +270,4 @@ impl CommandResult {
             notice: ran.notice,
         }
     }
-}
-
-/// The result of a run, whose files are linked and whose images are shown.
-pub trait RunArtifacts {
-    /// The files the run created or changed, and their links.
-    fn files(&self) -> (&[String], &[String]);
-    fn set_images(&mut self, notes: Vec<ImageNote>);
-}
-
-impl RunArtifacts for PythonResult {
-    fn files(&self) -> (&[String], &[String]) {
-        (&self.files, &self.file_links)
-    }
-
-    fn set_images(&mut self, notes: Vec<ImageNote>) {
-        self.images = notes;
-    }
-}
-
-impl RunArtifacts for CommandResult {
-    fn files(&self) -> (&[String], &[String]) {
-        (&self.files, &self.file_links)
-    }
-
-    fn set_images(&mut self, notes: Vec<ImageNote>) {
-        self.images = notes;
-    }
-}
-
-/// A successful tool result: `value` as structured content and as
-/// pretty-printed JSON text (`text` replaces the latter when given).
-pub fn success<T: Serialize>(
-    value: &T,
-    text: Option<serde_json::Value>,
-    links: Vec<(String, String)>,
-) -> CallToolResult {
-    let structured = serde_json::to_value(value).expect("results serialise");
-    let text = serde_json::to_string_pretty(text.as_ref().unwrap_or(&structured)).expect("results serialise");
-    let mut content = vec![ContentBlock::text(text)];
-    for (uri, name) in links {
-        let mime = mime_guess::from_path(&name).first().map(|m| m.to_string());
-        let mut resource = Resource::new(uri, name);
-        resource.mime_type = mime;
-        content.push(ContentBlock::resource_link(resource));
-    }
-    let mut result = CallToolResult::success(content);
-    result.structured_content = Some(structured);
-    result
-}
-
-/// A failure of the tool itself, which the model reads (`isError: true`).
-pub fn failure(err: &SandboxError) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(err.to_string())])
 }

@@ -10,7 +10,7 @@ use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::auth::{Keys, LinkSigner};
+use crate::auth::Keys;
 use crate::caller::Caller;
 use crate::client_ip::TrustedProxies;
 use crate::config::Config;
@@ -21,6 +21,7 @@ use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
 use crate::ops::Ops;
+use crate::signer::LinkSigner;
 use crate::tasks::Tasks;
 use crate::tools::SandboxServer;
 
@@ -68,7 +69,7 @@ fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -
 }
 
 fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Result<Arc<Limits>> {
-    let mut keys = Keys::from_config(&config.auth, config.guest.enabled).map_err(anyhow::Error::msg)?;
+    let mut keys = Keys::from_config(&config.auth, config.guest.enabled)?;
     if let Some(signer) = signer.filter(|_| config.guest.enabled) {
         keys = keys.with_guests(GuestKeys::new(signer.clone(), &config.guest));
     }
@@ -103,12 +104,13 @@ async fn stop_signal() {
 pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
     let signer = match config.auth.enabled {
         true => Some(LinkSigner::load(
-            &config.auth,
+            config.auth.link_secret.as_deref(),
+            config.auth.link_ttl_seconds,
             &config.settings(config_path)?.state_dir,
         )?),
         false => None,
     };
-    let open_files = connections::raise_open_file_limit(&config.limits).map_err(anyhow::Error::msg)?;
+    let open_files = connections::raise_open_file_limit(&config.limits)?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -131,7 +133,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         stop_signal().await;
         stop.cancel();
     });
-    let proxies = TrustedProxies::parse(&config.server.trusted_proxies).map_err(anyhow::Error::msg)?;
+    let proxies = TrustedProxies::parse(&config.server.trusted_proxies)?;
     let serving = connections::serve(listener, app, &config.limits, proxies, metrics, shutdown.clone());
     // Requests in flight get a grace period; then the server stops anyway.
     let deadline = async {

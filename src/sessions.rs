@@ -10,34 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
-use axum::response::Response;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::caller::Caller;
-use crate::http::refusal;
 use crate::limits::LimitsConfig;
-use crate::metrics::Metrics;
-
-/// Why a session was not opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    #[error("this tenant already has its maximum of {0} open MCP sessions; close one (or let it idle out) and retry")]
-    Tenant(usize),
-    #[error("the server holds its maximum of {0} open MCP sessions; retry later")]
-    Total(usize),
-}
-
-impl Refused {
-    /// 429 for the tenant's own cap, 503 for the server's, with `Retry-After`.
-    pub fn response(&self) -> Response {
-        let status = match self {
-            Refused::Tenant(_) => StatusCode::TOO_MANY_REQUESTS,
-            Refused::Total(_) => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        refusal(status, 5, &self.to_string())
-    }
-}
+use crate::metrics::{Metrics, SessionRefusal};
 
 struct Entry {
     tenant: String,
@@ -154,12 +131,12 @@ impl Sessions {
     }
 
     /// A place for a new session of `caller`, or why there is none.
-    pub fn open(&self, caller: &Caller) -> Result<Ticket, Refused> {
+    pub fn open(&self, caller: &Caller) -> Result<Ticket, SessionRefusal> {
         let mut open = self.inner.open.lock().expect("sessions lock");
         let refused = if open.entries.len() >= self.inner.total {
-            Some(Refused::Total(self.inner.total))
+            Some(SessionRefusal::Total(self.inner.total))
         } else if open.per_tenant.get(&caller.owner).copied().unwrap_or(0) >= self.inner.per_tenant {
-            Some(Refused::Tenant(self.inner.per_tenant))
+            Some(SessionRefusal::Tenant(self.inner.per_tenant))
         } else {
             None
         };
@@ -168,7 +145,7 @@ impl Sessions {
             return Err(r);
         }
         let deadline = caller.expires_at.map(|t| {
-            let left = t.saturating_sub(crate::auth::unix_now());
+            let left = t.saturating_sub(crate::signer::unix_now());
             Instant::now() + Duration::from_secs(left)
         });
         let entry = Arc::new(Entry {
@@ -227,12 +204,9 @@ impl Sessions {
         });
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.inner.open.lock().expect("sessions lock").entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -259,9 +233,9 @@ mod tests {
         let (a, b) = (Caller::tenant("a", false), Caller::tenant("b", false));
         let a1 = s.open(&a).unwrap();
         let _a2 = s.open(&a).unwrap();
-        assert_eq!(s.open(&a).err(), Some(Refused::Tenant(2)));
+        assert_eq!(s.open(&a).err(), Some(SessionRefusal::Tenant(2)));
         let _b1 = s.open(&b).unwrap();
-        assert_eq!(s.open(&b).err(), Some(Refused::Total(3)));
+        assert_eq!(s.open(&b).err(), Some(SessionRefusal::Total(3)));
         drop(a1);
         let _a3 = s.open(&a).expect("a closed session frees its place");
         assert_eq!(s.len(), 3);

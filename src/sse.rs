@@ -7,9 +7,8 @@
 //! caps `/sse` answers 429 or 503, and a stream idle past the limit (no
 //! message from its client, no call running) is closed.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
@@ -23,78 +22,25 @@ use rmcp::ServiceExt;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::caller::Caller;
-use crate::http::AppState;
-use crate::sessions::Ticket;
+use crate::http_error::session_refused;
+use crate::http_state::AppState;
 use crate::tools::SandboxServer;
 
 /// Client messages queued per session before POSTs are refused.
 const INBOX: usize = 64;
 
-struct Session {
-    inbox: mpsc::Sender<ClientJsonRpcMessage>,
-    caller: Caller,
-    /// Activity of the session, for its idle limit.
-    ticket: Arc<Ticket>,
-}
-
-#[derive(Clone, Default)]
-pub struct SseSessions {
-    inner: Arc<Mutex<HashMap<String, Session>>>,
-}
-
-/// Removes the session and stops its service when the event stream ends.
-struct SessionGuard {
-    id: String,
-    sessions: SseSessions,
-    stop: CancellationToken,
-}
-
-impl SseSessions {
-    /// The caller that opened session `id`, if it is open.
-    pub fn caller_of(&self, id: &str) -> Option<Caller> {
-        self.inner
-            .lock()
-            .expect("sessions lock")
-            .get(id)
-            .map(|s| s.caller.clone())
-    }
-}
-
-/// The `sessionId` of a `/messages` query.
-pub fn session_id(query: Option<&str>) -> Option<String> {
-    query?.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        matches!(k, "sessionId" | "session_id").then(|| v.to_string())
-    })
-}
-
-impl Drop for SessionGuard {
-    fn drop(&mut self) {
-        self.sessions.inner.lock().expect("sessions lock").remove(&self.id);
-        self.stop.cancel();
-        debug!(session = %self.id, "SSE session closed");
-    }
-}
-
 pub async fn open(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
     let ticket = match app.sessions.open(&caller) {
         Ok(t) => Arc::new(t),
-        Err(refused) => return refused.response(),
+        Err(refused) => return session_refused(refused),
     };
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (inbox_tx, inbox_rx) = mpsc::channel::<ClientJsonRpcMessage>(INBOX);
     let (outbox_tx, outbox_rx) = mpsc::channel::<rmcp::model::ServerJsonRpcMessage>(INBOX);
-    app.sse.inner.lock().expect("sessions lock").insert(
-        id.clone(),
-        Session {
-            inbox: inbox_tx,
-            caller: caller.clone(),
-            ticket: ticket.clone(),
-        },
-    );
+    app.sse.insert(id.clone(), inbox_tx, caller.clone(), ticket.clone());
 
     let stop = CancellationToken::new();
     let handler = SandboxServer::new(app.ops.clone(), Some(caller));
@@ -116,11 +62,7 @@ pub async fn open(State(app): State<AppState>, Extension(caller): Extension<Call
         }
     });
 
-    let guard = SessionGuard {
-        id: id.clone(),
-        sessions: app.sse.clone(),
-        stop,
-    };
+    let guard = app.sse.guard(id.clone(), stop);
     let endpoint = futures_util::stream::once(async move {
         Ok(Event::default()
             .event("endpoint")
@@ -167,21 +109,15 @@ pub async fn post(
         )
             .into_response();
     };
-    let (inbox, ticket) = {
-        let sessions = app.sse.inner.lock().expect("sessions lock");
-        match sessions.get(&id) {
-            // The session id (unguessable, given only to whoever opened the
-            // stream) is the capability; a request that names a caller must
-            // name the one that opened it.
-            Some(s) if caller.as_ref().is_none_or(|Extension(c)| *c == s.caller) => (s.inbox.clone(), s.ticket.clone()),
-            _ => {
-                return (
-                    StatusCode::NOT_FOUND,
-                    Json(serde_json::json!({"error": "unknown session"})),
-                )
-                    .into_response()
-            }
-        }
+    // The session id (unguessable, given only to whoever opened the
+    // stream) is the capability; a request that names a caller must name
+    // the one that opened it.
+    let Some((inbox, ticket)) = app.sse.inbox(&id, caller.as_ref().map(|Extension(c)| c)) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": "unknown session"})),
+        )
+            .into_response();
     };
     let message: ClientJsonRpcMessage = match serde_json::from_slice(&body) {
         Ok(m) => m,

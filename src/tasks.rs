@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::caller::Caller;
-use crate::results::failure;
+use crate::mcp_results::failure;
 
 /// The status message of a running task holds at most this much of the
 /// run's latest output (a poll every second must stay cheap to answer).
@@ -74,24 +74,37 @@ impl Default for TasksConfig {
     }
 }
 
+/// A bad `[tasks]` section; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TasksConfigError {
+    #[error("tasks.threshold_ms: at most {MAX_THRESHOLD_MS}")]
+    Threshold,
+    #[error(
+        "tasks.ttl_seconds: at least the longest run ({0} s: sandbox.max_exec_timeout_seconds \
+         or sandbox.install_timeout_seconds) and at most {MAX_TTL_SECONDS}"
+    )]
+    Ttl(u64),
+    #[error("tasks.max_per_tenant: at least 1 and at most tasks.max_total")]
+    PerTenant,
+    #[error("tasks.max_total: at most {MAX_TASKS_TOTAL}")]
+    Total,
+}
+
 impl TasksConfig {
     /// `longest_run_seconds`: the longest execution or install the server
     /// allows, which a task's TTL must outlast.
-    pub fn validate(&self, longest_run_seconds: u64) -> Result<(), String> {
+    pub fn validate(&self, longest_run_seconds: u64) -> Result<(), TasksConfigError> {
         if self.threshold_ms > MAX_THRESHOLD_MS {
-            return Err(format!("tasks.threshold_ms: at most {MAX_THRESHOLD_MS}"));
+            return Err(TasksConfigError::Threshold);
         }
         if !(longest_run_seconds..=MAX_TTL_SECONDS).contains(&self.ttl_seconds) {
-            return Err(format!(
-                "tasks.ttl_seconds: at least the longest run ({longest_run_seconds} s: sandbox.max_exec_timeout_seconds \
-                 or sandbox.install_timeout_seconds) and at most {MAX_TTL_SECONDS}"
-            ));
+            return Err(TasksConfigError::Ttl(longest_run_seconds));
         }
         if self.max_per_tenant == 0 || self.max_per_tenant > self.max_total {
-            return Err("tasks.max_per_tenant: at least 1 and at most tasks.max_total".into());
+            return Err(TasksConfigError::PerTenant);
         }
         if self.max_total > MAX_TASKS_TOTAL {
-            return Err(format!("tasks.max_total: at most {MAX_TASKS_TOTAL}"));
+            return Err(TasksConfigError::Total);
         }
         Ok(())
     }
@@ -369,12 +382,16 @@ mod tests {
     fn bounds_are_validated() {
         let ok = TasksConfig::default();
         assert!(ok.validate(600).is_ok());
-        assert!(ok.validate(7200).unwrap_err().contains("tasks.ttl_seconds"));
+        assert!(ok.validate(7200).unwrap_err().to_string().contains("tasks.ttl_seconds"));
         let per_tenant = TasksConfig {
             max_per_tenant: 2000,
             ..ok.clone()
         };
-        assert!(per_tenant.validate(600).unwrap_err().contains("max_per_tenant"));
+        assert!(per_tenant
+            .validate(600)
+            .unwrap_err()
+            .to_string()
+            .contains("max_per_tenant"));
         let threshold = TasksConfig {
             threshold_ms: 120_000,
             ..ok

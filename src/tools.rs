@@ -1,9 +1,12 @@
 //! The MCP tools. Each handler works out who is asking and hands its
 //! arguments to the shared operations ([`Ops`]); the domain's actors do the
-//! rest. Seven tools keep the names and parameters of python-mcp-sandbox;
+//! rest. Runs and reads come back with their files as links and their images
+//! inline. Seven tools keep the names and parameters of python-mcp-sandbox;
 //! `delete_sandbox`, the file tools and `reset_python` follow their ways.
 
+use std::fs::File;
 use std::future::Future;
+use std::time::Instant;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -20,11 +23,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::caller::Caller;
-use crate::files::{FileListing, ReadResult, WriteResult};
+use crate::files::{FileListing, Read, ReadResult, WriteResult};
+use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
+use crate::mcp_results::{failure, success};
 use crate::ops::{Ops, INSTALL_WAIT};
 use crate::results::{
-    failure, success, CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult,
-    ResetResult, RunArtifacts, SandboxList, UploadResult,
+    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, ResetResult, SandboxList,
+    UploadResult,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -404,7 +409,7 @@ impl SandboxServer {
             )
             .await;
         match read {
-            Ok(read) => read.into_tool_result(&self.ops.images).await,
+            Ok(read) => read_reply(read, &self.ops.images).await,
             Err(e) => failure(&e),
         }
     }
@@ -456,6 +461,33 @@ impl SandboxServer {
     }
 }
 
+/// The result of a run, whose files are linked and whose images are shown.
+pub trait RunArtifacts {
+    /// The files the run created or changed, and their links.
+    fn files(&self) -> (&[String], &[String]);
+    fn set_images(&mut self, notes: Vec<ImageNote>);
+}
+
+impl RunArtifacts for PythonResult {
+    fn files(&self) -> (&[String], &[String]) {
+        (&self.files, &self.file_links)
+    }
+
+    fn set_images(&mut self, notes: Vec<ImageNote>) {
+        self.images = notes;
+    }
+}
+
+impl RunArtifacts for CommandResult {
+    fn files(&self) -> (&[String], &[String]) {
+        (&self.files, &self.file_links)
+    }
+
+    fn set_images(&mut self, notes: Vec<ImageNote>) {
+        self.images = notes;
+    }
+}
+
 /// A run's result: its files as resource links, then the images among
 /// them as image items, on the configured budget.
 async fn run_reply<T: Serialize + RunArtifacts>(
@@ -479,6 +511,66 @@ async fn run_reply<T: Serialize + RunArtifacts>(
 
 fn file_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// A read's result; an image is shown inline by `images`, on the budget of
+/// a run's single image.
+async fn read_reply(read: Read, images: &Inliner) -> CallToolResult {
+    match read.image {
+        Some(file) => image_result(read.result, file, images).await,
+        None if read.result.kind == "text" => success(&read.result, None, vec![]),
+        None => {
+            let link = resource_link(&read.result);
+            success(&read.result, None, vec![link])
+        }
+    }
+}
+
+/// The one place an image read becomes a tool result: its link, size and
+/// type, then the image itself as an `image` item when it fits
+/// `results.inline_image_max_bytes` in time (`file` is opened safely
+/// beneath the sandbox's folder); otherwise the link alone, with the reason.
+async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
+    let deadline = Instant::now() + inline_images::DEADLINE;
+    let shown = match result.mime_type.as_str() {
+        "image/svg+xml" => Err(NotInlined::Svg),
+        _ => images.image_file(file, images.max_bytes(), deadline).await,
+    };
+    let link = resource_link(&result);
+    let (note, item) = match shown {
+        Ok(image) => {
+            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: true,
+                width: Some(image.width),
+                height: Some(image.height),
+                reason: None,
+            };
+            (note, Some(image.into_content()))
+        }
+        Err(why) => {
+            tracing::debug!(path = result.path, reason = %why, "image not inlined");
+            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: false,
+                width: None,
+                height: None,
+                reason: Some(why.to_string()),
+            };
+            (note, None)
+        }
+    };
+    result.image = Some(note);
+    let mut reply = success(&result, None, vec![link]);
+    reply.content.extend(item);
+    reply
+}
+
+/// The `resource_link` item of a read file: its URL and name.
+fn resource_link(result: &ReadResult) -> (String, String) {
+    (result.link.clone(), file_name(&result.path))
 }
 
 #[tool_handler(router = self.tool_router)]

@@ -14,12 +14,13 @@ use axum::{Extension, Router};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
-use crate::auth::{unix_now, Identified};
+use crate::api::guest_key_for;
+use crate::auth::Identified;
 use crate::caller::Caller;
 use crate::client_ip::ClientIp;
-use crate::guest::issue_for;
-use crate::http::AppState;
+use crate::http_state::AppState;
 use crate::ops::parse_id;
+use crate::signer::unix_now;
 
 /// The cookie holding a signed-in browser's API key.
 const SESSION_COOKIE: &str = "mcp_sandbox_key";
@@ -344,7 +345,7 @@ fn guest_session_seconds(expires_at: u64) -> u64 {
 
 /// "Try without a key": a fresh guest key, kept in the session cookie.
 async fn try_as_guest(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
-    match issue_for(&app, client) {
+    match guest_key_for(&app, client) {
         Ok((key, guest)) => signed_in(&app, &key, guest_session_seconds(guest.expires_at)),
         Err(refused) if refused.status() == StatusCode::TOO_MANY_REQUESTS => sign_in_page(
             &app,
@@ -366,7 +367,7 @@ async fn logout(State(app): State<AppState>, headers: HeaderMap, Form(form): For
         _ => false,
     };
     if !genuine {
-        return crate::http::error(StatusCode::FORBIDDEN, "sign-out needs the session's CSRF token");
+        return crate::http_error::error(StatusCode::FORBIDDEN, "sign-out needs the session's CSRF token");
     }
     let mut r = Redirect::to("/ui").into_response();
     r.headers_mut().insert(header::SET_COOKIE, session_cookie(&app, "", 0));
