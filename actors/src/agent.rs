@@ -183,7 +183,7 @@ pub enum AgentError {
     Send(std::io::Error),
     /// The request was sent but no answer came: it may have run.
     #[error("the agent stopped answering: {0}")]
-    Receive(String),
+    Receive(#[source] std::io::Error),
     /// The agent answered with something that is not the protocol.
     #[error("the agent broke the protocol: {0}")]
     Protocol(String),
@@ -378,13 +378,12 @@ impl AgentClient {
     async fn read_line(&mut self) -> Result<Vec<u8>, AgentError> {
         let mut line = Vec::new();
         loop {
-            let buf = self
-                .reader
-                .fill_buf()
-                .await
-                .map_err(|e| AgentError::Receive(e.to_string()))?;
+            let buf = self.reader.fill_buf().await.map_err(AgentError::Receive)?;
             if buf.is_empty() {
-                return Err(AgentError::Receive("connection closed".into()));
+                return Err(AgentError::Receive(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed",
+                )));
             }
             let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
                 Some(i) => (&buf[..i], Some(i + 1)),

@@ -23,7 +23,7 @@ pub enum SandboxError {
     #[error("Docker is unavailable: {0}. Try again later; if it persists, the server operator must check the Docker engine.")]
     Docker(#[from] DockerError),
     #[error("the sandbox's agent failed: {0}")]
-    Agent(String),
+    Agent(#[from] AgentFailure),
     /// The sandbox missed a deadline; its container is being restarted.
     #[error("sandbox {id} did not answer within {seconds} s ({what}). Its container is being restarted: files in /app/results and installed packages are kept, Python variables are lost. Call again; the next call runs once the sandbox is back.")]
     Unresponsive { id: Uuid, what: &'static str, seconds: u64 },
@@ -35,7 +35,7 @@ pub enum SandboxError {
     #[error("sandbox {id} runs an older agent that cannot {what}; nothing was changed. A sandbox made now with create_sandbox has the current agent.")]
     Outdated { id: Uuid, what: &'static str },
     #[error("sandbox image: {0}")]
-    Image(String),
+    Image(#[from] ImageError),
     /// A sandbox's capped file systems could not be made or mounted.
     #[error("sandbox disk: {0}")]
     Disk(#[from] DiskError),
@@ -81,6 +81,71 @@ pub enum DockerError {
     /// The removal of a deleted sandbox failed; it is retried at every tick.
     #[error("{0}; the sandbox stays deleted and its removal is retried")]
     RemovalRetried(#[source] Arc<SandboxError>),
+}
+
+/// Why the sandbox image could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// A file of the build (the bootstrap script, the CA bundle) could not
+    /// be written, read or run.
+    #[error("{} {}: {source}", .what, .path.display())]
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("packing the build context: {0}")]
+    Context(#[source] std::io::Error),
+    /// The engine failed during the build; `hint` says what may fix it.
+    #[error("build on {base}: {source}{hint}")]
+    Engine {
+        base: String,
+        source: bollard::errors::Error,
+        hint: &'static str,
+    },
+    /// A build step failed; `message` is the engine's.
+    #[error("build on {base}: {message}{hint}")]
+    Step {
+        base: String,
+        message: String,
+        hint: &'static str,
+    },
+    #[error("build on {base} finished without producing {image}")]
+    NotProduced { base: String, image: String },
+    #[error("{} failed ({status})", .script.display())]
+    Bootstrap {
+        script: std::path::PathBuf,
+        status: std::process::ExitStatus,
+    },
+    #[error("importing the root file system: {0}")]
+    ImportRefused(String),
+    #[error("importing the root file system: {0}")]
+    Import(#[source] bollard::errors::Error),
+}
+
+/// Why a sandbox's agent could not serve a call.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentFailure {
+    /// An exchange with the agent failed; the agent error says how.
+    #[error(transparent)]
+    Exchange(#[from] crate::agent::AgentError),
+    /// No connection could be opened to it.
+    #[error("the sandbox is not running ({0})")]
+    Unreachable(#[source] std::io::Error),
+    /// It took a connection and did not answer a ping in time.
+    #[error("the agent did not answer a ping")]
+    NoPong,
+    #[error("the container exited (code {0}) before its agent started")]
+    ExitedBeforeStart(i64),
+    /// Still no agent at the start deadline; `last` is the last attempt's failure.
+    #[error("the agent did not start within {within:?}: {last}")]
+    DidNotStart {
+        within: std::time::Duration,
+        #[source]
+        last: Box<AgentFailure>,
+    },
+    #[error("the Python worker did not start in time")]
+    WorkerDidNotStart,
 }
 
 /// Why a sandbox's capped file systems could not be made, mounted or removed.

@@ -64,7 +64,7 @@ mod tests;
 pub use agent::{Package, Progress, RunOutput, Work};
 pub use config::{EgressPolicy, Settings};
 pub use egress_rules::RuleError;
-pub use error::{DiskError, DockerError, Result, SandboxError, StoreError};
+pub use error::{AgentFailure, DiskError, DockerError, ImageError, Result, SandboxError, StoreError};
 pub use history::{CallKind, CallRecord};
 pub use host::Resources;
 pub use link::Ran;

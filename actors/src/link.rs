@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::agent::{AgentClient, AgentError, Progress, RunOutput, Work};
 use crate::context::{Context, Counters};
-use crate::error::{Result, SandboxError};
+use crate::error::{AgentFailure, Result, SandboxError};
 use crate::runtime::{ContainerState, SandboxPaths};
 
 /// How long a (re)started container may take until its agent answers.
@@ -239,7 +239,7 @@ impl Link {
     /// The error of an agent that broke the protocol; the connection is dropped.
     fn agent_failed(&mut self, e: AgentError) -> SandboxError {
         self.drop_client();
-        SandboxError::Agent(e.to_string())
+        AgentFailure::from(e).into()
     }
 
     /// Restarts the container of an agent that missed a deadline of
@@ -293,10 +293,8 @@ impl Link {
             seconds: AGENT_QUERY.as_secs(),
         };
         let ask = async {
-            let mut client = connect_agent(ctx, paths)
-                .await
-                .map_err(|e| SandboxError::Agent(format!("the sandbox is not running ({e})")))?;
-            client.packages().await.map_err(|e| SandboxError::Agent(e.to_string()))
+            let mut client = connect_agent(ctx, paths).await.map_err(AgentFailure::Unreachable)?;
+            client.packages().await.map_err(|e| AgentFailure::from(e).into())
         };
         tokio::time::timeout(AGENT_QUERY, ask)
             .await
@@ -483,37 +481,35 @@ async fn connect_agent(ctx: &Context, paths: &SandboxPaths) -> std::io::Result<A
 
 /// A connection whose agent answered a ping within [`AGENT_CONNECT`]: a
 /// socket that accepts but never answers is no agent.
-async fn ready_agent(ctx: &Context, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
-    let mut client = connect_agent(ctx, paths).await?;
+async fn ready_agent(ctx: &Context, paths: &SandboxPaths) -> Result<AgentClient, AgentFailure> {
+    let mut client = connect_agent(ctx, paths).await.map_err(AgentFailure::Unreachable)?;
     match tokio::time::timeout(AGENT_CONNECT, client.ping()).await {
         Ok(Ok(())) => Ok(client),
-        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "the agent did not answer a ping",
-        )),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(AgentFailure::NoPong),
     }
 }
 
 /// Waits until a (re)started container's agent answers.
 pub async fn wait_for_agent(ctx: &Context, paths: &SandboxPaths, container_id: &str) -> Result<AgentClient> {
     let deadline = tokio::time::Instant::now() + AGENT_START;
-    let mut last = String::new();
-    while tokio::time::Instant::now() < deadline {
-        match ready_agent(ctx, paths).await {
+    loop {
+        let last = match ready_agent(ctx, paths).await {
             Ok(client) => return Ok(client),
-            Err(e) => last = e.to_string(),
-        }
+            Err(e) => e,
+        };
         if let ContainerState::Stopped { exit_code, .. } = ctx.runtime.state(container_id).await? {
-            return Err(SandboxError::Agent(format!(
-                "the container exited (code {exit_code}) before its agent started"
-            )));
+            return Err(AgentFailure::ExitedBeforeStart(exit_code).into());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(AgentFailure::DidNotStart {
+                within: AGENT_START,
+                last: Box::new(last),
+            }
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Err(SandboxError::Agent(format!(
-        "the agent did not start within {AGENT_START:?}: {last}"
-    )))
 }
 
 fn join(notices: Vec<String>) -> Option<String> {

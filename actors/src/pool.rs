@@ -25,7 +25,7 @@ use uuid::Uuid;
 use crate::agent::{AgentClient, Work};
 use crate::config::EgressPolicy;
 use crate::context::Context;
-use crate::error::{Result, SandboxError};
+use crate::error::{AgentFailure, Result, SandboxError};
 use crate::link::wait_for_agent;
 use crate::runtime::{ContainerRef, SANDBOX_UID};
 
@@ -131,8 +131,8 @@ async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
         let warm_up = Work::Python("pass".into());
         tokio::time::timeout(WARM_DEADLINE, client.run(&warm_up, 30.0, 1024, None))
             .await
-            .map_err(|_| SandboxError::Agent("the Python worker did not start in time".into()))?
-            .map_err(|e| SandboxError::Agent(e.to_string()))?;
+            .map_err(|_| AgentFailure::WorkerDidNotStart)?
+            .map_err(AgentFailure::from)?;
         Ok(client)
     };
     match warmed.await {

@@ -18,7 +18,7 @@ use tokio_util::io::ReaderStream;
 use tracing::info;
 
 use crate::config::SandboxConfig;
-use crate::error::{Result, SandboxError};
+use crate::error::{ImageError, Result};
 use crate::labels;
 
 const DOCKERFILE: &[u8] = include_bytes!("../../../docker/Dockerfile");
@@ -68,8 +68,11 @@ pub async fn ensure(docker: &Docker, config: &SandboxConfig, image: &str, scratc
             }
         }
         let script = scratch.join("bootstrap-rootfs.sh");
-        std::fs::write(&script, BOOTSTRAP)
-            .map_err(|e| SandboxError::Image(format!("writing {}: {e}", script.display())))?;
+        std::fs::write(&script, BOOTSTRAP).map_err(|source| ImageError::File {
+            what: "writing",
+            path: script.clone(),
+            source,
+        })?;
         let imported = import_rootfs(docker, &base, &script).await;
         let _ = std::fs::remove_file(&script);
         imported?;
@@ -79,8 +82,11 @@ pub async fn ensure(docker: &Docker, config: &SandboxConfig, image: &str, scratc
 
 fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
     let ca = match &config.ca_bundle {
-        Some(path) => std::fs::read(path)
-            .map_err(|e| SandboxError::Image(format!("reading sandbox.ca_bundle {}: {e}", path.display())))?,
+        Some(path) => std::fs::read(path).map_err(|source| ImageError::File {
+            what: "reading sandbox.ca_bundle",
+            path: path.clone(),
+            source,
+        })?,
         None => Vec::new(),
     };
     let mut tar = tar::Builder::new(Vec::new());
@@ -94,10 +100,9 @@ fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
         header.set_size(data.len() as u64);
         header.set_mode(0o644);
         header.set_cksum();
-        tar.append_data(&mut header, name, data)
-            .map_err(|e| SandboxError::Image(e.to_string()))?;
+        tar.append_data(&mut header, name, data).map_err(ImageError::Context)?;
     }
-    tar.into_inner().map_err(|e| SandboxError::Image(e.to_string()))
+    Ok(tar.into_inner().map_err(ImageError::Context)?)
 }
 
 async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str) -> Result<()> {
@@ -120,13 +125,18 @@ async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str)
     }
     };
     while let Some(item) = stream.next().await {
-        let info = item.map_err(|e| SandboxError::Image(format!("build on {base}: {e}{}", hint(tls_failed))))?;
+        let info = item.map_err(|source| ImageError::Engine {
+            base: base.into(),
+            source,
+            hint: hint(tls_failed),
+        })?;
         if let Some(detail) = info.error_detail {
-            let message = detail.message.unwrap_or_default();
-            return Err(SandboxError::Image(format!(
-                "build on {base}: {message}{}",
-                hint(tls_failed)
-            )));
+            return Err(ImageError::Step {
+                base: base.into(),
+                message: detail.message.unwrap_or_default(),
+                hint: hint(tls_failed),
+            }
+            .into());
         }
         if let Some(line) = info.stream.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
             tls_failed |= line.contains("CERTIFICATE_VERIFY_FAILED");
@@ -137,9 +147,11 @@ async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str)
         info!(%image, "sandbox image built");
         Ok(())
     } else {
-        Err(SandboxError::Image(format!(
-            "build on {base} finished without producing {image}"
-        )))
+        Err(ImageError::NotProduced {
+            base: base.into(),
+            image: image.into(),
+        }
+        .into())
     }
 }
 
@@ -152,7 +164,11 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| SandboxError::Image(format!("running {}: {e}", script.display())))?;
+        .map_err(|source| ImageError::File {
+            what: "running",
+            path: script.to_path_buf(),
+            source,
+        })?;
     let stdout = child.stdout.take().expect("piped stdout");
     let (repo, tag) = base.split_once(':').expect("base has a tag");
     let options = CreateImageOptionsBuilder::default()
@@ -168,18 +184,26 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
         match item {
             Ok(info) => {
                 if let Some(detail) = info.error_detail {
-                    failure = Some(detail.message.unwrap_or_default());
+                    failure = Some(ImageError::ImportRefused(detail.message.unwrap_or_default()));
                 }
             }
-            Err(e) => failure = Some(e.to_string()),
+            Err(e) => failure = Some(ImageError::Import(e)),
         }
     }
-    let status = child.wait().await.map_err(|e| SandboxError::Image(e.to_string()))?;
+    let status = child.wait().await.map_err(|source| ImageError::File {
+        what: "waiting for",
+        path: script.to_path_buf(),
+        source,
+    })?;
     if !status.success() {
-        return Err(SandboxError::Image(format!("{} failed ({status})", script.display())));
+        return Err(ImageError::Bootstrap {
+            script: script.to_path_buf(),
+            status,
+        }
+        .into());
     }
     if let Some(f) = failure {
-        return Err(SandboxError::Image(format!("importing the root file system: {f}")));
+        return Err(f.into());
     }
     info!(%base, "offline base image imported");
     Ok(())
