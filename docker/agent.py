@@ -750,9 +750,14 @@ def list_packages():
 
     seen = {}
     for dist in metadata.distributions():
-        name = dist.metadata.get("Name")
-        if name and name not in seen:
-            seen[name] = dist.version
+        # A distribution being written (an install in another container) or
+        # broken by the sandbox's code is left out, not fatal.
+        try:
+            name, version = dist.metadata.get("Name"), dist.version
+        except Exception:  # noqa: BLE001
+            continue
+        if name and isinstance(version, str) and name not in seen:
+            seen[name] = version
     return [{"name": n, "version": v} for n, v in sorted(seen.items(), key=lambda kv: kv[0].lower())]
 
 

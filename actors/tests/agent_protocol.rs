@@ -519,3 +519,19 @@ async fn ping_and_packages() {
     c.ping().await.unwrap();
     assert_eq!(exec(&mut c, "print('ok')").await.stdout, "ok\n");
 }
+
+#[tokio::test]
+async fn a_broken_distribution_planted_in_the_venv_is_left_out_of_the_listing() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    exec(&mut c, "x = 1").await;
+    // Metadata that is not UTF-8 makes importlib.metadata raise.
+    let planted = agent.dir.path().join("site").join("planted-1.0.dist-info");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(planted.join("METADATA"), b"Name: plan\xffted\nVersion: 1.0\n").unwrap();
+    let packages = c.packages().await.unwrap();
+    assert!(packages.iter().any(|p| p.name == DIST.0), "{packages:?}");
+    assert!(!packages.iter().any(|p| p.name.starts_with("plan")), "{packages:?}");
+    // The agent, and with it the Python state, is still there.
+    assert_eq!(exec(&mut c, "print(x)").await.stdout, "1\n");
+}
