@@ -196,7 +196,9 @@ pub enum AgentError {
     Unsupported(String),
 }
 
-/// A connected socket to an agent.
+/// A connected socket to an agent: a socket, since [`AgentClient::is_closed`]
+/// peeks at its descriptor (a stream that buffers on its own would hide
+/// what it holds).
 pub trait AgentStream: AsyncRead + AsyncWrite + AsRawFd + Send + Sync + Unpin + 'static {}
 
 impl<S: AsyncRead + AsyncWrite + AsRawFd + Send + Sync + Unpin + 'static> AgentStream for S {}

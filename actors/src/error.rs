@@ -130,7 +130,7 @@ pub enum AgentFailure {
     #[error(transparent)]
     Exchange(#[from] crate::agent::AgentError),
     /// No connection could be opened to it.
-    #[error("the sandbox is not running ({0})")]
+    #[error("could not connect to the agent ({0})")]
     Unreachable(#[source] std::io::Error),
     /// It took a connection and did not answer a ping in time.
     #[error("the agent did not answer a ping")]

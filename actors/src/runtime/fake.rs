@@ -127,12 +127,21 @@ struct Shared {
 }
 
 /// The in-memory runtime; clones share one engine.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct FakeRuntime {
     shared: Arc<Shared>,
+    /// `sandbox.output_cap_bytes`, which bounds the agent's reply lines.
+    output_cap: usize,
 }
 
 impl FakeRuntime {
+    pub fn new(output_cap: usize) -> Self {
+        Self {
+            shared: Arc::default(),
+            output_cap,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.shared.state.lock().expect("fake runtime lock")
     }
@@ -454,7 +463,7 @@ impl ContainerRuntime for FakeRuntime {
         };
         let (ours, theirs) = UnixStream::pair()?;
         tokio::spawn(agent.serve(theirs));
-        Ok(AgentClient::from_stream(ours, 64 * 1024))
+        Ok(AgentClient::from_stream(ours, self.output_cap))
     }
 }
 

@@ -45,7 +45,7 @@ impl Server {
         settings.sandbox.packages_mb = 0;
         settings.sandbox.pause_after_seconds = 0;
         tweak(&mut settings);
-        let fake = FakeRuntime::default();
+        let fake = FakeRuntime::new(settings.sandbox.output_cap_bytes);
         let sandboxes = open(&settings, &fake).await.expect("start on the fake runtime");
         Self {
             sandboxes: Some(sandboxes),
