@@ -189,7 +189,7 @@ impl Actor for InstallTask {
             Err(e) => (InstallState::Failed, format!("Failed to install {package}: {e}"), None),
         };
         let packages = match status {
-            InstallState::Success => match Link::packages(&ctx, &link.paths).await {
+            InstallState::Success => match Link::packages(&ctx, link.paths.id).await {
                 Ok(list) => Some(list),
                 Err(e) => {
                     if let crate::error::SandboxError::Unresponsive { .. } = e {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+use uuid::Uuid;
 
 use crate::agent::{AgentClient, AgentError, Progress, RunOutput, Work};
 use crate::context::{Context, Counters};
@@ -262,7 +263,7 @@ impl Link {
         self.drop_client();
         Counters::bump(&self.ctx.counters.container_restarts);
         self.ctx.runtime.restart(&self.container_id).await?;
-        self.client = Some(wait_for_agent(&self.ctx, &self.paths, &self.container_id).await?);
+        self.client = Some(wait_for_agent(&self.ctx, self.paths.id, &self.container_id).await?);
         Ok(())
     }
 
@@ -286,14 +287,14 @@ impl Link {
 
     /// Lists the venv's distributions over a short-lived second connection,
     /// so it works while a run holds the main one; within [`AGENT_QUERY`].
-    pub async fn packages(ctx: &Context, paths: &SandboxPaths) -> Result<Vec<crate::agent::Package>> {
+    pub async fn packages(ctx: &Context, sandbox: Uuid) -> Result<Vec<crate::agent::Package>> {
         let unresponsive = || SandboxError::Unresponsive {
-            id: paths.id,
+            id: sandbox,
             what: "listing its packages",
             seconds: AGENT_QUERY.as_secs(),
         };
         let ask = async {
-            let mut client = connect_agent(ctx, paths).await.map_err(AgentFailure::Unreachable)?;
+            let mut client = connect_agent(ctx, sandbox).await.map_err(AgentFailure::Unreachable)?;
             client.packages().await.map_err(|e| AgentFailure::from(e).into())
         };
         tokio::time::timeout(AGENT_QUERY, ask)
@@ -367,7 +368,7 @@ impl Link {
         let lost_state = self.connected_before.then(|| {
             "The sandbox's agent was restarted since your last call: Python variables were lost; files and packages are kept.".to_string()
         });
-        if let Ok(client) = ready_agent(&self.ctx, &self.paths).await {
+        if let Ok(client) = ready_agent(&self.ctx, self.paths.id).await {
             self.client = Some(client);
             return Ok(lost_state);
         }
@@ -408,7 +409,7 @@ impl Link {
             }
         };
         let waited = tokio::select! {
-            waited = wait_for_agent(&self.ctx, &self.paths, &self.container_id) => waited,
+            waited = wait_for_agent(&self.ctx, self.paths.id, &self.container_id) => waited,
             _ = self.retirement.token.cancelled() => return Err(self.retirement.error(self.paths.id)),
         };
         match waited {
@@ -473,16 +474,16 @@ impl Retry {
 }
 
 /// Connects to the agent within [`AGENT_CONNECT`].
-async fn connect_agent(ctx: &Context, paths: &SandboxPaths) -> std::io::Result<AgentClient> {
-    tokio::time::timeout(AGENT_CONNECT, ctx.runtime.connect_agent(paths.id))
+async fn connect_agent(ctx: &Context, sandbox: Uuid) -> std::io::Result<AgentClient> {
+    tokio::time::timeout(AGENT_CONNECT, ctx.runtime.connect_agent(sandbox))
         .await
         .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")))
 }
 
 /// A connection whose agent answered a ping within [`AGENT_CONNECT`]: a
 /// socket that accepts but never answers is no agent.
-async fn ready_agent(ctx: &Context, paths: &SandboxPaths) -> Result<AgentClient, AgentFailure> {
-    let mut client = connect_agent(ctx, paths).await.map_err(AgentFailure::Unreachable)?;
+async fn ready_agent(ctx: &Context, sandbox: Uuid) -> Result<AgentClient, AgentFailure> {
+    let mut client = connect_agent(ctx, sandbox).await.map_err(AgentFailure::Unreachable)?;
     match tokio::time::timeout(AGENT_CONNECT, client.ping()).await {
         Ok(Ok(())) => Ok(client),
         Ok(Err(e)) => Err(e.into()),
@@ -491,10 +492,10 @@ async fn ready_agent(ctx: &Context, paths: &SandboxPaths) -> Result<AgentClient,
 }
 
 /// Waits until a (re)started container's agent answers.
-pub async fn wait_for_agent(ctx: &Context, paths: &SandboxPaths, container_id: &str) -> Result<AgentClient> {
+pub async fn wait_for_agent(ctx: &Context, sandbox: Uuid, container_id: &str) -> Result<AgentClient> {
     let deadline = tokio::time::Instant::now() + AGENT_START;
     loop {
-        let last = match ready_agent(ctx, paths).await {
+        let last = match ready_agent(ctx, sandbox).await {
             Ok(client) => return Ok(client),
             Err(e) => e,
         };

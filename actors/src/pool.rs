@@ -127,7 +127,7 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
 async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
     let mut p = provision(ctx, ctx.egress.default_policy()).await?;
     let warmed = async {
-        let mut client = wait_for_agent(ctx, &ctx.paths(p.id), &p.container.container_id).await?;
+        let mut client = wait_for_agent(ctx, p.id, &p.container.container_id).await?;
         let warm_up = Work::Python("pass".into());
         tokio::time::timeout(WARM_DEADLINE, client.run(&warm_up, 30.0, 1024, None))
             .await

@@ -154,7 +154,7 @@ impl Sandboxes {
             store,
             counters: Counters::default(),
             egress,
-            disks: Disks::new(&settings.sandbox, &settings.state_dir, &settings.results_dir),
+            disks: Disks::new(&settings),
             settings,
         });
         ctx.disks.check().await?;

@@ -174,7 +174,7 @@ async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
     h.sandboxes.take().unwrap().shutdown().await;
     docker(&["stop", "-t", "0", &h.container_of(id), &h.container_of(lost)]);
     let orphan = Uuid::new_v4();
-    let disks = Disks::new(&h.settings.sandbox, &h.settings.state_dir, &h.settings.results_dir);
+    let disks = Disks::new(&h.settings);
     for dir in [
         h.settings.results_dir.join(orphan.to_string()),
         h.settings.state_dir.join("agents").join(orphan.to_string()),

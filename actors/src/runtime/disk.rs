@@ -29,7 +29,7 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::SANDBOX_UID;
-use crate::config::SandboxConfig;
+use crate::config::Settings;
 use crate::error::DiskError;
 use crate::host;
 
@@ -100,11 +100,12 @@ pub struct Disks {
 }
 
 impl Disks {
-    pub fn new(config: &SandboxConfig, state_dir: &Path, results_dir: &Path) -> Self {
+    pub fn new(settings: &Settings) -> Self {
+        let config = &settings.sandbox;
         Self {
-            root: state_dir.join("disks"),
-            results_dir: results_dir.to_path_buf(),
-            agents_dir: state_dir.join("agents"),
+            root: settings.state_dir.join("disks"),
+            results_dir: settings.results_dir.clone(),
+            agents_dir: settings.agents_dir(),
             results: Cap {
                 mb: config.results_mb,
                 inodes: config.results_inodes,
@@ -177,7 +178,7 @@ impl Disks {
             std::fs::create_dir_all(&mount).map_err(io(&mount))?;
             make_and_mount(&image, &mount, cap).await?;
         }
-        mount_agent_tmpfs(&self.agents_dir.join(id.to_string())).await
+        mount_agent_tmpfs(&super::agent_dir(&self.agents_dir, id)).await
     }
 
     /// Mounts what is missing (after a host reboot, say); true when
@@ -201,7 +202,7 @@ impl Disks {
                 remounted = true;
             }
         }
-        let agent = self.agents_dir.join(id.to_string());
+        let agent = super::agent_dir(&self.agents_dir, id);
         if !is_mount_point(&agent) {
             std::fs::create_dir_all(&agent).map_err(io(&agent))?;
             mount_agent_tmpfs(&agent).await?;
@@ -214,7 +215,7 @@ impl Disks {
     /// gone). The emptied mount points are left for the caller to remove.
     pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
         let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
-        mounts.push(self.agents_dir.join(id.to_string()));
+        mounts.push(super::agent_dir(&self.agents_dir, id));
         for mount in &mounts {
             unmount(mount).await?;
         }

@@ -204,10 +204,10 @@ impl Actor for SandboxActor {
                     state.checking_venv.store(true, std::sync::atomic::Ordering::SeqCst);
                     let checking = state.checking_venv.clone();
                     let ctx = state.ctx.clone();
-                    let paths = ctx.paths(state.record.id);
+                    let id = state.record.id;
                     let me = myself.clone();
                     tokio::spawn(async move {
-                        let answer = Link::packages(&ctx, &paths)
+                        let answer = Link::packages(&ctx, id)
                             .await
                             .map(|list| status_from_venv(&package, &list));
                         checking.store(false, std::sync::atomic::Ordering::SeqCst);
