@@ -44,6 +44,12 @@ RESULTS = os.path.normpath(os.environ.get("MCP_AGENT_RESULTS", RESULTS_REPORTED)
 # Our own files under the results folder (full outputs); never reported as artifacts.
 PRIVATE = ".mcp-sandbox"
 SPOOL = os.environ.get("MCP_AGENT_SPOOL", "/tmp/.mcp-agent")
+# The sandbox's virtual environment, which its code may rewrite: the agent
+# runs on the image's interpreter, and only the worker (user code) on the
+# venv's. MCP_AGENT_WORKER_PYTHON and MCP_AGENT_SITE (the folders whose
+# distributions are listed) are for the protocol tests on the host.
+VENV = "/app/.venv"
+WORKER_PYTHON = os.environ.get("MCP_AGENT_WORKER_PYTHON") or os.path.join(VENV, "bin", "python")
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
@@ -174,7 +180,7 @@ class Worker:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", os.path.abspath(__file__), "--worker", str(rep_w), str(req_r)],
+            [WORKER_PYTHON, "-u", os.path.abspath(__file__), "--worker", str(rep_w), str(req_r)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -745,11 +751,21 @@ def collect_output(path, cap, job_id, name):
     return text, True, kept
 
 
+def package_path():
+    """The folders the venv's distributions live in (read as data: nothing
+    of the venv is imported by the agent)."""
+    if os.environ.get("MCP_AGENT_SITE"):
+        return os.environ["MCP_AGENT_SITE"].split(os.pathsep)
+    import glob
+
+    return sorted(glob.glob(os.path.join(VENV, "lib", "python*", "site-packages")))
+
+
 def list_packages():
     from importlib import metadata
 
     seen = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=package_path()):
         # A distribution being written (an install in another container) or
         # broken by the sandbox's code is left out, not fatal.
         try:
@@ -769,7 +785,7 @@ def start_egress_relay():
     if os.environ.get("MCP_EGRESS_SOCKET"):
         relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
         proc = subprocess.Popen(
-            [sys.executable, relay], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+            [sys.executable, "-I", relay], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
         )
         ready = selectors.DefaultSelector()
         ready.register(proc.stdout, selectors.EVENT_READ)

@@ -4,7 +4,7 @@
 //! `POST /api/guest`, which hands out guest keys ([`crate::guest`]).
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,7 +24,7 @@ use crate::results::{
 };
 use crate::signer::unix_now;
 
-pub fn routes(max_upload_bytes: usize) -> Router<AppState> {
+pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/sandboxes", get(list).post(create))
         .route("/api/sandboxes/{id}", get(show).delete(delete))
@@ -32,10 +32,12 @@ pub fn routes(max_upload_bytes: usize) -> Router<AppState> {
         .route("/api/sandboxes/{id}/python", post(python))
         .route("/api/sandboxes/{id}/shell", post(shell))
         .route("/api/sandboxes/{id}/packages", get(install_status).post(install))
-        .route(
-            "/api/sandboxes/{id}/files",
-            get(files).post(upload).layer(DefaultBodyLimit::max(max_upload_bytes)),
-        )
+}
+
+/// The routes whose bodies are files (`[uploads] max_upload_mb`, not the
+/// other routes' cap): the caller puts them under that cap.
+pub fn upload_routes() -> Router<AppState> {
+    Router::new().route("/api/sandboxes/{id}/files", get(files).post(upload))
 }
 
 /// A failed operation: the status says what kind, the body the message.

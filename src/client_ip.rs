@@ -1,13 +1,19 @@
 //! Who the client is on the network: the TCP peer, or, when the peer is a
 //! proxy listed in `server.trusted_proxies`, the address that proxy says it
-//! forwarded for. Only a trusted peer's `Forwarded` / `X-Forwarded-For`
-//! headers are read, and only their right-most untrusted entry counts: every
-//! entry left of it was written by whoever connected to the proxy, so a
-//! client can put anything there.
+//! forwarded for. Only a trusted peer's headers are read, only the one
+//! header `server.forwarded_header` names (a proxy that appends to
+//! `X-Forwarded-For` passes the client's own `Forwarded` through untouched,
+//! so reading whichever is present would let the client pick), and only its
+//! right-most untrusted entry counts: every entry left of it was written by
+//! whoever connected to the proxy, so a client can put anything there.
+//!
+//! An IPv6 subscriber holds a whole prefix (a /64 at least), so per-address
+//! limits count IPv6 clients by `limits.ipv6_prefix` ([`ClientAddresses::group`]).
 
 use std::net::IpAddr;
 
 use axum::http::HeaderMap;
+use serde::Deserialize;
 
 /// The client address a request was attributed to (in its extensions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +70,43 @@ pub struct UnusableHop(pub String);
 #[error("server.trusted_proxies: {0:?} is not an address or address/prefix (such as 10.0.0.0/8)")]
 pub struct NotANetwork(pub String);
 
-/// `server.trusted_proxies`.
-#[derive(Debug, Clone, Default)]
-pub struct TrustedProxies(Vec<Cidr>);
+/// `server.forwarded_header`: the one header trusted proxies name the
+/// client in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, …` (nginx, most load balancers).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+    /// `X-Real-IP: client`, set (not appended) by the proxy.
+    XRealIp,
+}
+
+/// Shortest `limits.ipv6_prefix`: shorter prefixes would put whole
+/// providers' customers in one bucket.
+pub const SHORTEST_IPV6_PREFIX: u8 = 32;
+
+/// How a request's client address is found and grouped: the trusted
+/// proxies (`server.trusted_proxies`), the header they name the client in,
+/// and the IPv6 prefix by which addresses are counted.
+#[derive(Debug, Clone)]
+pub struct ClientAddresses {
+    proxies: Vec<Cidr>,
+    header: ForwardedHeader,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientAddresses {
+    fn default() -> Self {
+        Self {
+            proxies: vec![],
+            header: ForwardedHeader::default(),
+            ipv6_prefix: 64,
+        }
+    }
+}
 
 /// Headers by which proxies name the client they forward for.
 const FORWARDING_HEADERS: [&str; 3] = ["forwarded", "x-forwarded-for", "x-real-ip"];
@@ -111,10 +151,10 @@ fn forwarded_for(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// The entries of every `X-Forwarded-For` header, in order.
-fn x_forwarded_for(headers: &HeaderMap) -> Vec<String> {
+/// The entries of every `name` header (a comma-separated list), in order.
+fn listed(headers: &HeaderMap, name: &str) -> Vec<String> {
     headers
-        .get_all("x-forwarded-for")
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -123,33 +163,54 @@ fn x_forwarded_for(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-impl TrustedProxies {
-    /// Parses the configured networks; the message names the key.
-    pub fn parse(entries: &[String]) -> Result<Self, NotANetwork> {
-        entries
+impl ClientAddresses {
+    /// Parses the configured networks (the message names the key); the
+    /// prefix is checked with the rest of `[limits]`.
+    pub fn parse(entries: &[String], header: ForwardedHeader, ipv6_prefix: u8) -> Result<Self, NotANetwork> {
+        let proxies = entries
             .iter()
             .map(|e| Cidr::parse(e).ok_or_else(|| NotANetwork(e.clone())))
-            .collect::<Result<_, _>>()
-            .map(Self)
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            proxies,
+            header,
+            ipv6_prefix,
+        })
     }
 
     pub fn trusts(&self, ip: IpAddr) -> bool {
-        self.0.iter().any(|c| c.contains(ip))
+        self.proxies.iter().any(|c| c.contains(ip))
+    }
+
+    /// The address by which `ip` is counted: itself for IPv4, its network
+    /// of `limits.ipv6_prefix` bits for IPv6.
+    pub fn group(&self, ip: IpAddr) -> IpAddr {
+        match canonical(ip) {
+            IpAddr::V6(v6) => {
+                let bits = u32::from(self.ipv6_prefix.min(128));
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                IpAddr::V6((u128::from(v6) & mask).into())
+            }
+            v4 => v4,
+        }
     }
 
     /// The client address of a request from `peer`. From an untrusted peer
-    /// the headers are ignored; from a trusted one the chain (`Forwarded`
-    /// when present, else `X-Forwarded-For`) is read from the right, past
-    /// the trusted hops, to the first address no trusted proxy vouches for.
+    /// the headers are ignored; from a trusted one the chain of the
+    /// configured header is read from the right, past the trusted hops, to
+    /// the first address no trusted proxy vouches for.
     pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, UnusableHop> {
         let peer = canonical(peer);
         if !self.trusts(peer) {
             return Ok(peer);
         }
-        let mut chain = forwarded_for(headers);
-        if chain.is_empty() {
-            chain = x_forwarded_for(headers);
-        }
+        let chain = match self.header {
+            ForwardedHeader::XForwardedFor => listed(headers, "x-forwarded-for"),
+            ForwardedHeader::Forwarded => forwarded_for(headers),
+            // Set by the proxy, not appended to: a client's own is replaced,
+            // and only the last one can be the proxy's.
+            ForwardedHeader::XRealIp => listed(headers, "x-real-ip").into_iter().last().into_iter().collect(),
+        };
         let mut client = peer;
         for hop in chain.iter().rev() {
             client = parse_hop(hop)?;
@@ -180,24 +241,29 @@ mod tests {
 
     #[test]
     fn networks_parse_and_match() {
-        let p = TrustedProxies::parse(&["10.0.0.0/8".into(), "::1".into(), "192.0.2.7".into()]).unwrap();
+        let p = proxies(&["10.0.0.0/8", "::1", "192.0.2.7"], ForwardedHeader::XForwardedFor);
         assert!(p.trusts(ip("10.200.1.1")));
         assert!(!p.trusts(ip("11.0.0.1")));
         assert!(p.trusts(ip("::1")));
         assert!(p.trusts(ip("::ffff:10.0.0.1")), "mapped IPv4 matches its IPv4 network");
         assert!(p.trusts(ip("192.0.2.7")) && !p.trusts(ip("192.0.2.8")));
-        assert!(TrustedProxies::parse(&["0.0.0.0/0".into()])
-            .unwrap()
-            .trusts(ip("203.0.113.1")));
+        assert!(proxies(&["0.0.0.0/0"], ForwardedHeader::Forwarded).trusts(ip("203.0.113.1")));
         for bad in ["10.0.0.0/33", "ten", "10.0.0.0/x", ""] {
-            let err = TrustedProxies::parse(&[bad.into()]).unwrap_err().to_string();
+            let err = ClientAddresses::parse(&[bad.into()], ForwardedHeader::default(), 64)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("server.trusted_proxies"), "{err}");
         }
     }
 
+    fn proxies(nets: &[&str], header: ForwardedHeader) -> ClientAddresses {
+        let nets: Vec<String> = nets.iter().map(|n| n.to_string()).collect();
+        ClientAddresses::parse(&nets, header, 64).unwrap()
+    }
+
     #[test]
     fn only_a_trusted_peer_names_the_client_and_only_by_its_right_most_untrusted_entry() {
-        let p = TrustedProxies::parse(&["127.0.0.1/32".into(), "10.0.0.0/8".into()]).unwrap();
+        let p = proxies(&["127.0.0.1/32", "10.0.0.0/8"], ForwardedHeader::XForwardedFor);
         let spoofed = headers(&[("x-forwarded-for", "198.51.100.1, 203.0.113.9")]);
         assert_eq!(p.client(ip("127.0.0.1"), &spoofed), Ok(ip("203.0.113.9")));
         assert_eq!(
@@ -214,7 +280,8 @@ mod tests {
             "forwarded",
             r#"for=198.51.100.1, for="[2001:db8::7]:4711";proto=https, for=10.0.0.2"#,
         )]);
-        assert_eq!(p.client(ip("127.0.0.1"), &forwarded), Ok(ip("2001:db8::7")));
+        let p7239 = proxies(&["127.0.0.1/32", "10.0.0.0/8"], ForwardedHeader::Forwarded);
+        assert_eq!(p7239.client(ip("127.0.0.1"), &forwarded), Ok(ip("2001:db8::7")));
         assert_eq!(
             p.client(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "203.0.113.9:5000")])),
             Ok(ip("203.0.113.9"))
@@ -227,5 +294,48 @@ mod tests {
             )
             .is_err());
         assert!(is_forwarded(&spoofed) && !is_forwarded(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn only_the_configured_header_is_read() {
+        // A proxy that appends X-Forwarded-For passes the client's own
+        // Forwarded header through: the client must not pick its address.
+        let both = headers(&[
+            ("forwarded", "for=198.51.100.77"),
+            ("x-real-ip", "198.51.100.88"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ]);
+        let peer = ip("127.0.0.1");
+        let by = |h| proxies(&["127.0.0.1/32"], h).client(peer, &both);
+        assert_eq!(by(ForwardedHeader::XForwardedFor), Ok(ip("203.0.113.9")));
+        assert_eq!(by(ForwardedHeader::Forwarded), Ok(ip("198.51.100.77")));
+        assert_eq!(by(ForwardedHeader::XRealIp), Ok(ip("198.51.100.88")));
+        let only_forwarded = headers(&[("forwarded", "for=198.51.100.77")]);
+        assert_eq!(
+            proxies(&["127.0.0.1/32"], ForwardedHeader::XForwardedFor).client(peer, &only_forwarded),
+            Ok(peer),
+            "a header the proxy does not set is ignored"
+        );
+        let config: crate::config::ServerConfig = toml::from_str("forwarded_header = \"x-real-ip\"").expect("parses");
+        assert_eq!(config.forwarded_header, ForwardedHeader::XRealIp);
+        assert!(toml::from_str::<crate::config::ServerConfig>("forwarded_header = \"via\"").is_err());
+    }
+
+    #[test]
+    fn ipv6_addresses_are_grouped_by_the_prefix_and_ipv4_ones_are_not() {
+        let by64 = ClientAddresses::parse(&[], ForwardedHeader::default(), 64).unwrap();
+        assert_eq!(by64.group(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(by64.group(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")), ip("2001:db8:1:2::"));
+        assert_ne!(by64.group(ip("2001:db8:1:3::1")), ip("2001:db8:1:2::"));
+        assert_eq!(by64.group(ip("198.51.100.7")), ip("198.51.100.7"));
+        assert_eq!(
+            by64.group(ip("::ffff:198.51.100.7")),
+            ip("198.51.100.7"),
+            "mapped IPv4 stays itself"
+        );
+        let by128 = ClientAddresses::parse(&[], ForwardedHeader::default(), 128).unwrap();
+        assert_eq!(by128.group(ip("2001:db8::1")), ip("2001:db8::1"));
+        let by48 = ClientAddresses::parse(&[], ForwardedHeader::default(), 48).unwrap();
+        assert_eq!(by48.group(ip("2001:db8:1:2::1")), ip("2001:db8:1::"));
     }
 }

@@ -10,9 +10,9 @@ use sandbox_actors::Settings;
 use serde::Deserialize;
 
 use crate::auth::{AuthConfig, Keys, KeysError};
-use crate::client_ip::{NotANetwork, TrustedProxies};
+use crate::client_ip::{ClientAddresses, ForwardedHeader, NotANetwork};
 use crate::guest::{GuestConfig, GuestError};
-use crate::limits::{LimitsConfig, ZeroLimit};
+use crate::limits::{LimitsConfig, LimitsError};
 use crate::tasks::{TasksConfig, TasksConfigError};
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -43,9 +43,12 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Records, agent sockets and other server state.
     pub state_dir: PathBuf,
-    /// Proxies (addresses or CIDR networks) whose `Forwarded` /
-    /// `X-Forwarded-For` headers name the client; nobody else's are read.
+    /// Proxies (addresses or CIDR networks) whose forwarding header names
+    /// the client; nobody else's are read.
     pub trusted_proxies: Vec<String>,
+    /// The one header trusted proxies name the client in
+    /// (`x-forwarded-for`, `forwarded` or `x-real-ip`); the others are ignored.
+    pub forwarded_header: ForwardedHeader,
     /// Host names (`Host` header) served besides the public URL's, IP
     /// literals and `localhost`; others get 403 (DNS-rebinding protection).
     pub allowed_hosts: Vec<String>,
@@ -60,6 +63,7 @@ impl Default for ServerConfig {
             allowed_origins: vec![],
             state_dir: PathBuf::from("state"),
             trusted_proxies: vec![],
+            forwarded_header: ForwardedHeader::default(),
             allowed_hosts: vec![],
         }
     }
@@ -141,7 +145,7 @@ pub enum ConfigError {
     #[error(transparent)]
     Sandbox(#[from] sandbox_actors::config::InvalidConfig),
     #[error(transparent)]
-    Limits(#[from] ZeroLimit),
+    Limits(#[from] LimitsError),
     #[error(transparent)]
     Tasks(#[from] TasksConfigError),
     #[error(transparent)]
@@ -246,7 +250,7 @@ impl Config {
         self.tasks.validate(longest_run)?;
         Keys::from_config(&self.auth, self.guest.enabled)?;
         self.guest.validate(self.auth.enabled)?;
-        TrustedProxies::parse(&self.server.trusted_proxies)?;
+        self.client_addresses()?;
         if let Some(bad) = self
             .server
             .allowed_hosts
@@ -270,6 +274,15 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// How client addresses are found behind proxies and grouped.
+    pub fn client_addresses(&self) -> Result<ClientAddresses, NotANetwork> {
+        ClientAddresses::parse(
+            &self.server.trusted_proxies,
+            self.server.forwarded_header,
+            self.limits.ipv6_prefix,
+        )
     }
 
     /// Base URL of links the server hands out.

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 use tracing::{debug, warn};
 
-use crate::client_ip::{canonical, TrustedProxies};
+use crate::client_ip::{canonical, ClientAddresses};
 use crate::limits::LimitsConfig;
 use crate::metrics::{ConnectionRefusal, Metrics};
 
@@ -45,7 +45,7 @@ struct Counts {
 struct Caps {
     total: usize,
     per_ip: usize,
-    proxies: TrustedProxies,
+    addresses: ClientAddresses,
     counts: Mutex<Counts>,
     metrics: Arc<Metrics>,
     /// Tells the loop when the last connection closed.
@@ -81,8 +81,9 @@ impl Caps {
         if counts.total >= self.total {
             return Err(ConnectionRefusal::Total);
         }
-        // A trusted proxy brings everybody's connections: only the total holds.
-        let counted = (!self.proxies.trusts(ip)).then_some(ip);
+        // A trusted proxy brings everybody's connections: only the total
+        // holds. Others count by address, IPv6 by prefix.
+        let counted = (!self.addresses.trusts(ip)).then(|| self.addresses.group(ip));
         if let Some(ip) = counted {
             let n = counts.per_ip.entry(ip).or_default();
             if *n >= self.per_ip {
@@ -201,7 +202,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: &LimitsConfig,
-    proxies: TrustedProxies,
+    addresses: ClientAddresses,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -209,7 +210,7 @@ pub async fn serve(
     let caps = Arc::new(Caps {
         total: limits.max_connections,
         per_ip: limits.max_connections_per_ip,
-        proxies,
+        addresses,
         counts: Mutex::default(),
         metrics: metrics.clone(),
         open: open_tx,

@@ -21,22 +21,20 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use crate::auth::Identified;
+use crate::bodies::{self, BodyRules, MAX_BODY_BYTES};
 use crate::caller::Caller;
-use crate::client_ip::{is_forwarded, ClientIp, TrustedProxies};
+use crate::client_ip::{is_forwarded, ClientIp};
 use crate::config::Config;
 use crate::health::Health;
 use crate::http_error::{error, refusal, session_refused};
 use crate::http_state::{AppState, Guard};
 use crate::mcp_sessions::{self, CappedSessions};
-use crate::ops::{Ops, MAX_CODE_BYTES};
+use crate::ops::Ops;
 use crate::sessions::Sessions;
 use crate::signer::LinkSigner;
 use crate::sse_sessions::{self, SseSessions};
 use crate::tools::SandboxServer;
 use crate::{api, artifacts, sse, ui};
-
-/// Largest request body: the largest `code`, JSON-escaped, with room to spare.
-pub const MAX_BODY_BYTES: usize = 8 * MAX_CODE_BYTES;
 
 const HOW_TO_AUTHENTICATE: &str =
     "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>' \
@@ -132,13 +130,13 @@ async fn guard(
     if path == "/health" {
         return next.run(req).await;
     }
-    let client = match app.guard.proxies.client(peer.ip(), req.headers()) {
-        Ok(ip) => ip,
+    let client = match app.guard.addresses.client(peer.ip(), req.headers()) {
+        Ok(ip) => app.guard.addresses.group(ip),
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     // Without keys the tenant is the address: one that stands for a whole
     // proxy's visitors would merge them silently.
-    if !app.guard.auth && !app.guard.proxies.trusts(peer.ip()) && is_forwarded(req.headers()) {
+    if !app.guard.auth && !app.guard.addresses.trusts(peer.ip()) && is_forwarded(req.headers()) {
         return error(StatusCode::FORBIDDEN, UNTRUSTED_PROXY);
     }
     req.extensions_mut().insert(ClientIp(client));
@@ -256,7 +254,7 @@ async fn metrics(State(app): State<AppState>, caller: Option<Extension<Caller>>)
 }
 
 pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: CancellationToken) -> Router {
-    let proxies = TrustedProxies::parse(&config.server.trusted_proxies).expect("validated with the configuration");
+    let addresses = config.client_addresses().expect("validated with the configuration");
     let sessions = Sessions::new(&config.limits, ops.metrics.clone());
     sessions.spawn_sweeper(shutdown.clone());
     let mut mcp_config = StreamableHttpServerConfig::default();
@@ -283,8 +281,10 @@ pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: C
         shutdown,
         signer,
         secure_cookies: config.public_url().starts_with("https://"),
-        guard: Arc::new(Guard::new(config, proxies)),
+        guard: Arc::new(Guard::new(config, addresses)),
     };
+    let bodies = |cap| middleware::from_fn_with_state(BodyRules::new(&config.limits, cap), bodies::guard);
+    let upload_bytes = config.uploads.max_upload_mb as usize * 1024 * 1024;
     Router::new()
         .route("/mcp", any(streamable))
         .route("/sse", get(sse::open))
@@ -294,9 +294,17 @@ pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: C
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route(GUEST_ROUTE, post(api::guest_key))
-        .merge(api::routes(config.uploads.max_upload_mb as usize * 1024 * 1024))
+        .merge(api::routes())
         .merge(ui::routes())
-        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(bodies(MAX_BODY_BYTES))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Uploads have a cap of their own; the layers above are only on
+        // the routes before them.
+        .merge(
+            api::upload_routes()
+                .layer(bodies(upload_bytes))
+                .layer(DefaultBodyLimit::max(upload_bytes)),
+        )
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }

@@ -9,7 +9,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use tokio_util::sync::CancellationToken;
 
-use crate::client_ip::TrustedProxies;
+use crate::client_ip::ClientAddresses;
 use crate::config::Config;
 use crate::health::Health;
 use crate::mcp_sessions::CappedSessions;
@@ -54,7 +54,7 @@ pub struct Guard {
     hosts: Vec<String>,
     origins: Vec<String>,
     pub auth: bool,
-    pub proxies: TrustedProxies,
+    pub addresses: ClientAddresses,
 }
 
 /// `host:port` → `host` (IPv6 literals keep their brackets).
@@ -72,7 +72,7 @@ fn is_address_host(host: &str) -> bool {
 }
 
 impl Guard {
-    pub fn new(config: &Config, proxies: TrustedProxies) -> Self {
+    pub fn new(config: &Config, addresses: ClientAddresses) -> Self {
         let port = config.server.port;
         let public = config.public_url();
         let public_host = public
@@ -100,7 +100,7 @@ impl Guard {
             hosts,
             origins,
             auth: config.auth.enabled,
-            proxies,
+            addresses,
         }
     }
 

@@ -19,7 +19,8 @@
 //!   the MCP tools and the REST API).
 //! - MCP: `mcp_results` (how a result goes over MCP), `tasks` (long calls as
 //!   tasks), `tools` (the tool handlers).
-//! - HTTP: `http_error` (JSON error answers), `health` (the engine check),
+//! - HTTP: `http_error` (JSON error answers), `bodies` (request bodies
+//!   under a cap and a deadline), `health` (the engine check),
 //!   `sessions` (the session caps), `mcp_sessions` and `sse_sessions` (the
 //!   sessions of each transport), `http_state` (what every route shares),
 //!   the routes `sse`, `artifacts`, `api` and `ui`, then `http` (the router
@@ -29,6 +30,7 @@
 mod api;
 mod artifacts;
 pub mod auth;
+mod bodies;
 mod caller;
 mod client_ip;
 pub mod config;

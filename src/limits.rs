@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 use crate::auth::Keys;
 use crate::caller::Caller;
+use crate::client_ip::SHORTEST_IPV6_PREFIX;
 use crate::guest::GuestConfig;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -46,9 +47,18 @@ pub struct LimitsConfig {
     pub max_connections: usize,
     /// Open HTTP connections from one address (trusted proxies excepted).
     pub max_connections_per_ip: usize,
+    /// IPv6 clients are counted by their network of this many bits (a
+    /// subscriber holds a /64 or more), for every per-address limit:
+    /// request rates, connections, guest keys, and the tenant without auth.
+    pub ipv6_prefix: u8,
     /// A request's headers must arrive within this long; an idle kept-alive
     /// connection is closed after it too.
     pub header_timeout_seconds: u64,
+    /// A request body has this long to arrive, plus a second for each
+    /// `body_min_bytes_per_second` bytes it delivers (408 past it).
+    pub body_timeout_seconds: u64,
+    /// The rate below which a large body stops buying time.
+    pub body_min_bytes_per_second: u64,
     /// Free disk space, in MB, below which new sandboxes and installs are
     /// refused (0: no check).
     pub min_free_disk_mb: u64,
@@ -68,19 +78,29 @@ impl Default for LimitsConfig {
             session_idle_seconds: 600,
             max_connections: 4096,
             max_connections_per_ip: 128,
+            ipv6_prefix: 64,
             header_timeout_seconds: 10,
+            body_timeout_seconds: 30,
+            body_min_bytes_per_second: 32 * 1024,
             min_free_disk_mb: 1024,
         }
     }
 }
 
-/// A `[limits]` key set to 0.
+/// A `[limits]` value out of its range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("limits.{0}: at least 1")]
-pub struct ZeroLimit(pub &'static str);
+pub enum LimitsError {
+    #[error("limits.{0}: at least 1")]
+    Zero(&'static str),
+    #[error("limits.ipv6_prefix: from {SHORTEST_IPV6_PREFIX} to 128 bits")]
+    Ipv6Prefix,
+}
 
 impl LimitsConfig {
-    pub fn validate(&self) -> Result<(), ZeroLimit> {
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        if !(SHORTEST_IPV6_PREFIX..=128).contains(&self.ipv6_prefix) {
+            return Err(LimitsError::Ipv6Prefix);
+        }
         for (key, v) in [
             ("requests_per_second", self.requests_per_second as usize),
             ("burst", self.burst as usize),
@@ -94,9 +114,11 @@ impl LimitsConfig {
             ("max_connections", self.max_connections),
             ("max_connections_per_ip", self.max_connections_per_ip),
             ("header_timeout_seconds", self.header_timeout_seconds as usize),
+            ("body_timeout_seconds", self.body_timeout_seconds as usize),
+            ("body_min_bytes_per_second", self.body_min_bytes_per_second as usize),
         ] {
             if v == 0 {
-                return Err(ZeroLimit(key));
+                return Err(LimitsError::Zero(key));
             }
         }
         Ok(())

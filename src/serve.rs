@@ -12,7 +12,6 @@ use tracing::info;
 
 use crate::auth::Keys;
 use crate::caller::Caller;
-use crate::client_ip::TrustedProxies;
 use crate::config::Config;
 use crate::connections;
 use crate::guest::GuestKeys;
@@ -133,8 +132,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         stop_signal().await;
         stop.cancel();
     });
-    let proxies = TrustedProxies::parse(&config.server.trusted_proxies)?;
-    let serving = connections::serve(listener, app, &config.limits, proxies, metrics, shutdown.clone());
+    let addresses = config.client_addresses()?;
+    let serving = connections::serve(listener, app, &config.limits, addresses, metrics, shutdown.clone());
     // Requests in flight get a grace period; then the server stops anyway.
     let deadline = async {
         shutdown.cancelled().await;

@@ -11,22 +11,24 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::StreamExt;
 use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage};
 use rmcp::ServiceExt;
-use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::bodies::MAX_BODY_BYTES;
 use crate::caller::Caller;
 use crate::http_error::session_refused;
 use crate::http_state::AppState;
+use crate::sse_sessions;
 use crate::tools::SandboxServer;
 
 /// Client messages queued per session before POSTs are refused.
@@ -90,19 +92,10 @@ pub async fn open(State(app): State<AppState>, Extension(caller): Extension<Call
         .into_response()
 }
 
-#[derive(Deserialize)]
-pub struct SessionQuery {
-    #[serde(rename = "sessionId", alias = "session_id")]
-    session_id: Option<String>,
-}
-
-pub async fn post(
-    State(app): State<AppState>,
-    caller: Option<Extension<Caller>>,
-    Query(q): Query<SessionQuery>,
-    body: axum::body::Bytes,
-) -> Response {
-    let Some(id) = q.session_id else {
+/// The session is found before its body is read: a message to no session
+/// costs the server no more than its headers.
+pub async fn post(State(app): State<AppState>, caller: Option<Extension<Caller>>, uri: Uri, body: Body) -> Response {
+    let Some(id) = sse_sessions::session_id(uri.query()) else {
         return (
             StatusCode::BAD_REQUEST,
             Json(serde_json::json!({"error": "sessionId is required"})),
@@ -118,6 +111,16 @@ pub async fn post(
             Json(serde_json::json!({"error": "unknown session"})),
         )
             .into_response();
+    };
+    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({"error": format!("reading the message: {e}")})),
+            )
+                .into_response()
+        }
     };
     let message: ClientJsonRpcMessage = match serde_json::from_slice(&body) {
         Ok(m) => m,

@@ -74,11 +74,15 @@ impl SseSessions {
     }
 }
 
-/// The `sessionId` of a `/messages` query.
+/// The `sessionId` of a `/messages` query, percent-decoded. The request
+/// guard (which charges the message to the session's tenant) and the
+/// handler both read it here, so they cannot disagree on which session a
+/// message names.
 pub fn session_id(query: Option<&str>) -> Option<String> {
     query?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
-        matches!(k, "sessionId" | "session_id").then(|| v.to_string())
+        matches!(k, "sessionId" | "session_id")
+            .then(|| percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
     })
 }
 
@@ -87,5 +91,18 @@ impl Drop for SessionGuard {
         self.sessions.inner.lock().expect("sessions lock").remove(&self.id);
         self.stop.cancel();
         debug!(session = %self.id, "SSE session closed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_id;
+
+    #[test]
+    fn the_session_id_is_read_decoded_whoever_reads_it() {
+        assert_eq!(session_id(Some("sessionId=ab12")).as_deref(), Some("ab12"));
+        assert_eq!(session_id(Some("x=1&session_id=%61b12")).as_deref(), Some("ab12"));
+        assert_eq!(session_id(Some("other=1")), None);
+        assert_eq!(session_id(None), None);
     }
 }

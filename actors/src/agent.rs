@@ -23,6 +23,36 @@ pub const SOCKET_NAME: &str = "agent.sock";
 /// Results folder inside the container; reported files must lie below it.
 pub const RESULTS_IN_CONTAINER: &str = "/app/results";
 const MAX_FILES: usize = 1000;
+/// Longest path the agent may report (Linux's `PATH_MAX`).
+const MAX_PATH_BYTES: usize = 4096;
+/// Packages kept from one listing, and the longest name or version.
+const MAX_PACKAGES: usize = 10_000;
+const MAX_PACKAGE_TEXT: usize = 256;
+/// Longest text of the agent's that the server keeps or passes on as a
+/// message (an error, a protocol complaint quoting a reply): the agent may be
+/// the sandbox's own program, and such texts end up in every history entry
+/// and result.
+pub const MAX_AGENT_TEXT: usize = 1024;
+
+/// The most text a well-behaved agent sends for one output under `cap`: it
+/// keeps at least 1 KiB, every byte it cannot decode becomes U+FFFD (three
+/// bytes), and a cut output carries a line saying what was omitted.
+fn output_bound(cap: usize) -> usize {
+    3 * cap.max(1024) + 256
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary, marked when cut.
+pub fn bounded(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" …");
+    }
+    text
+}
 
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
@@ -146,11 +176,22 @@ pub struct RunOutput {
 }
 
 impl RunOutput {
-    /// Drops what a well-behaved agent never sends: paths outside the results
-    /// folder, `..` components, and more files than the agent reports.
-    fn sanitise(mut self) -> Self {
+    /// Drops or cuts what a well-behaved agent never sends: output past the
+    /// cap it was asked for, paths outside the results folder, with `..`
+    /// components or longer than a path can be, and more files than the
+    /// agent reports.
+    fn sanitise(mut self, output_cap: usize) -> Self {
+        let bound = output_bound(output_cap);
+        for out in [&mut self.stdout, &mut self.stderr] {
+            if out.len() > bound {
+                *out = bounded(std::mem::take(out), bound);
+                self.truncated = true;
+            }
+        }
         let inside = |p: &String| {
-            p.starts_with(&format!("{RESULTS_IN_CONTAINER}/")) && !p.split('/').any(|c| c == ".." || c == ".")
+            p.len() <= MAX_PATH_BYTES
+                && p.starts_with(&format!("{RESULTS_IN_CONTAINER}/"))
+                && !p.split('/').any(|c| c == ".." || c == ".")
         };
         self.files.retain(inside);
         self.files.truncate(MAX_FILES);
@@ -310,10 +351,13 @@ impl AgentClient {
             match self.receive::<RunOutput>(id).await? {
                 Reply::Progress(p) => {
                     if let Some(tx) = progress {
-                        let _ = tx.try_send(p);
+                        let _ = tx.try_send(Progress {
+                            stdout: bounded(p.stdout, output_bound(output_cap)),
+                            stderr: bounded(p.stderr, output_bound(output_cap)),
+                        });
                     }
                 }
-                Reply::Result(out) => return Ok(out.sanitise()),
+                Reply::Result(out) => return Ok(out.sanitise(output_cap)),
                 Reply::Error(e) => return Err(e.into()),
             }
         }
@@ -324,7 +368,8 @@ impl AgentClient {
         let id = self.take_id();
         self.send(&Request::Packages { id }).await?;
         let mut packages = self.answer::<PackageList>(id).await?.packages;
-        packages.truncate(10_000);
+        packages.retain(|p| p.name.len() <= MAX_PACKAGE_TEXT && p.version.len() <= MAX_PACKAGE_TEXT);
+        packages.truncate(MAX_PACKAGES);
         Ok(packages)
     }
 
@@ -367,7 +412,8 @@ impl AgentClient {
     /// request are skipped), never buffering more than `max_line` bytes, and
     /// parses it as a reply whose `result` is a `T`.
     async fn receive<T: serde::de::DeserializeOwned>(&mut self, id: u64) -> Result<Reply<T>, AgentError> {
-        let protocol = |e: serde_json::Error| AgentError::Protocol(e.to_string());
+        // serde's messages quote what they refused: the agent's text.
+        let protocol = |e: serde_json::Error| AgentError::Protocol(bounded(e.to_string(), MAX_AGENT_TEXT));
         loop {
             let line = self.read_line().await?;
             let envelope: Envelope = serde_json::from_slice(&line).map_err(protocol)?;
@@ -409,10 +455,11 @@ impl AgentClient {
 
 impl From<ErrorBody> for AgentError {
     fn from(body: ErrorBody) -> Self {
-        match body.error.as_str() {
+        let text = bounded(body.error, MAX_AGENT_TEXT);
+        match text.as_str() {
             "busy" => AgentError::Busy,
-            e if e.starts_with("unknown op") => AgentError::Unsupported(body.error),
-            _ => AgentError::Protocol(body.error),
+            e if e.starts_with("unknown op") => AgentError::Unsupported(text),
+            _ => AgentError::Protocol(text),
         }
     }
 }
@@ -688,7 +735,45 @@ mod tests {
             ],
             ..Default::default()
         }
-        .sanitise();
+        .sanitise(65536);
         assert_eq!(out.files, vec!["/app/results/a.png".to_string()]);
+    }
+
+    #[test]
+    fn what_an_agent_says_is_bounded_before_the_server_keeps_it() {
+        let huge = "ü".repeat(4 << 20);
+        let out = RunOutput {
+            stdout: huge.clone(),
+            stderr: "short".into(),
+            files: vec![format!("/app/results/{}", "a".repeat(MAX_PATH_BYTES))],
+            ..Default::default()
+        }
+        .sanitise(1024);
+        assert!(out.stdout.len() <= output_bound(1024) + 4 && out.stdout.ends_with(" …"));
+        assert!(out.truncated, "a cut output says so");
+        assert_eq!(out.stderr, "short");
+        assert!(out.files.is_empty(), "a path longer than a path can be is dropped");
+        let well_behaved = RunOutput {
+            stdout: "\u{fffd}".repeat(1024),
+            ..Default::default()
+        }
+        .sanitise(1024);
+        assert!(!well_behaved.truncated, "an output the real agent sends is kept whole");
+        for err in [
+            AgentError::from(ErrorBody { error: huge.clone() }),
+            AgentError::from(ErrorBody {
+                error: format!("unknown op {huge}"),
+            }),
+        ] {
+            assert!(
+                err.to_string().len() <= MAX_AGENT_TEXT + 64,
+                "{}",
+                err.to_string().len()
+            );
+        }
+        assert!(matches!(
+            AgentError::from(ErrorBody { error: "busy".into() }),
+            AgentError::Busy
+        ));
     }
 }

@@ -10,6 +10,9 @@ use time::OffsetDateTime;
 const KEPT: usize = 50;
 /// Characters of code or command shown per call.
 const SUMMARY_CHARS: usize = 120;
+/// Characters of an outcome kept per call: an error's text may come from
+/// the sandbox's own program, and every one of the kept calls holds one.
+const OUTCOME_CHARS: usize = 240;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -44,7 +47,7 @@ impl CallRecord {
             started_at,
             kind,
             summary: summarise(summary),
-            outcome,
+            outcome: cut(&outcome, OUTCOME_CHARS),
             ok,
             duration_ms,
         }
@@ -54,9 +57,17 @@ impl CallRecord {
 /// The first non-blank line, cut to a readable length.
 fn summarise(text: &str) -> String {
     let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
-    let more = first.chars().count() > SUMMARY_CHARS || text.trim().lines().count() > 1;
-    let mut out: String = first.chars().take(SUMMARY_CHARS).collect();
-    if more {
+    let mut out = cut(first, SUMMARY_CHARS);
+    if text.trim().lines().count() > 1 && !out.ends_with(" …") {
+        out.push_str(" …");
+    }
+    out
+}
+
+/// At most `chars` characters of `text`, marked when cut.
+fn cut(text: &str, chars: usize) -> String {
+    let mut out: String = text.chars().take(chars).collect();
+    if text.chars().nth(chars).is_some() {
         out.push_str(" …");
     }
     out
@@ -90,6 +101,16 @@ mod tests {
         assert_eq!(summarise("\n  import os\nprint(2)\n"), "import os …");
         let long = "x".repeat(500);
         assert_eq!(summarise(&long).chars().count(), SUMMARY_CHARS + 2);
+    }
+
+    #[test]
+    fn outcomes_are_cut_whatever_the_agent_said() {
+        let said = format!("error: {}", "é".repeat(5 << 20));
+        let call = CallRecord::ended(OffsetDateTime::now_utc(), CallKind::Python, "x", false, said);
+        assert_eq!(call.outcome.chars().count(), OUTCOME_CHARS + 2);
+        assert!(call.outcome.starts_with("error: éé") && call.outcome.ends_with(" …"));
+        let short = CallRecord::ended(OffsetDateTime::now_utc(), CallKind::Shell, "x", true, "exit 0".into());
+        assert_eq!(short.outcome, "exit 0");
     }
 
     #[test]

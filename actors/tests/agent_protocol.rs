@@ -56,6 +56,8 @@ impl Agent {
             .env("MCP_AGENT_RESULTS", &results)
             .env("MCP_AGENT_SPOOL", &spool)
             .env("PYTHONPATH", &site)
+            .env("MCP_AGENT_SITE", &site)
+            .env("MCP_AGENT_WORKER_PYTHON", "python3")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env_remove("MCP_EGRESS_SOCKET")
             .current_dir(dir.path())

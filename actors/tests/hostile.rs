@@ -29,7 +29,7 @@ fn freeze_agent() -> Work {
         "        argv = open(f'/proc/{p}/cmdline', 'rb').read().split(bytes(1))",
         "    except OSError:",
         "        continue",
-        "    if argv[2:3] == [b'/opt/mcp-agent/agent.py'] and b'--worker' not in argv:",
+        "    if b'/opt/mcp-agent/agent.py' in argv and b'--worker' not in argv:",
         "        os.kill(int(p), signal.SIGSTOP)",
     ]
     .join("\n");
@@ -132,6 +132,44 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
     assert!(out.contains("metadata blocked"), "{out}");
     // The control: the package index is reachable, so the probe did run.
     assert!(out.contains("index reached"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interpreter_planted_in_the_venv_never_becomes_the_agent() {
+    let h = Harness::new().await;
+    let id = h.create().await;
+    // The sandbox replaces the venv's interpreter with its own program,
+    // which notes how it was started, then has its container restarted.
+    let plant = "real=$(readlink -f /app/.venv/bin/python); rm -f /app/.venv/bin/python; \
+         printf '#!/bin/sh\\necho \"$*\" >> /app/results/.started\\nexec %s \"$@\"\\n' \"$real\" > /app/.venv/bin/python; \
+         chmod 755 /app/.venv/bin/python";
+    let planted = h.sh(id, plant, None).await.output;
+    assert_eq!(planted.exit_code, 0, "{}", planted.stderr);
+    h.sb().restart(OWNER, id).await.expect("restart");
+    assert_eq!(h.py(id, "print(6 * 7)").await.output.stdout, "42\n");
+    let started = h.sh(id, "cat /app/results/.started", None).await.output.stdout;
+    assert!(
+        started.lines().any(|l| l.contains("--worker")),
+        "the user's code runs on the venv's interpreter: {started:?}"
+    );
+    assert!(
+        started.lines().all(|l| l.contains("--worker")),
+        "the planted interpreter started the agent: {started:?}"
+    );
+    // The agent that answers is the image's interpreter, from the read-only root.
+    let agent = h
+        .py(
+            id,
+            "import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n    \
+             argv = open(f'/proc/{p}/cmdline', 'rb').read().split(bytes(1))\n    \
+             if b'/opt/mcp-agent/agent.py' in argv and b'--worker' not in argv:\n        \
+             print(os.path.realpath(f'/proc/{p}/exe'), argv[0].decode())",
+        )
+        .await
+        .output;
+    let line = agent.stdout.trim();
+    assert!(line.ends_with(" /opt/mcp-agent/python"), "{line:?} {}", agent.stderr);
+    assert!(line.starts_with("/usr/"), "{line:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

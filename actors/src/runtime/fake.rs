@@ -39,6 +39,9 @@ pub enum Behaviour {
     Garbage,
     /// Answers every request with a line of this many bytes.
     Huge(usize),
+    /// Answers every run with a well-formed error whose text has this many
+    /// bytes (and the rest as the real agent does).
+    Wordy(usize),
 }
 
 /// One container: its state, and the life of its current start (ended when
@@ -516,6 +519,12 @@ impl Agent {
                 Behaviour::Silent => continue,
                 Behaviour::Garbage => Some(b"<html>not the protocol</html>".to_vec()),
                 Behaviour::Huge(n) => Some(vec![b'x'; n]),
+                Behaviour::Wordy(n) if matches!(req["op"].as_str(), Some("exec" | "run")) => Some(
+                    json!({"id": id, "type": "error", "error": "e".repeat(n)})
+                        .to_string()
+                        .into_bytes(),
+                ),
+                Behaviour::Wordy(_) => None,
                 Behaviour::Normal => None,
             };
             if let Some(line) = reply {

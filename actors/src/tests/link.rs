@@ -151,6 +151,31 @@ async fn a_reply_that_is_not_the_protocol_is_an_agent_error() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_agent_s_long_error_texts_are_bounded_in_results_and_history() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "echo warm").await.unwrap();
+    // Within the line bound, so the reply is read and its text kept.
+    s.fake.set_behaviour(id, Behaviour::Wordy(64 * 1024));
+    for _ in 0..5 {
+        let err = s.run(id, "echo x").await.unwrap_err();
+        assert!(
+            err.to_string().len() <= 2 * crate::agent::MAX_AGENT_TEXT,
+            "{}",
+            err.to_string().len()
+        );
+    }
+    let history = s.sb().history(super::OWNER, id).await.unwrap();
+    let failed: Vec<_> = history.iter().filter(|c| !c.ok).collect();
+    assert!(failed.len() >= 5, "{history:?}");
+    assert!(
+        failed.iter().all(|c| c.outcome.len() <= 1024),
+        "{:?}",
+        failed[0].outcome.len()
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_reply_beyond_the_line_bound_is_refused_unread() {
     let s = Server::start().await;
     let id = s.create().await;
