@@ -12,9 +12,14 @@
 //! and `threshold_ms = 0` makes every such call a task at once.
 //!
 //! What a client can make the server hold is bounded here: the tasks of one
-//! tenant and of the whole server (running, or finished and kept for their
-//! TTL) are capped, a slot is taken before the run starts so the caps hold
-//! under concurrent calls, and the TTL is the server's, not the client's.
+//! tenant (running, or finished and not yet fetched) and of the whole server
+//! (every task kept for its TTL) are capped, a slot is taken before the run
+//! starts so the caps hold under concurrent calls, and the TTL is the
+//! server's, not the client's. A call past a cap is not refused: it runs as
+//! a plain call and answers its plain result, as for a client without the
+//! extension. A finished task whose end a poll has returned no longer counts
+//! against its tenant (it stays readable, and in the server's count, until
+//! its TTL), so a client that fetches its results is never held back.
 //! Task ids are tenant-scoped: another tenant's poll is told "unknown task",
 //! exactly as for an id that never existed.
 
@@ -110,24 +115,6 @@ impl TasksConfig {
     }
 }
 
-/// Why a call may not become a task.
-#[derive(Debug, thiserror::Error)]
-pub enum TaskRefused {
-    #[error(
-        "you hold {limit} tasks, the most allowed: wait for them with tasks/get or end them with tasks/cancel; \
-         finished tasks are freed {ttl} s after they finish"
-    )]
-    Tenant { limit: usize, ttl: u64 },
-    #[error("the server holds {limit} tasks, its most; try again in a few minutes")]
-    Server { limit: usize },
-}
-
-impl From<TaskRefused> for SandboxError {
-    fn from(e: TaskRefused) -> Self {
-        SandboxError::Quota(e.to_string())
-    }
-}
-
 /// The latest output of a run, for the status message of its task.
 #[derive(Default)]
 struct Tail {
@@ -175,6 +162,9 @@ struct Held {
     output: Output,
     /// A task in the store, not just a slot.
     spawned: bool,
+    /// Its end has been returned to a poll: it no longer counts against
+    /// its tenant.
+    fetched: bool,
 }
 
 struct Inner {
@@ -237,28 +227,22 @@ impl Tasks {
         Duration::from_secs(self.0.config.ttl_seconds)
     }
 
-    /// A slot for a call from a client that declared the extension (`None`
-    /// for other clients, which keep plain calls), or the refusal once the
-    /// caller or the server holds its most tasks.
-    pub fn admit(&self, ctx: &RequestContext<RoleServer>, caller: &Caller) -> Result<Option<Admission>, TaskRefused> {
+    /// A slot for a call from a client that declared the extension; `None`
+    /// (a plain call) for other clients, and once the caller or the server
+    /// holds its most tasks.
+    pub fn admit(&self, ctx: &RequestContext<RoleServer>, caller: &Caller) -> Option<Admission> {
         if !self.offered(ctx) {
-            return Ok(None);
+            return None;
         }
         let config = &self.0.config;
         let mut held = self.0.held.lock().expect("tasks lock");
         // Finished tasks past their retention leave the store (its sweep
         // runs on every call into it); free their places here too.
         held.retain(|id, h| !h.spawned || self.0.manager.get_task(id).is_ok());
-        if held.len() >= config.max_total {
-            return Err(TaskRefused::Server {
-                limit: config.max_total,
-            });
-        }
-        if held.values().filter(|h| h.owner == caller.owner).count() >= config.max_per_tenant {
-            return Err(TaskRefused::Tenant {
-                limit: config.max_per_tenant,
-                ttl: config.ttl_seconds,
-            });
+        let tenant_holds = held.values().filter(|h| h.owner == caller.owner && !h.fetched).count();
+        if held.len() >= config.max_total || tenant_holds >= config.max_per_tenant {
+            tracing::debug!(tenant = %caller.owner, tenant_holds, total = held.len(), "tasks at their cap: a plain call");
+            return None;
         }
         let slot = Uuid::new_v4().to_string();
         let output = Output::default();
@@ -268,14 +252,15 @@ impl Tasks {
                 owner: caller.owner.clone(),
                 output: output.clone(),
                 spawned: false,
+                fetched: false,
             },
         );
-        Ok(Some(Admission {
+        Some(Admission {
             tasks: self.clone(),
             slot,
             owner: caller.owner.clone(),
             output,
-        }))
+        })
     }
 
     /// Runs a call: to its end when it has no slot or ends within the
@@ -318,6 +303,7 @@ impl Tasks {
                     owner: admission.owner.clone(),
                     output: admission.output.clone(),
                     spawned: true,
+                    fetched: false,
                 },
             );
             task
@@ -326,12 +312,19 @@ impl Tasks {
     }
 
     /// `tasks/get` for the caller's own task: a running one carries the tail
-    /// of its output as its status message.
+    /// of its output as its status message; a finished one, once returned,
+    /// frees its place under the tenant's cap.
     pub fn get(&self, caller: &Caller, task_id: &str) -> Result<DetailedTask, McpError> {
         let output = self.own(caller, task_id)?;
         let mut task = self.0.manager.get_task(task_id)?;
-        if task.status() == TaskStatus::Working {
-            task.task.status_message = Some(output.text());
+        match task.status() {
+            TaskStatus::Working => task.task.status_message = Some(output.text()),
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled => {
+                if let Some(h) = self.0.held.lock().expect("tasks lock").get_mut(task_id) {
+                    h.fetched = true;
+                }
+            }
+            _ => {}
         }
         Ok(task)
     }

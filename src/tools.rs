@@ -189,10 +189,7 @@ impl SandboxServer {
     where
         F: Future<Output = CallToolResult> + Send + 'static,
     {
-        let admission = match self.ops.tasks.admit(ctx, caller) {
-            Ok(admission) => admission,
-            Err(refused) => return failure(&refused.into()).into(),
-        };
+        let admission = self.ops.tasks.admit(ctx, caller);
         let output = admission.as_ref().map(|a| a.output());
         let notify = ctx.meta.get_progress_token().map(|token| (token, ctx.peer.clone()));
         let (tx, forwarder) = match (notify, output) {

@@ -4,8 +4,8 @@ SDK has no tasks client. A `time.sleep(90)` run becomes a task and is polled
 to completion through tasks/get, its output so far in the status message; a
 second run is cancelled and its sandbox runs the next call; another tenant
 polling or cancelling the task is told it does not exist; a client without
-the extension gets the plain result; a tenant past its cap of tasks gets a
-tool error."""
+the extension gets the plain result; a tenant at its cap of tasks gets the
+plain result too, and a fetched result frees its place."""
 
 import http.client
 import json
@@ -131,12 +131,19 @@ def test_long_calls_become_tasks_for_their_tenant_only(server):
     ran = structured(plain.call("execute_terminal_command", sandbox_id=second, command="sleep 2; echo plain"))
     assert ran["stdout"] == "plain\n"
 
-    # The tenant's cap counts running and finished tasks: a third task fills
-    # it, and the next long call is refused with a tool error; bob is not.
+    # The tenant's cap counts running tasks and finished ones not yet fetched
+    # (the cancelled one was: its place is free). Two more fill it, and the
+    # next long call is not refused: it answers its plain result.
     third = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2")
-    assert third["resultType"] == "task", third
-    refusal = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2")
-    assert refusal.get("isError") and f"you hold {PER_TENANT} tasks" in refusal["content"][0]["text"], refusal
+    fourth = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2")
+    assert third["resultType"] == "task" and fourth["resultType"] == "task", (third, fourth)
+    at_cap = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2; echo at-cap")
+    assert "taskId" not in at_cap and structured(at_cap)["stdout"] == "at-cap\n", at_cap
+    # A fetched result frees its place: the next long call is a task again.
+    finished, _ = poll(alice, third["taskId"], time.time() + 60)
+    assert finished["status"] == "completed", finished
+    again = alice.call("execute_terminal_command", sandbox_id=second, command="sleep 2")
+    assert again["resultType"] == "task", again
     bobs = structured(bob.call("create_sandbox"))["sandbox_id"]
     assert structured(bob.call("execute_python_code", sandbox_id=bobs, code="print('bob')"))["stdout"] == "bob\n"
 
