@@ -33,7 +33,8 @@ const REFUSALS_IN_FLIGHT: usize = 64;
 const REFUSAL_DEADLINE: Duration = Duration::from_secs(2);
 /// Descriptors kept free for the engine, agents, records and logs.
 const RESERVED_DESCRIPTORS: u64 = 256;
-/// Descriptors one sandbox may take (its agent's socket, inotify, Docker calls).
+/// Descriptors one sandbox may take (its agent's socket, inotify, Docker
+/// calls), besides its egress proxy's (see [`descriptors_needed`]).
 const DESCRIPTORS_PER_SANDBOX: u64 = 4;
 
 #[derive(Default)]
@@ -146,21 +147,36 @@ pub enum OpenFilesError {
     #[error("reading the open-file limit: {0}")]
     Read(#[source] std::io::Error),
     #[error(
-        "limits.max_connections ({connections}) and limits.max_sandboxes_total ({sandboxes}) need about {need} open \
-         files, but the open-file limit is {have}: lower them or raise the hard limit (ulimit -Hn)"
+        "limits.max_connections ({connections}), limits.max_sandboxes_total ({sandboxes}) and \
+         sandbox.egress_max_connections ({egress_connections}) need about {need} open files, but the open-file \
+         limit is {have}: lower them or raise the hard limit (ulimit -Hn)"
     )]
     TooLow {
         connections: usize,
         sandboxes: usize,
+        egress_connections: usize,
         need: u64,
         have: u64,
     },
 }
 
+/// Descriptors the server may hold at once: its HTTP connections and the
+/// refusals it writes, every sandbox's own and its egress proxy's (whether
+/// a sandbox is proxied depends on its key, so each is counted as if it
+/// were), and a reserve.
+fn descriptors_needed(limits: &LimitsConfig, egress_max_connections: usize) -> u64 {
+    let per_sandbox = DESCRIPTORS_PER_SANDBOX + sandbox_actors::egress::descriptors_per_sandbox(egress_max_connections);
+    limits.max_connections as u64
+        + REFUSALS_IN_FLIGHT as u64
+        + limits.max_sandboxes_total as u64 * per_sandbox
+        + RESERVED_DESCRIPTORS
+}
+
 /// Raises the open-file soft limit to the hard limit and checks that the
-/// connection cap, with room for the sandboxes and the server's own files,
-/// fits in it. Returns the limit.
-pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, OpenFilesError> {
+/// connection cap, with room for the sandboxes (capped at
+/// `egress_max_connections` proxied connections each) and the server's own
+/// files, fits in it. Returns the limit.
+pub fn raise_open_file_limit(limits: &LimitsConfig, egress_max_connections: usize) -> Result<u64, OpenFilesError> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -181,14 +197,12 @@ pub fn raise_open_file_limit(limits: &LimitsConfig) -> Result<u64, OpenFilesErro
         }
     }
     let have = lim.rlim_cur;
-    let need = limits.max_connections as u64
-        + REFUSALS_IN_FLIGHT as u64
-        + limits.max_sandboxes_total as u64 * DESCRIPTORS_PER_SANDBOX
-        + RESERVED_DESCRIPTORS;
+    let need = descriptors_needed(limits, egress_max_connections);
     if need > have {
         return Err(OpenFilesError::TooLow {
             connections: limits.max_connections,
             sandboxes: limits.max_sandboxes_total,
+            egress_connections: egress_max_connections,
             need,
             have,
         });
@@ -282,4 +296,18 @@ pub async fn serve(
     // Stop accepting; wait for the connections still open.
     drop(listener);
     let _ = open_rx.wait_for(|n| *n == 0).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sandbox_budgets_two_descriptors_per_egress_connection() {
+        let limits = LimitsConfig::default();
+        let grown = descriptors_needed(&limits, 65) - descriptors_needed(&limits, 64);
+        assert_eq!(grown, 2 * limits.max_sandboxes_total as u64);
+        let floor = limits.max_sandboxes_total as u64 * (DESCRIPTORS_PER_SANDBOX + 2 * 64);
+        assert!(descriptors_needed(&limits, 64) > floor);
+    }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use tokio::net::UnixListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -33,6 +33,21 @@ pub use crate::egress_rules::{host_networks, Guard, Rules};
 /// Refusals logged per sandbox per minute; more are only counted.
 const LOGGED_PER_MINUTE: u64 = 20;
 
+/// Connections past `sandbox.egress_max_connections` that one sandbox's
+/// proxy answers (429) at once. Each is held a few seconds (see
+/// `proxy::refuse`), so past these a connection is closed as soon as it is
+/// accepted, unanswered: a sandbox that opens thousands holds at most the
+/// cap and these, never a task or a descriptor more.
+pub const REFUSALS_IN_FLIGHT: usize = 8;
+
+/// Descriptors the proxy of one sandbox holds at most when its connections
+/// are capped at `max_connections`: its listening socket and the connection
+/// just accepted, two for each connection it serves (the sandbox's stream
+/// and the upstream one) and one for each refusal it writes.
+pub fn descriptors_per_sandbox(max_connections: usize) -> u64 {
+    2 + 2 * max_connections as u64 + REFUSALS_IN_FLIGHT as u64
+}
+
 /// What every connection checks against.
 pub struct Shared {
     /// The package index and its file hosts.
@@ -46,7 +61,10 @@ pub struct Shared {
 pub struct Attached {
     id: Uuid,
     policy: Mutex<EgressPolicy>,
+    /// Places of the connections served (`egress_max_connections`)...
     conns: Arc<Semaphore>,
+    /// ...and of those being answered 429 ([`REFUSALS_IN_FLIGHT`]).
+    refusals: Arc<Semaphore>,
     budget: proxy::Budget,
     logged: proxy::Budget,
     stop: CancellationToken,
@@ -123,6 +141,7 @@ impl Egress {
             id,
             policy: Mutex::new(policy),
             conns: Arc::new(Semaphore::new(self.max_connections)),
+            refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
             budget: proxy::Budget::new(self.bytes_per_minute),
             logged: proxy::Budget::new(LOGGED_PER_MINUTE),
             stop: CancellationToken::new(),
@@ -202,6 +221,12 @@ impl Egress {
     }
 }
 
+/// Where an accepted connection stands under its sandbox's caps.
+enum Place {
+    Served(OwnedSemaphorePermit),
+    Refused(OwnedSemaphorePermit),
+}
+
 async fn accept(
     listener: UnixListener,
     sb: Arc<Attached>,
@@ -209,8 +234,13 @@ async fn accept(
     denials: Arc<Mutex<BTreeMap<&'static str, u64>>>,
     max_connections: usize,
 ) {
+    let over_cap = || proxy::Denial {
+        status: 429,
+        kind: "limit",
+        reason: format!("this sandbox already holds {max_connections} connections, the most allowed"),
+    };
     loop {
-        let stream = tokio::select! {
+        let mut stream = tokio::select! {
             _ = sb.stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -221,23 +251,28 @@ async fn accept(
                 }
             },
         };
+        // The place is taken before any task is spawned, so a connection
+        // that finds none costs nothing past this line.
+        let place = match sb.conns.clone().try_acquire_owned() {
+            Ok(permit) => Place::Served(permit),
+            Err(_) => match sb.refusals.clone().try_acquire_owned() {
+                Ok(permit) => Place::Refused(permit),
+                Err(_) => {
+                    drop(stream);
+                    record(&sb, &denials, &over_cap());
+                    continue;
+                }
+            },
+        };
         let (sb, shared, denials) = (sb.clone(), shared.clone(), denials.clone());
+        let denial = over_cap();
         tokio::spawn(async move {
-            let mut stream = stream;
-            let permit = sb.conns.clone().try_acquire_owned();
             let served = async {
-                match permit {
-                    Ok(_permit) => proxy::serve(stream, &sb, &shared).await,
-                    Err(_) => {
-                        let d = proxy::Denial {
-                            status: 429,
-                            kind: "limit",
-                            reason: format!(
-                                "this sandbox already holds {max_connections} connections, the most allowed"
-                            ),
-                        };
-                        proxy::refuse(&mut stream, &d).await;
-                        Err(d)
+                match place {
+                    Place::Served(_permit) => proxy::serve(stream, &sb, &shared).await,
+                    Place::Refused(_permit) => {
+                        proxy::refuse(&mut stream, &denial).await;
+                        Err(denial)
                     }
                 }
             };
@@ -246,13 +281,82 @@ async fn accept(
                 _ = sb.stop.cancelled() => Ok(()),
             };
             if let Err(d) = outcome.as_ref() {
-                if proxy::is_denial(d) {
-                    *denials.lock().expect("denials lock").entry(d.kind).or_default() += 1;
-                    if sb.logged.charge(1).is_none() {
-                        info!(sandbox = %sb.id, reason = d.kind, "egress refused: {}", d.reason);
-                    }
-                }
+                record(&sb, &denials, d);
             }
         });
+    }
+}
+
+/// Counts (and, a few a minute, logs) a refusal of the sandbox `sb`.
+fn record(sb: &Attached, denials: &Mutex<BTreeMap<&'static str, u64>>, d: &proxy::Denial) {
+    if proxy::is_denial(d) {
+        *denials.lock().expect("denials lock").entry(d.kind).or_default() += 1;
+        if sb.logged.charge(1).is_none() {
+            info!(sandbox = %sb.id, reason = d.kind, "egress refused: {}", d.reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+    use tokio::net::UnixStream;
+
+    use super::*;
+
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
+    }
+
+    /// The attack: many connections to the proxy socket, none sending a
+    /// byte. The proxy serves its cap, answers a few more, and closes the
+    /// rest at once; the process's descriptors grow by the clients' own
+    /// and little more (other tests in this process may hold a few).
+    #[tokio::test]
+    async fn a_sandbox_cannot_make_the_proxy_hold_its_connections() {
+        const CAP: usize = 4;
+        const CLIENTS: usize = 300;
+        let root = tempfile::tempdir().unwrap();
+        let mut settings = Settings::under(root.path());
+        settings.sandbox.egress_max_connections = CAP;
+        let egress = Egress::new(&settings, vec![]).unwrap();
+        let id = Uuid::new_v4();
+        egress.attach(id, EgressPolicy::Packages).unwrap();
+        let socket = egress.socket_dir(id).unwrap().join(EGRESS_SOCKET_NAME);
+        let before = open_descriptors();
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..CLIENTS {
+            let mut c = UnixStream::connect(&socket).await.unwrap();
+            // Every client but the served ones hears from the proxy (an
+            // answer, or the stream's end) as soon as it is accepted.
+            clients.spawn(async move {
+                let mut reply = Vec::new();
+                let heard = tokio::time::timeout(Duration::from_secs(1), c.read_to_end(&mut reply)).await;
+                let heard = heard.map(|read| read.map(|_| !reply.is_empty()).expect("reading the proxy"));
+                (heard, c)
+            });
+        }
+        let (mut answered, mut closed, mut open) = (0, 0, vec![]);
+        while let Some(client) = clients.join_next().await {
+            let (heard, c) = client.unwrap();
+            match heard {
+                Ok(true) => answered += 1,
+                Ok(false) => closed += 1,
+                Err(_) => {}
+            }
+            open.push(c); // held until the count below
+        }
+        let held_by_proxy = open_descriptors().saturating_sub(before + CLIENTS);
+        assert!(answered <= REFUSALS_IN_FLIGHT, "{answered} refusals answered at once");
+        assert!(
+            closed >= CLIENTS - CAP - REFUSALS_IN_FLIGHT,
+            "only {closed} of {CLIENTS} connections were closed unanswered"
+        );
+        assert!(
+            held_by_proxy <= CAP + REFUSALS_IN_FLIGHT + 16,
+            "the proxy holds {held_by_proxy} descriptors for {CLIENTS} idle connections"
+        );
+        // Counted when closed; those answered, once their answer is done.
+        assert!(egress.denials()["limit"] >= closed as u64);
     }
 }
