@@ -3,7 +3,7 @@
 //! value stops the server with a message naming the key.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
 use sandbox_actors::Settings;
@@ -179,6 +179,20 @@ pub enum ConfigError {
     MaxUpload(u64),
     #[error("uploads.allowed_dirs: {} is not an absolute path", .0.display())]
     UploadDir(PathBuf),
+    /// An upload folder that is, holds or lies inside the results or state
+    /// folder would let any tenant copy every tenant's files, or the
+    /// server's records and link secret, into a sandbox of its own.
+    #[error(
+        "uploads.allowed_dirs: {} {relation} {key} ({}); uploads from it could copy other tenants' files or the server's own state into a sandbox: use a folder apart from both",
+        dir.display(),
+        other.display()
+    )]
+    UploadDirOverlap {
+        dir: PathBuf,
+        relation: &'static str,
+        key: &'static str,
+        other: PathBuf,
+    },
 }
 
 impl Config {
@@ -268,9 +282,28 @@ impl Config {
         if !(1..=most_mb).contains(&self.uploads.max_upload_mb) {
             return Err(ConfigError::MaxUpload(most_mb));
         }
+        let keep_apart = [
+            ("results.dir", comparable(&self.results.dir)),
+            ("server.state_dir", comparable(&self.server.state_dir)),
+        ];
         for dir in &self.uploads.allowed_dirs {
             if !dir.is_absolute() {
                 return Err(ConfigError::UploadDir(dir.clone()));
+            }
+            let upload = comparable(dir);
+            for (key, other) in &keep_apart {
+                let relation = match () {
+                    _ if upload == *other => "is",
+                    _ if other.starts_with(&upload) => "holds",
+                    _ if upload.starts_with(other) => "lies inside",
+                    _ => continue,
+                };
+                return Err(ConfigError::UploadDirOverlap {
+                    dir: dir.clone(),
+                    relation,
+                    key,
+                    other: other.clone(),
+                });
             }
         }
         Ok(())
@@ -319,6 +352,32 @@ impl Config {
             min_free_disk_mb: self.limits.min_free_disk_mb,
         })
     }
+}
+
+/// `path` as the folder it names, for telling whether two folders overlap:
+/// made absolute from the working folder (as [`Config::settings`] does),
+/// then canonicalised (links resolved) if it exists. One that does not exist
+/// yet has its `.` and `..` resolved as written and its longest existing
+/// ancestor canonicalised, so it compares as the folder it will be.
+fn comparable(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Ok(real) = absolute.canonicalize() {
+        return real;
+    }
+    let mut lexical = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::ParentDir => {
+                lexical.pop();
+            }
+            Component::CurDir => {}
+            other => lexical.push(other),
+        }
+    }
+    lexical
+        .ancestors()
+        .find_map(|a| Some(a.canonicalize().ok()?.join(lexical.strip_prefix(a).ok()?)))
+        .unwrap_or(lexical)
 }
 
 #[cfg(test)]
@@ -384,6 +443,53 @@ mod tests {
         )
         .unwrap();
         assert!(!c.results.inline_images);
+    }
+
+    #[test]
+    fn upload_folders_must_not_overlap_the_results_or_state_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path().canonicalize().unwrap();
+        let (results, state) = (r.join("data/results"), r.join("srv/state"));
+        std::fs::create_dir_all(&results).unwrap();
+        std::os::unix::fs::symlink(&results, r.join("via-link")).unwrap();
+        let config = |allowed: &Path, state: &Path| {
+            format!(
+                "[server]\nstate_dir = {state:?}\n[results]\ndir = {results:?}\n[uploads]\nallowed_dirs = [{allowed:?}]\n"
+            )
+        };
+        for (allowed, state, key) in [
+            // Equal to, containing, inside the results folder (which exists).
+            (results.clone(), state.clone(), "results.dir"),
+            (r.join("data"), state.clone(), "results.dir"),
+            (results.join("tenant"), state.clone(), "results.dir"),
+            // The same, reached through a link.
+            (r.join("via-link"), state.clone(), "results.dir"),
+            // The state folder does not exist yet: compared as written.
+            (state.clone(), state.clone(), "server.state_dir"),
+            (r.join("srv"), state.clone(), "server.state_dir"),
+            (state.join("agents"), state.clone(), "server.state_dir"),
+            (r.join("srv/other/.."), state.clone(), "server.state_dir"),
+            (r.join("srv2"), r.join("srv2/./x/../state"), "server.state_dir"),
+        ] {
+            let err = load(&config(&allowed, &state), &[]).unwrap_err().to_string();
+            assert!(
+                err.contains("uploads.allowed_dirs") && err.contains(key),
+                "{allowed:?}: {err:?} does not name uploads.allowed_dirs and {key}"
+            );
+        }
+        for allowed in [r.join("data/results2"), r.join("srv/uploads"), r.join("uploads")] {
+            let c = load(&config(&allowed, &state), &[]);
+            assert!(c.is_ok(), "{allowed:?} refused: {:?}", c.err());
+        }
+        // A relative results folder is taken from the working folder, as
+        // Config::settings does.
+        let here = std::env::current_dir().unwrap();
+        let text = format!("[results]\ndir = \"results\"\n[uploads]\nallowed_dirs = [{here:?}]\n");
+        let err = load(&text, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("uploads.allowed_dirs") && err.contains("results.dir"),
+            "{err}"
+        );
     }
 
     #[test]

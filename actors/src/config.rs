@@ -272,6 +272,10 @@ impl Default for PoolConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UploadsConfig {
+    /// Absolute folders. The server's configuration check refuses one that
+    /// is, holds or lies inside the results or state folder: every tenant
+    /// could upload from it, so every tenant could copy every tenant's
+    /// files, or the server's records and link secret, into its sandbox.
     pub allowed_dirs: Vec<PathBuf>,
     pub max_upload_mb: u64,
 }

@@ -7,17 +7,20 @@
 //! the folder's own descriptor (a link is reported, never followed), only a
 //! descriptor already checked to be a regular file is opened for reading
 //! (a FIFO or device is never opened at all), reads are windows of a bounded
-//! size, and a listing stops after a bounded number of entries. Callers run
-//! these functions off the async threads, under a deadline.
+//! size, and a listing stops after a bounded number of entries (the lookups
+//! are those of [`crate::nofollow`], which uploads share). Callers run these
+//! functions off the async threads, under a deadline.
 
-use std::ffi::CString;
+use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::agent::RESULTS_IN_CONTAINER;
+pub use crate::nofollow::EntryKind;
+use crate::nofollow::{self, openat, Found, Stopped, Why};
 
 /// Most entries one listing returns, and the deepest it may go.
 pub const MAX_LIST_ENTRIES: usize = 1000;
@@ -153,28 +156,6 @@ impl ResultsPath {
     }
 }
 
-/// What a folder entry is, as seen without following it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EntryKind {
-    File,
-    Folder,
-    Link,
-    /// A FIFO, socket or device.
-    Other,
-}
-
-impl EntryKind {
-    fn of_mode(mode: u32) -> Self {
-        match mode & libc::S_IFMT {
-            libc::S_IFREG => EntryKind::File,
-            libc::S_IFDIR => EntryKind::Folder,
-            libc::S_IFLNK => EntryKind::Link,
-            _ => EntryKind::Other,
-        }
-    }
-}
-
 /// One entry of a listing.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -254,82 +235,20 @@ fn io(path: &ResultsPath) -> impl FnOnce(std::io::Error) -> FileError + '_ {
     }
 }
 
-/// `openat(dir, name)` with `O_NOFOLLOW`: a symlink is never followed.
-fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int) -> std::io::Result<OwnedFd> {
-    let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))?;
-    // SAFETY: a valid directory descriptor and a NUL-terminated name; the
-    // result is owned below.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
-    // SAFETY: an all-zero stat is a valid out-buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` is a valid out-pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
-}
-
-/// A resolved path: an `O_PATH` descriptor of what it names (not opened
-/// for reading, so a FIFO cannot block) and its status.
-struct Found {
-    fd: OwnedFd,
-    st: libc::stat,
-}
-
-impl Found {
-    fn kind(&self) -> EntryKind {
-        EntryKind::of_mode(self.st.st_mode)
-    }
-
-    /// Opens what an `O_PATH` descriptor names, by the descriptor: the same
-    /// inode, whatever the sandbox renamed meanwhile.
-    fn reopen(&self, flags: libc::c_int) -> std::io::Result<OwnedFd> {
-        let path = CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).expect("no NUL");
-        // SAFETY: a NUL-terminated path; the result is owned below.
-        let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-}
-
 /// Walks `path` beneath `root` without following any link.
 fn resolve(root: &Path, path: &ResultsPath) -> Result<Found> {
     let root_fd: OwnedFd = File::open(root).map_err(io(path))?.into();
-    let mut found = Found {
-        st: fstat(&root_fd).map_err(io(path))?,
-        fd: root_fd,
-    };
-    for (i, segment) in path.segments().iter().enumerate() {
-        let so_far = || ResultsPath {
-            segments: path.segments[..=i].to_vec(),
+    nofollow::walk(root_fd, path.segments()).map_err(|Stopped { at, why }| {
+        let at = ResultsPath {
+            segments: path.segments[..at].to_vec(),
         };
-        match found.kind() {
-            EntryKind::Folder => {}
-            EntryKind::Link => return Err(FileError::Link(so_far().parent().absolute())),
-            _ => return Err(FileError::NotFolder(so_far().parent().absolute())),
+        match why {
+            Why::Link => FileError::Link(at.absolute()),
+            Why::NotFolder => FileError::NotFolder(at.absolute()),
+            Why::Io(e) if e.raw_os_error() == Some(libc::ENOENT) => FileError::NotFound(at.absolute()),
+            Why::Io(e) => io(&at)(e),
         }
-        let fd = match openat(&found.fd, segment, libc::O_PATH) {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(FileError::NotFound(so_far().absolute())),
-            Err(e) => return Err(io(&so_far())(e)),
-        };
-        found = Found {
-            st: fstat(&fd).map_err(io(path))?,
-            fd,
-        };
-    }
-    Ok(found)
+    })
 }
 
 fn modified(st: &libc::stat) -> SystemTime {
@@ -360,7 +279,7 @@ pub fn open_file(root: &Path, path: &ResultsPath) -> Result<(File, u64)> {
 fn open_below(top: &OwnedFd, segments: &[String]) -> std::io::Result<OwnedFd> {
     let mut dir = top.try_clone()?;
     for s in segments {
-        dir = openat(&dir, s, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        dir = openat(&dir, OsStr::new(s), libc::O_RDONLY | libc::O_DIRECTORY)?;
     }
     Ok(dir)
 }
@@ -393,8 +312,7 @@ pub fn list(root: &Path, path: &ResultsPath, options: ListOptions) -> Result<Lis
             let Ok(dir) = open_below(&top, &folder) else {
                 continue;
             };
-            // Reading /proc/self/fd/N lists the folder the descriptor holds.
-            let Ok(names) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+            let Ok(names) = nofollow::read_dir(&dir) else {
                 continue;
             };
             let mut children = Vec::new();
@@ -663,7 +581,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("link")).unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("dirlink")).unwrap();
         std::os::unix::fs::symlink("loop", root.path().join("loop")).unwrap();
-        let fifo = CString::new(root.path().join("fifo").to_str().unwrap()).unwrap();
+        let fifo = std::ffi::CString::new(root.path().join("fifo").to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let read = |path: &str| read(root.path(), &p(path), window(0, 100, 0));

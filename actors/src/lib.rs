@@ -25,7 +25,8 @@
 //!   addresses never reached, read by the configuration check, the proxy and
 //!   the firewall.
 //! - `records`: the record store; `history`: a sandbox's recent calls.
-//! - `files`: file tools on `/app/results`; `uploads`: what may be uploaded;
+//! - `files`: file tools on `/app/results`; `uploads`: what may be uploaded,
+//!   and its packing; `nofollow`: the link-proof lookups both use;
 //!   `packages`: accepted package specs.
 //! - `config`: the configuration sections and [`Settings`]; `context`: what
 //!   every actor shares.
@@ -46,6 +47,7 @@ mod install;
 pub mod labels;
 mod link;
 mod messages;
+mod nofollow;
 mod packages;
 mod pool;
 pub mod records;

@@ -5,8 +5,10 @@
 
 mod common;
 
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::{docker, unmount_under, Harness, OWNER};
 use sandbox_actors::host;
@@ -114,6 +116,81 @@ async fn writes_stop_at_the_caps_and_the_host_keeps_its_space() {
     assert!(!image(&h, a, "results.img").exists());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&a.to_string()), "nothing of the sandbox stays mounted");
+}
+
+/// A test's folder, with whatever was mounted under it detached before it
+/// is removed, even when the test panics.
+struct Mounted(tempfile::TempDir);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        unmount_under(self.0.path());
+    }
+}
+
+/// The disk module on its own (root and mkfs.ext4, no engine): 50 MB written
+/// to a sandbox's results and deleted there no longer occupy the host.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_deleted_in_a_sandbox_give_their_blocks_back_to_the_host() {
+    let root = Mounted(tempfile::tempdir().unwrap());
+    let mut s = Settings::under(root.0.path());
+    small_disks(&mut s);
+    let id = Uuid::new_v4();
+    let results = s.results_dir.join(id.to_string());
+    std::fs::create_dir_all(&results).unwrap();
+    std::fs::create_dir_all(s.agents_dir().join(id.to_string())).unwrap();
+    let disks = Disks::new(&s);
+    disks.prepare(id).await.unwrap();
+    let image = s.state_dir.join("disks").join(id.to_string()).join("results.img");
+    let fresh = allocated(&image);
+
+    let big = results.join("big");
+    let mut file = std::fs::File::create(&big).unwrap();
+    for _ in 0..50 {
+        file.write_all(&[0x5a; 1 << 20]).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+    let written = allocated(&image);
+    assert!(
+        written >= fresh + (45 << 20),
+        "the image holds the file: {written} bytes"
+    );
+
+    std::fs::remove_file(&big).unwrap();
+    // The blocks go back when the journal commits the delete (a folder's
+    // fsync commits it now) and the loop device has punched the holes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        std::fs::File::open(&results).unwrap().sync_all().unwrap();
+        let now = allocated(&image);
+        if now < fresh + (8 << 20) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the image still holds {} MB after the delete ({} MB fresh)",
+            now >> 20,
+            fresh >> 20
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    disks.remove(id).await.unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&id.to_string()),
+        "nothing of the sandbox stays mounted"
+    );
+    let backing: Vec<String> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("loop/backing_file")).ok())
+        .collect();
+    assert!(
+        !backing.iter().any(|b| b.contains(&id.to_string())),
+        "no loop device is left on the image: {backing:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,7 +6,8 @@
 //! host loses at most the cap:
 //! - `/app/results`: a sparse ext4 image of `sandbox.results_mb`, loop-mounted
 //!   at the sandbox's results folder (the bind source the artifacts route,
-//!   uploads and the file listing already use);
+//!   uploads and the file listing already use); what the sandbox deletes is
+//!   given back to the host (see [`mount_image`]);
 //! - `/app/.venv`: a second image of `sandbox.packages_mb`, mounted under the
 //!   state folder; the package volume is a local-driver volume bound to it,
 //!   so Docker still fills it from the image on first use;
@@ -358,13 +359,27 @@ async fn make_and_mount(image: &Path, mount: &Path, cap: Cap) -> Result<(), Disk
     std::fs::remove_dir(&lost).map_err(io(&lost))
 }
 
-/// Loop-mounts an image: no device files, no set-uid programs, and no
-/// background zeroing of inode tables (which would fill the sparse image).
+/// Loop-mounts an image: no device files, no set-uid programs, no
+/// background zeroing of inode tables (which would fill the sparse image),
+/// and `discard`, so that what the sandbox deletes goes back to the host.
+///
+/// Without it the blocks of a deleted file stay allocated in the image file,
+/// which grows to its cap and stays there. With `discard`, ext4 discards the
+/// freed blocks when the journal commits the delete (within its 5 s commit
+/// interval, or on a sync), and the loop device turns each discard into a
+/// hole punched in the image file, a moment later. The alternative, `fstrim` on a
+/// schedule, frees the same blocks (measured on kernel 6.18 with ext4 on
+/// ext4: 50 MB written and deleted, the image back from 50 MB to 0.4 MB
+/// either way; one `fstrim` took 30 ms) but needs a timer, a process per
+/// sandbox and round, and leaves the space taken until the next round.
+/// Writing and deleting 15 000 small files and 500 MB in large ones took no
+/// measurably longer with `discard` than without. An image mounted before
+/// this option was added gets it when it is mounted again.
 async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
     run(
         format!("mounting {}", image.display()),
         Command::new("mount")
-            .args(["-t", "ext4", "-o", "loop,nodev,nosuid,noinit_itable"])
+            .args(["-t", "ext4", "-o", "loop,nodev,nosuid,noinit_itable,discard"])
             .arg(image)
             .arg(mount),
     )
