@@ -43,7 +43,8 @@ async fn main() {
         &[
             ("MCP_SANDBOX_AUTH_ENABLED", "true".into()),
             ("MCP_SANDBOX_AUTH_KEYS", format!("[{}]", keys.join(", "))),
-            ("MCP_SANDBOX_POOL_SIZE", "1".into()),
+            ("MCP_SANDBOX_POOL_MIN", "1".into()),
+            ("MCP_SANDBOX_POOL_MAX", "1".into()),
             ("MCP_SANDBOX_LIMITS_MAX_SESSIONS_PER_TENANT", per_holder.to_string()),
             // The probe's own session is one more.
             ("MCP_SANDBOX_LIMITS_MAX_SESSIONS_TOTAL", (sessions + 1).to_string()),

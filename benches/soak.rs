@@ -826,7 +826,8 @@ async fn main() -> std::process::ExitCode {
     let mut env = vec![
         ("MCP_SANDBOX_AUTH_ENABLED", "true".to_string()),
         ("MCP_SANDBOX_AUTH_KEYS", format!("[{keys}]")),
-        ("MCP_SANDBOX_POOL_SIZE", "2".to_string()),
+        ("MCP_SANDBOX_POOL_MIN", "2".to_string()),
+        ("MCP_SANDBOX_POOL_MAX", "2".to_string()),
         ("MCP_SANDBOX_SANDBOX_PAUSE_AFTER_SECONDS", "5".to_string()),
         ("MCP_SANDBOX_SANDBOX_EXEC_TIMEOUT_SECONDS", EXEC_TIMEOUT.to_string()),
     ];

@@ -209,7 +209,8 @@ async fn main() {
     let http = reqwest::Client::new();
     let ca = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
     let mut env = vec![
-        ("MCP_SANDBOX_POOL_SIZE", "2".to_string()),
+        ("MCP_SANDBOX_POOL_MIN", "2".to_string()),
+        ("MCP_SANDBOX_POOL_MAX", "2".to_string()),
         ("MCP_SANDBOX_SANDBOX_PAUSE_AFTER_SECONDS", "0".to_string()),
     ];
     if ca.is_file() {
@@ -293,7 +294,10 @@ async fn main() {
 
     // Cold create_sandbox (no pool), with and without disk quotas, and the
     // Engine API baseline.
-    let env_cold: Vec<(&str, String)> = vec![("MCP_SANDBOX_POOL_SIZE", "0".to_string())];
+    let env_cold: Vec<(&str, String)> = vec![
+        ("MCP_SANDBOX_POOL_MIN", "0".to_string()),
+        ("MCP_SANDBOX_POOL_MAX", "0".to_string()),
+    ];
     let cold = cold_creates(&bin, &env_cold, &http, creates).await;
     let env_cold_plain: Vec<(&str, String)> = env_cold.iter().cloned().chain(no_quotas.iter().cloned()).collect();
     let cold_plain = Series::new("", cold_creates(&bin, &env_cold_plain, &http, creates).await);

@@ -240,7 +240,8 @@ async fn main() {
     let uploads = tempfile::tempdir().unwrap();
     std::fs::write(uploads.path().join("sales.csv"), sales_csv()).unwrap();
     let mut env = vec![
-        ("MCP_SANDBOX_POOL_SIZE", "0".to_string()),
+        ("MCP_SANDBOX_POOL_MIN", "0".to_string()),
+        ("MCP_SANDBOX_POOL_MAX", "0".to_string()),
         (
             "MCP_SANDBOX_UPLOADS_ALLOWED_DIRS",
             format!("[{:?}]", uploads.path().display().to_string()),

@@ -350,6 +350,7 @@ impl Config {
                 .chain([abs(Path::new("config.toml"))])
                 .collect(),
             min_free_disk_mb: self.limits.min_free_disk_mb,
+            max_sandboxes_total: self.limits.max_sandboxes_total,
         })
     }
 }

@@ -253,20 +253,48 @@ impl Metrics {
         for (status, n) in &by_status {
             let _ = writeln!(out, "mcp_sandbox_sandboxes{{status=\"{status}\"}} {n}");
         }
-        header(
-            &mut out,
-            "mcp_sandbox_pool_ready",
-            "gauge",
-            "Warm sandboxes ready to be handed out.",
-        );
-        let _ = writeln!(out, "mcp_sandbox_pool_ready {}", stats.pool_ready);
-        header(
-            &mut out,
-            "mcp_sandbox_pool_size",
-            "gauge",
-            "Warm sandboxes the pool aims to keep.",
-        );
-        let _ = writeln!(out, "mcp_sandbox_pool_size {}", stats.pool_size);
+        let pool = &stats.pool;
+        for (name, kind, help, value) in [
+            (
+                "mcp_sandbox_pool_ready",
+                "gauge",
+                "Warm sandboxes ready to be handed out.",
+                pool.ready as f64,
+            ),
+            (
+                "mcp_sandbox_pool_size",
+                "gauge",
+                "Warm sandboxes the pool aims to keep now (its target, within the room under max_sandboxes_total).",
+                pool.target as f64,
+            ),
+            (
+                "mcp_sandbox_pool_claims_total",
+                "counter",
+                "Creations served from the pool.",
+                pool.claims as f64,
+            ),
+            (
+                "mcp_sandbox_pool_misses_total",
+                "counter",
+                "Creations that found the pool empty and made their sandbox cold.",
+                pool.misses as f64,
+            ),
+            (
+                "mcp_sandbox_pool_refills_total",
+                "counter",
+                "Pooled sandboxes made.",
+                pool.refills as f64,
+            ),
+            (
+                "mcp_sandbox_pool_refill_seconds_total",
+                "counter",
+                "Time the pool's refills took, added up (from create to a warm worker).",
+                pool.refill_seconds,
+            ),
+        ] {
+            header(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
         header(
             &mut out,
             "mcp_sandbox_tool_calls_total",

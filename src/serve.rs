@@ -34,14 +34,14 @@ fn guard_host(config: &Config) {
     if let Err(e) = sandbox_actors::host::protect_from_oom_killer(SERVER_OOM_SCORE_ADJ) {
         tracing::warn!(error = %e, "could not lower the server's OOM score (this needs CAP_SYS_RESOURCE); sandboxes still score higher");
     }
-    let most = config.limits.max_sandboxes_total as u64 + config.pool.size as u64;
+    let most = config.limits.max_sandboxes_total as u64;
     let wanted = most * (config.sandbox.memory_mb << 20);
     if let Some(host) = sandbox_actors::host::memory_bytes().filter(|&m| wanted > m) {
         tracing::warn!(
             sandboxes = most,
             memory_mb = config.sandbox.memory_mb,
             host_memory_mb = host >> 20,
-            "limits.max_sandboxes_total (plus pool.size) x sandbox.memory_mb exceeds the host's memory: full sandboxes together can push the host into its OOM killer; lower one of them"
+            "limits.max_sandboxes_total x sandbox.memory_mb exceeds the host's memory: full sandboxes together can push the host into its OOM killer; lower one of them"
         );
     }
 }

@@ -44,6 +44,9 @@ pub struct Settings {
     /// New sandboxes and installs are refused while the state or results
     /// folder's file system has less free space than this (0: never).
     pub min_free_disk_mb: u64,
+    /// Sandboxes the server may hold (`limits.max_sandboxes_total`): the
+    /// pool fills only the room the live ones leave under it.
+    pub max_sandboxes_total: usize,
 }
 
 impl Settings {
@@ -54,7 +57,8 @@ impl Settings {
             sandbox: SandboxConfig::default(),
             packages: PackagesConfig::default(),
             uploads: UploadsConfig::default(),
-            pool: PoolConfig { size: 0 },
+            pool: PoolConfig::off(),
+            max_sandboxes_total: usize::MAX,
             state_dir: root.join("state"),
             results_dir: root.join("results"),
             protected: vec![],
@@ -254,16 +258,43 @@ fn url_host(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_ascii_lowercase())
 }
 
-/// `[pool]`: sandboxes kept ready for `create_sandbox`.
+/// `[pool]`: sandboxes kept ready for `create_sandbox`, between `min` and
+/// `max` as demand shows (see `pool_target`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    pub size: usize,
+    /// Kept ready always (0: no pool). `size` is its earlier name.
+    #[serde(alias = "size")]
+    pub min: usize,
+    /// The most ready-but-unclaimed sandboxes demand may raise the pool to.
+    pub max: usize,
+    /// Without a claim for this long, the pool steps back down towards `min`.
+    pub shrink_after_seconds: u64,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        Self { size: 2 }
+        Self {
+            min: 2,
+            max: 32,
+            shrink_after_seconds: 300,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// No pool at all (tests and benchmarks that count their containers).
+    pub fn off() -> Self {
+        Self::fixed(0)
+    }
+
+    /// Exactly `n` kept ready, whatever the demand.
+    pub fn fixed(n: usize) -> Self {
+        Self {
+            min: n,
+            max: n,
+            ..Self::default()
+        }
     }
 }
 

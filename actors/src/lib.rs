@@ -16,7 +16,8 @@
 //!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
 //! - `link`: one sandbox's connection to its agent, with recovery; `agent`:
 //!   the channel to the in-container agent.
-//! - `pool`: making sandboxes, and keeping a few made ahead of demand.
+//! - `pool`: making sandboxes, and keeping some made ahead of demand;
+//!   `pool_target`: how many, as demand shows.
 //! - `runtime/`: the [`ContainerRuntime`](runtime::ContainerRuntime) trait and
 //!   its Docker implementation, with the image build, the disk quotas and
 //!   the host firewall; in test builds, an in-memory one (`runtime/fake.rs`)
@@ -50,6 +51,7 @@ mod messages;
 mod nofollow;
 mod packages;
 mod pool;
+mod pool_target;
 pub mod records;
 mod results;
 pub mod runtime;
@@ -70,6 +72,7 @@ pub use error::{AgentFailure, DiskError, DockerError, ImageError, Result, Sandbo
 pub use history::{CallKind, CallRecord};
 pub use host::Resources;
 pub use link::Ran;
+pub use pool::PoolStats;
 pub use results::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
 pub use runtime::disk::{DiskUsage, DiskUse};
 pub use runtime::Usage;

@@ -1,10 +1,14 @@
 //! Making sandboxes, and keeping a few made ahead of demand.
 //!
 //! [`provision`] makes the container of a new sandbox (folders, package
-//! volume, container). The warm [`Pool`] keeps `[pool] size` of them with the
-//! agent answering and the Python worker started, owned by nobody;
+//! volume, container). The warm [`Pool`] keeps some of them with the agent
+//! answering and the Python worker started, owned by nobody: `[pool] min`
+//! always, up to `max` as bursts of claims show ([`Target`]), and never more
+//! than the room the live sandboxes leave under `limits.max_sandboxes_total`.
 //! `create_sandbox` claims one (recording owner and name only then: Docker
-//! cannot relabel a container) and the pool refills in the background.
+//! cannot relabel a container) and the pool refills in the background,
+//! [`REFILLS_AT_ONCE`] at a time. A claim that finds the pool empty makes its
+//! sandbox itself at once, beside the refills, never behind them.
 //! Pooled sandboxes are made under the server's egress policy; a claim may
 //! switch a proxied one to another proxied policy (the proxy looks the
 //! policy up per connection), anything else is created cold.
@@ -14,19 +18,23 @@
 use std::collections::VecDeque;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{AgentClient, Work};
-use crate::config::EgressPolicy;
+use crate::config::{EgressPolicy, PoolConfig};
 use crate::context::Context;
 use crate::error::{AgentFailure, Result, SandboxError};
 use crate::link::wait_for_agent;
+use crate::pool_target::Target;
 use crate::runtime::{ContainerRef, SANDBOX_UID};
 
 /// A sandbox's container before it has an owner.
@@ -149,38 +157,85 @@ async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
 
 /// How long a pooled sandbox's Python worker may take to start.
 const WARM_DEADLINE: Duration = Duration::from_secs(30);
-/// How often the pool looks for pooled sandboxes that died while waiting.
+/// How often the pool looks for pooled sandboxes that died while waiting
+/// (and steps its target down when quiet).
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
+/// Refills made at once: about what two cores' engine sustains (8–10
+/// creations a second), so a drained pool refills at the engine's pace.
+pub const REFILLS_AT_ONCE: usize = 4;
+/// How long refills pause after one failed.
+const REFILL_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The free places under the server's cap of sandboxes (the live ones and
+/// those being created taken off), which the pool may fill.
+pub type Room = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// What the pool has done since start, for the metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolStats {
+    /// Sandboxes ready to be claimed.
+    pub ready: usize,
+    /// How many it aims to hold now.
+    pub target: usize,
+    /// Claims served from the pool, and claims that found it empty.
+    pub claims: u64,
+    pub misses: u64,
+    /// Refills made, and their time added up (create to warm worker).
+    pub refills: u64,
+    pub refill_seconds: f64,
+}
+
+#[derive(Default)]
+struct Counters {
+    claims: AtomicU64,
+    misses: AtomicU64,
+    refills: AtomicU64,
+    refill_micros: AtomicU64,
+}
 
 pub struct Pool {
     ctx: Arc<Context>,
-    size: usize,
+    room: Room,
+    target: Mutex<Target>,
     ready: Mutex<VecDeque<Provisioned>>,
+    counters: Counters,
     wake: Notify,
     stop: CancellationToken,
     filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Pool {
-    pub fn start(ctx: Arc<Context>, size: usize) -> Arc<Self> {
+    /// A pool under `config` that fills at most `room()` places.
+    pub fn start(ctx: Arc<Context>, config: &PoolConfig, room: Room) -> Arc<Self> {
+        let target = Target::new(config.min, config.max, Duration::from_secs(config.shrink_after_seconds));
+        let enabled = config.max.max(config.min) > 0;
         let pool = Arc::new(Self {
             ctx,
-            size,
+            room,
+            target: Mutex::new(target),
             ready: Mutex::new(VecDeque::new()),
+            counters: Counters::default(),
             wake: Notify::new(),
             stop: CancellationToken::new(),
             filler: Mutex::new(None),
         });
-        if size > 0 {
+        if enabled {
             let handle = tokio::spawn(pool.clone().fill());
             *pool.filler.lock().expect("pool lock") = Some(handle);
         }
         pool
     }
 
+    /// A pool that never fills (before the records are reconciled).
+    pub fn off(ctx: Arc<Context>) -> Arc<Self> {
+        Self::start(ctx, &PoolConfig::off(), Box::new(|| 0))
+    }
+
     /// Takes a ready sandbox, if any, and asks for a replacement. One whose
     /// container died while it waited is thrown away, never handed out.
+    /// Every claim, served or not, counts as demand.
     pub fn take(self: &Arc<Self>) -> Option<Provisioned> {
+        self.target.lock().expect("pool lock").claimed(Instant::now());
         let taken = loop {
             let next = self.ready.lock().expect("pool lock").pop_front();
             match next {
@@ -188,6 +243,11 @@ impl Pool {
                 other => break other,
             }
         };
+        let counter = match taken {
+            Some(_) => &self.counters.claims,
+            None => &self.counters.misses,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
         taken
     }
@@ -215,29 +275,78 @@ impl Pool {
         self.ready.lock().expect("pool lock").len()
     }
 
-    async fn fill(self: Arc<Self>) {
-        loop {
-            while self.ready() < self.size && !self.stop.is_cancelled() {
-                match provision_warm(&self.ctx).await {
-                    Ok(p) if self.stop.is_cancelled() => discard(&self.ctx, &p).await,
-                    Ok(p) => self.ready.lock().expect("pool lock").push_back(p),
-                    Err(e) => {
-                        warn!(error = %e, "could not fill the warm pool; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                            _ = self.stop.cancelled() => return,
-                        }
-                    }
-                }
-            }
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(PRUNE_EVERY) => self.prune(),
-                _ = self.stop.cancelled() => return,
-            }
+    /// How many the pool aims to hold now: its target, within the room the
+    /// live sandboxes leave (pooled ones never take a tenant's place).
+    fn aim(&self) -> usize {
+        let target = self.target.lock().expect("pool lock").at(Instant::now());
+        target.min((self.room)())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.counters;
+        PoolStats {
+            ready: self.ready(),
+            target: self.aim(),
+            claims: c.claims.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            refills: c.refills.load(Ordering::Relaxed),
+            refill_seconds: c.refill_micros.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
 
+    /// Keeps `ready + refilling` at the aim, [`REFILLS_AT_ONCE`] at a time,
+    /// and removes what a lowered aim leaves over.
+    async fn fill(self: Arc<Self>) {
+        let mut refilling: JoinSet<(Result<Provisioned>, Duration)> = JoinSet::new();
+        let mut paused_until: Option<Instant> = None;
+        loop {
+            let aim = self.aim();
+            let may_refill = paused_until.is_none_or(|t| Instant::now() >= t);
+            while may_refill
+                && self.ready() + refilling.len() < aim
+                && refilling.len() < REFILLS_AT_ONCE
+                && !self.stop.is_cancelled()
+            {
+                let ctx = self.ctx.clone();
+                refilling.spawn(async move {
+                    let started = Instant::now();
+                    (provision_warm(&ctx).await, started.elapsed())
+                });
+            }
+            let surplus: Vec<Provisioned> = {
+                let mut ready = self.ready.lock().expect("pool lock");
+                let keep = aim.min(ready.len());
+                ready.drain(keep..).collect()
+            };
+            for p in surplus {
+                discard(&self.ctx, &p).await;
+            }
+            tokio::select! {
+                Some(done) = refilling.join_next() => match done {
+                    Ok((Ok(p), _)) if self.stop.is_cancelled() => discard(&self.ctx, &p).await,
+                    Ok((Ok(p), took)) => {
+                        self.counters.refills.fetch_add(1, Ordering::Relaxed);
+                        self.counters.refill_micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+                        self.ready.lock().expect("pool lock").push_back(p);
+                    }
+                    Ok((Err(e), _)) => {
+                        warn!(error = %e, "could not fill the warm pool; retrying");
+                        paused_until = Some(Instant::now() + REFILL_BACKOFF);
+                    }
+                    Err(e) => warn!(error = %e, "a refill of the warm pool ended inside the server"),
+                },
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(PRUNE_EVERY) => self.prune(),
+                _ = self.stop.cancelled() => break,
+            }
+        }
+        // Refills still running are finished and removed, not left behind.
+        while let Some(done) = refilling.join_next().await {
+            if let Ok((Ok(p), _)) = done {
+                discard(&self.ctx, &p).await;
+            }
+        }
+    }
     /// Stops refilling and removes the sandboxes nobody claimed.
     pub async fn drain(&self) {
         self.stop.cancel();

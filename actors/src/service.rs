@@ -34,7 +34,7 @@ use crate::host::{self, Resources};
 use crate::link::Ran;
 use crate::messages::{RunRequest, SandboxMsg};
 use crate::packages;
-use crate::pool::{self, Pool};
+use crate::pool::{self, Pool, PoolStats};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
 use crate::results::{InstallStatus, SandboxInfo, Uploaded};
 use crate::runtime::disk::Disks;
@@ -99,8 +99,7 @@ impl Drop for Reservation {
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub by_status: BTreeMap<SandboxStatus, usize>,
-    pub pool_ready: usize,
-    pub pool_size: usize,
+    pub pool: PoolStats,
     pub container_restarts: u64,
     pub installs_succeeded: u64,
     pub installs_failed: u64,
@@ -163,7 +162,7 @@ impl Sandboxes {
             .await
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
         let me = Self {
-            pool: Pool::start(ctx.clone(), 0),
+            pool: Pool::off(ctx.clone()),
             ctx,
             registry,
             pending: Pending::default(),
@@ -173,8 +172,15 @@ impl Sandboxes {
         me.reconcile().await?;
         // Filled only now: reconciling would remove pooled sandboxes, which
         // have no record.
+        let (registry, pending) = (me.registry.clone(), me.pending.clone());
+        let total = me.ctx.settings.max_sandboxes_total;
+        let room = Box::new(move || {
+            let live = registry.read().expect("registry lock").len();
+            let creating: usize = pending.lock().expect("pending lock").values().sum();
+            total.saturating_sub(live + creating)
+        });
         let me = Self {
-            pool: Pool::start(me.ctx.clone(), me.ctx.settings.pool.size),
+            pool: Pool::start(me.ctx.clone(), &me.ctx.settings.pool, room),
             ..me
         };
         Ok(me)
@@ -660,8 +666,7 @@ impl Sandboxes {
         let read = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         Stats {
             by_status,
-            pool_ready: self.pool.ready(),
-            pool_size: self.ctx.settings.pool.size,
+            pool: self.pool.stats(),
             container_restarts: read(&c.container_restarts),
             installs_succeeded: read(&c.installs_succeeded),
             installs_failed: read(&c.installs_failed),

@@ -317,6 +317,7 @@ mod tests {
             results_dir: state.join("results"),
             protected: vec![],
             min_free_disk_mb: 0,
+            max_sandboxes_total: usize::MAX,
         }
     }
 

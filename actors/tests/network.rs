@@ -140,7 +140,7 @@ async fn no_sandbox_reaches_another_under_any_policy() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pooled_sandboxes_of_two_tenants_stay_apart() {
-    let h = Harness::with(|s| s.pool.size = 2).await;
+    let h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(2)).await;
     common::eventually("the pool fills", || h.own_objects() == (2, 2)).await;
     let b = h
         .sb()

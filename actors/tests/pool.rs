@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{docker, eventually, Harness, OWNER};
+use std::time::Duration;
+
+use common::{docker, eventually, within, Harness, OWNER};
 use sandbox_actors::{Quota, Work};
 
 fn paused(container: &str) -> bool {
@@ -11,7 +13,7 @@ fn paused(container: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxes_come_from_the_warm_pool_which_refills() {
-    let mut h = Harness::with(|s| s.pool.size = 2).await;
+    let mut h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(2)).await;
     eventually("the pool fills", || h.own_objects() == (2, 2)).await;
     // Pooled sandboxes belong to nobody and count against no quota.
     assert!(h.sb().list(OWNER).await.is_empty());
@@ -35,9 +37,52 @@ async fn sandboxes_come_from_the_warm_pool_which_refills() {
     h.sandboxes.take().unwrap().shutdown().await;
     assert_eq!(h.own_objects(), (1, 1));
     // Without a pool now, so that nothing refills after the test has cleaned up.
-    h.settings.pool.size = 0;
+    h.settings.pool = sandbox_actors::config::PoolConfig::fixed(0);
     h.restart().await;
     assert_eq!(h.sb().list(OWNER).await[0].sandbox_id, id);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thirty_concurrent_creations_from_a_pool_of_thirty_get_distinct_working_sandboxes() {
+    const N: usize = 30;
+    let mut h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(N)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while h.sb().stats().await.pool.ready < N {
+        assert!(std::time::Instant::now() < deadline, "the pool did not fill");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(h.own_objects(), (N, N));
+    let creations = (0..N).map(|i| {
+        h.sb()
+            .create(OWNER, Some(format!("burst {i}")), Quota::UNLIMITED, Default::default())
+    });
+    let ids: Vec<_> = futures_util::future::join_all(creations)
+        .await
+        .into_iter()
+        .map(|r| r.expect("created").sandbox_id)
+        .collect();
+    let stats = h.sb().stats().await.pool;
+    assert_eq!(
+        stats.claims as usize, N,
+        "every creation was served from the pool: {stats:?}"
+    );
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), N);
+    let codes: Vec<String> = ids.iter().map(|id| format!("print('{id}')")).collect();
+    let runs = ids.iter().zip(&codes).map(|(id, code)| h.py(*id, code));
+    for (id, ran) in ids.iter().zip(futures_util::future::join_all(runs).await) {
+        assert_eq!(ran.output.stdout, format!("{id}\n"), "{}", ran.output.stderr);
+    }
+    within("the pool refills", Duration::from_secs(180), || {
+        h.own_objects() == (2 * N, 2 * N)
+    })
+    .await;
+    h.sandboxes.take().unwrap().shutdown().await;
+    assert_eq!(h.own_objects(), (N, N), "a stopped server removes what it pooled");
+    h.settings.pool = sandbox_actors::config::PoolConfig::off();
+    h.restart().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -65,14 +110,14 @@ async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pooled_sandbox_that_died_is_never_handed_out() {
-    let h = Harness::with(|s| s.pool.size = 1).await;
+    let h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(1)).await;
     for _ in 0..600 {
-        if h.sb().stats().await.pool_ready == 1 {
+        if h.sb().stats().await.pool.ready == 1 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(h.sb().stats().await.pool_ready, 1, "the pool holds a ready sandbox");
+    assert_eq!(h.sb().stats().await.pool.ready, 1, "the pool holds a ready sandbox");
     let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
     let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
         .trim()

@@ -50,7 +50,8 @@ class Server:
             "MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE": "1000",
             "MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT": "20",
             # Tests count the objects a server made; the pool test sets its own.
-            "MCP_SANDBOX_POOL_SIZE": "0",
+            "MCP_SANDBOX_POOL_MIN": "0",
+            "MCP_SANDBOX_POOL_MAX": "0",
             **{k: str(v) for k, v in env.items()},
         }
         self.proc = None

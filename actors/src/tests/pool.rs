@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::{pass, until, Server, OWNER};
+use crate::config::PoolConfig;
 use crate::runtime::fake::Event;
 use crate::{CreateOptions, EgressPolicy, Quota};
 
@@ -13,7 +14,7 @@ fn creations(s: &Server) -> usize {
 
 #[tokio::test(start_paused = true)]
 async fn a_claim_takes_a_warm_sandbox_and_the_pool_refills() {
-    let s = Server::with(|st| st.pool.size = 2).await;
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(2)).await;
     until("the pool is full", || s.sb().pool_ready() == 2).await;
     assert_eq!(creations(&s), 2);
     // Every pooled sandbox ran its warm-up before it was counted ready.
@@ -30,7 +31,7 @@ async fn a_claim_takes_a_warm_sandbox_and_the_pool_refills() {
 
 #[tokio::test(start_paused = true)]
 async fn a_pooled_container_that_died_is_never_handed_out() {
-    let s = Server::with(|st| st.pool.size = 1).await;
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
     until("the pool is full", || s.sb().pool_ready() == 1).await;
     let (dead, dead_sandbox) = s.fake.containers().remove(0);
     s.fake.kill(&dead, false);
@@ -45,7 +46,7 @@ async fn a_pooled_container_that_died_is_never_handed_out() {
 
 #[tokio::test(start_paused = true)]
 async fn the_removal_of_a_dead_pooled_container_outlasts_an_engine_restart() {
-    let s = Server::with(|st| st.pool.size = 1).await;
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
     until("the pool is full", || s.sb().pool_ready() == 1).await;
     let (dead, _) = s.fake.containers().remove(0);
     s.fake.kill(&dead, false);
@@ -64,7 +65,7 @@ async fn the_removal_of_a_dead_pooled_container_outlasts_an_engine_restart() {
 
 #[tokio::test(start_paused = true)]
 async fn a_policy_the_pool_cannot_serve_is_created_cold() {
-    let s = Server::with(|st| st.pool.size = 1).await;
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
     until("the pool is full", || s.sb().pool_ready() == 1).await;
     let options = CreateOptions {
         egress: Some(EgressPolicy::None),
@@ -82,7 +83,7 @@ async fn a_policy_the_pool_cannot_serve_is_created_cold() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stop_removes_what_nobody_claimed() {
-    let mut s = Server::with(|st| st.pool.size = 2).await;
+    let mut s = Server::with(|st| st.pool = PoolConfig::fixed(2)).await;
     until("the pool is full", || s.sb().pool_ready() == 2).await;
     let id = s.create().await;
     s.sandboxes.take().unwrap().shutdown().await;
@@ -95,7 +96,7 @@ async fn a_stop_removes_what_nobody_claimed() {
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_claims_each_get_a_sandbox_of_their_own() {
-    let s = Server::with(|st| st.pool.size = 2).await;
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(2)).await;
     until("the pool is full", || s.sb().pool_ready() == 2).await;
     let claims = (0..6).map(|_| s.sb().create(OWNER, None, Quota::UNLIMITED, Default::default()));
     let ids: Vec<_> = futures_util::future::join_all(claims)
@@ -116,4 +117,96 @@ async fn concurrent_claims_each_get_a_sandbox_of_their_own() {
     for id in ids {
         assert_eq!(s.stdout(id, "echo own").await, "echo own\n");
     }
+}
+
+/// `n` creations at once by the test's tenant.
+async fn burst(s: &Server, n: usize) -> Vec<uuid::Uuid> {
+    let claims = (0..n).map(|_| s.sb().create(OWNER, None, Quota::UNLIMITED, Default::default()));
+    futures_util::future::join_all(claims)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().sandbox_id)
+        .collect()
+}
+
+fn adaptive(min: usize, max: usize) -> PoolConfig {
+    PoolConfig {
+        min,
+        max,
+        shrink_after_seconds: 120,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_grows_the_pool_to_its_size_and_quiet_shrinks_it_slowly() {
+    let s = Server::with(|st| st.pool = adaptive(1, 10)).await;
+    until("the pool holds its minimum", || s.sb().pool_ready() == 1).await;
+    let ids = burst(&s, 6).await;
+    let stats = s.sb().stats().await.pool;
+    assert_eq!((stats.claims, stats.misses), (1, 5), "{stats:?}");
+    assert_eq!(stats.target, 6, "the target grows at once to the burst");
+    until("the pool grows to the burst", || s.sb().pool_ready() == 6).await;
+    // Within the quiet period it stays; after it, it steps down a little at a time.
+    pass(Duration::from_secs(100)).await;
+    assert_eq!(s.sb().pool_ready(), 6);
+    pass(Duration::from_secs(30)).await;
+    let stepping = s.sb().pool_ready();
+    assert!((2..6).contains(&stepping), "{stepping}");
+    until("back at the minimum", || s.sb().pool_ready() == 1).await;
+    assert_eq!(s.sb().stats().await.pool.target, 1);
+    // What it gave back was removed, not leaked.
+    until("the surplus is removed", || s.fake.containers().len() == ids.len() + 1).await;
+    // The next burst of that size is served from the pool.
+    for id in ids {
+        s.sb().delete(OWNER, id).await.unwrap();
+    }
+    let _ = burst(&s, 1).await;
+    until("the pool grows again", || s.sb().pool_ready() >= 1).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pool_never_holds_more_than_max_or_the_room_under_the_server_s_cap() {
+    let s = Server::with(|st| {
+        st.pool = adaptive(2, 4);
+        st.max_sandboxes_total = 9;
+    })
+    .await;
+    until("the pool holds its minimum", || s.sb().pool_ready() == 2).await;
+    let first = burst(&s, 5).await;
+    until("the pool grows to max", || s.sb().pool_ready() == 4).await;
+    pass(Duration::from_secs(5)).await;
+    assert_eq!(s.sb().pool_ready(), 4, "never past max");
+    // Seven live sandboxes leave room for two pooled ones: the pool gives
+    // back what a tenant's creation could need.
+    let _more = burst(&s, 2).await;
+    until("the pool fits the room", || s.sb().pool_ready() == 2).await;
+    pass(Duration::from_secs(10)).await;
+    assert_eq!(s.sb().pool_ready(), 2);
+    assert!(s.fake.containers().len() <= 9, "{}", s.fake.containers().len());
+    for id in first {
+        s.sb().delete(OWNER, id).await.unwrap();
+    }
+    until("room again: the pool grows back", || s.sb().pool_ready() == 4).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn refills_run_in_parallel_and_a_cold_creation_does_not_wait_behind_them() {
+    let s = Server::with(|st| st.pool = adaptive(8, 8)).await;
+    s.fake.set_create_delay(Duration::from_secs(1));
+    let started = tokio::time::Instant::now();
+    until("the pool is full", || s.sb().pool_ready() == 8).await;
+    let took = started.elapsed();
+    // Eight one-second creations, four at a time: two rounds.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    let _drain = burst(&s, 8).await;
+    // The refills are under way; a creation that finds the pool empty
+    // makes its own sandbox in one creation's time, not behind them.
+    let cold = tokio::time::Instant::now();
+    let _mine = burst(&s, 1).await;
+    let waited = cold.elapsed();
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    assert!(s.sb().stats().await.pool.misses >= 1);
 }

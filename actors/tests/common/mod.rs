@@ -202,11 +202,17 @@ pub fn docker(args: &[&str]) -> String {
 }
 
 pub async fn eventually<F: Fn() -> bool>(what: &str, f: F) {
-    for _ in 0..200 {
+    within(what, Duration::from_secs(10), f).await
+}
+
+/// Waits until `f` holds, at most `limit` (a generous bound: machines are shared).
+pub async fn within<F: Fn() -> bool>(what: &str, limit: Duration, f: F) {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
         if f() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("{what} did not happen");
+    panic!("{what} did not happen within {limit:?}");
 }
