@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::agent::Package;
@@ -87,7 +88,14 @@ pub struct SandboxRecord {
 #[derive(Clone)]
 pub struct RecordStore {
     db: Arc<Database>,
+    /// Records waiting for the next write: concurrent writes (a burst of
+    /// creations) share one transaction and one commit instead of queueing
+    /// for a commit each.
+    waiting: Arc<Mutex<Vec<Waiting>>>,
 }
+
+/// A record to write, and who waits for it to be durable.
+type Waiting = (SandboxRecord, oneshot::Sender<Result<()>>);
 
 impl RecordStore {
     pub fn open(path: &Path) -> Result<Self> {
@@ -98,20 +106,38 @@ impl RecordStore {
         let txn = db.begin_write()?;
         move_inline_installs(&mut txn.open_table(SANDBOXES)?, &mut txn.open_table(INSTALLS)?)?;
         txn.commit()?;
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            waiting: Arc::default(),
+        })
     }
 
     /// Writes the sandbox's own fields (its installs have rows of their own).
+    /// Writes a sandbox's record; it is durable (committed) when this
+    /// returns. Writes that arrive while another is being committed wait
+    /// for the next commit and go in it together.
     pub async fn put(&self, record: SandboxRecord) -> Result<()> {
-        let db = self.db.clone();
-        blocking(move || {
-            let txn = db.begin_write()?;
-            txn.open_table(SANDBOXES)?
-                .insert(record.id.to_string().as_str(), to_json(&record)?.as_slice())?;
-            txn.commit()?;
-            Ok(())
-        })
-        .await
+        let (tx, rx) = oneshot::channel();
+        let leads = {
+            let mut waiting = self.waiting.lock().expect("records lock");
+            waiting.push((record, tx));
+            waiting.len() == 1
+        };
+        if leads {
+            let (db, waiting) = (self.db.clone(), self.waiting.clone());
+            tokio::task::spawn_blocking(move || {
+                let outcomes = write_waiting(&db, &waiting);
+                // The database is let go before anyone hears back, so a
+                // store dropped on its answer closes the file (a restart
+                // in the same process opens it again at once).
+                drop(db);
+                for (tx, outcome) in outcomes {
+                    let _ = tx.send(outcome);
+                }
+            });
+        }
+        rx.await
+            .map_err(|_| SandboxError::Internal("the record write ended inside the server; try again".into()))?
     }
 
     /// Writes one install of a sandbox, and forgets those in `forget`.
@@ -214,6 +240,38 @@ fn to_json(value: &impl Serialize) -> Result<Vec<u8>> {
     Ok(serde_json::to_vec(value).map_err(StoreError::Encoding)?)
 }
 
+/// Writes every waiting record in one transaction, once the previous
+/// writer's commit is done (redb has one writer at a time: what arrives
+/// meanwhile joins this batch). Should the batch fail, each record is
+/// written alone, so each waiter gets its own record's outcome.
+fn write_waiting(db: &Database, waiting: &Mutex<Vec<Waiting>>) -> Vec<(oneshot::Sender<Result<()>>, Result<()>)> {
+    let insert = |txn: &redb::WriteTransaction, record: &SandboxRecord| -> Result<()> {
+        txn.open_table(SANDBOXES)?
+            .insert(record.id.to_string().as_str(), to_json(record)?.as_slice())?;
+        Ok(())
+    };
+    let txn = db.begin_write();
+    let batch = std::mem::take(&mut *waiting.lock().expect("records lock"));
+    let together = txn.map_err(SandboxError::from).and_then(|txn| {
+        batch.iter().try_for_each(|(record, _)| insert(&txn, record))?;
+        txn.commit()?;
+        Ok(())
+    });
+    batch
+        .into_iter()
+        .map(|(record, tx)| {
+            let outcome = match together {
+                Ok(()) => Ok(()),
+                Err(_) => db
+                    .begin_write()
+                    .map_err(SandboxError::from)
+                    .and_then(|txn| insert(&txn, &record).and_then(|()| Ok(txn.commit()?))),
+            };
+            (tx, outcome)
+        })
+        .collect()
+}
+
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
@@ -238,6 +296,36 @@ mod tests {
             deleting: false,
             egress: None,
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn concurrent_writes_share_commits_and_every_one_is_durable_when_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.redb");
+        let records: Vec<_> = (0..200).map(|i| record(&format!("tenant-{}", i % 7))).collect();
+        {
+            let store = RecordStore::open(&path).unwrap();
+            let writes = records.iter().cloned().map(|r| {
+                let store = store.clone();
+                tokio::spawn(async move { store.put(r).await })
+            });
+            for done in futures_util::future::join_all(writes).await {
+                done.unwrap().unwrap();
+            }
+            // Rewriting one within a burst keeps its latest version.
+            let mut renamed = records[3].clone();
+            renamed.name = "renamed".into();
+            let (x, y) = tokio::join!(store.put(records[4].clone()), store.put(renamed));
+            x.unwrap();
+            y.unwrap();
+        }
+        let reopened = RecordStore::open(&path).unwrap();
+        let mut loaded = reopened.all().await.unwrap();
+        loaded.sort_by_key(|r| r.id);
+        let mut expected = records.clone();
+        expected[3].name = "renamed".into();
+        expected.sort_by_key(|r| r.id);
+        assert_eq!(loaded, expected);
     }
 
     #[tokio::test]
