@@ -6,8 +6,10 @@
 //! `limits.body_timeout_seconds`, plus one second for each
 //! `limits.body_min_bytes_per_second` bytes it has delivered, so a small
 //! body arrives within the timeout and a large upload at no less than the
-//! minimum rate. Past that the request is answered 408 and the connection
-//! closed. The header deadline is [`crate::connections`]'s.
+//! minimum rate; and it may never pause for longer than the timeout, so a
+//! body sent fast and then stopped short of its end does not live on the
+//! time its bytes bought. Past either the request is answered 408 and the
+//! connection closed. The header deadline is [`crate::connections`]'s.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -62,6 +64,8 @@ struct TooSlow;
 struct Deadlined {
     inner: Body,
     started: Instant,
+    /// When the last bytes came.
+    last: Instant,
     received: u64,
     rules: BodyRules,
     sleep: Pin<Box<Sleep>>,
@@ -70,7 +74,8 @@ struct Deadlined {
 
 impl Deadlined {
     fn deadline(&self) -> Instant {
-        self.started + self.rules.grace + Duration::from_secs_f64(self.received as f64 / self.rules.min_rate as f64)
+        let bought = Duration::from_secs_f64(self.received as f64 / self.rules.min_rate as f64);
+        (self.started + self.rules.grace + bought).min(self.last + self.rules.grace)
     }
 }
 
@@ -79,12 +84,14 @@ impl HttpBody for Deadlined {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        // Once cut off, always cut off: no reader may take the rest for an end.
         if self.expired.load(Ordering::Relaxed) {
-            return Poll::Ready(None);
+            return Poll::Ready(Some(Err(axum::Error::new(TooSlow))));
         }
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
                 self.received += data.map_or(0, |d| d.len() as u64);
+                self.last = Instant::now();
                 let deadline = self.deadline();
                 self.sleep.as_mut().reset(deadline);
             }
@@ -96,7 +103,7 @@ impl HttpBody for Deadlined {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        !self.expired.load(Ordering::Relaxed) && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -136,6 +143,7 @@ pub async fn guard(State(rules): State<BodyRules>, req: Request, next: Next) -> 
         Body::new(Deadlined {
             inner,
             started,
+            last: started,
             received: 0,
             rules,
             sleep: Box::pin(tokio::time::sleep_until(started + rules.grace)),
@@ -176,6 +184,7 @@ mod tests {
         let body = Deadlined {
             inner,
             started,
+            last: started,
             received: 0,
             rules: rules(),
             sleep: Box::pin(tokio::time::sleep_until(started + rules().grace)),
@@ -221,8 +230,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_body_sent_fast_then_stopped_is_cut_off_one_grace_after_its_last_bytes() {
+        // 500 s of credit in a second, then silence.
+        let fast = trickle(500_000, Duration::from_millis(100), 1);
+        let stream = fast.into_data_stream().chain(futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(Bytes::new())
+        }));
+        let (body, expired) = deadlined(Body::from_stream(stream));
+        let started = Instant::now();
+        let mut body = std::pin::pin!(body);
+        assert!(body.frame().await.expect("the fast part").is_ok());
+        assert!(body.frame().await.expect("cut off").is_err());
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(10) && took < Duration::from_secs(11),
+            "{took:?}"
+        );
+        assert!(expired.load(Ordering::Relaxed));
+        assert!(
+            body.frame().await.is_some_and(|f| f.is_err()),
+            "still an error, never an end"
+        );
+        assert!(!body.is_end_stream());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_body_that_slows_below_the_rate_is_cut_off() {
-        // 20 s at the rate, then silence: the bytes bought 20 s beyond the grace.
+        // 20 s at the rate, then silence: the bytes bought 20 s beyond the
+        // grace, but a pause may never last longer than the grace.
         let fast = trickle(1000, Duration::from_secs(1), 20);
         let stream = fast.into_data_stream().chain(futures_util::stream::once(async {
             tokio::time::sleep(Duration::from_secs(3600)).await;

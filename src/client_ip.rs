@@ -135,12 +135,25 @@ fn parse_hop(text: &str) -> Result<IpAddr, UnusableHop> {
     }
 }
 
-/// The `for=` entries of every `Forwarded` header, in order.
-fn forwarded_for(headers: &HeaderMap) -> Vec<String> {
+/// Every `name` header's value, in order. A value that is not visible
+/// ASCII is refused rather than skipped: a proxy that appends its client's
+/// address to the client's own line would otherwise have that whole line,
+/// the address included, dropped by a client that wrote one unreadable byte.
+fn lines<'a>(headers: &'a HeaderMap, name: &str) -> Result<Vec<&'a str>, UnusableHop> {
     headers
-        .get_all("forwarded")
+        .get_all(name)
         .iter()
-        .filter_map(|v| v.to_str().ok())
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| UnusableHop(format!("a {name} header that is not ASCII")))
+        })
+        .collect()
+}
+
+/// The `for=` entries of every `Forwarded` header, in order.
+fn forwarded_for(headers: &HeaderMap) -> Result<Vec<String>, UnusableHop> {
+    Ok(lines(headers, "forwarded")?
+        .into_iter()
         .flat_map(|v| v.split(','))
         .filter_map(|element| {
             element.split(';').find_map(|pair| {
@@ -148,19 +161,17 @@ fn forwarded_for(headers: &HeaderMap) -> Vec<String> {
                 k.trim().eq_ignore_ascii_case("for").then(|| v.trim().to_string())
             })
         })
-        .collect()
+        .collect())
 }
 
 /// The entries of every `name` header (a comma-separated list), in order.
-fn listed(headers: &HeaderMap, name: &str) -> Vec<String> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+fn listed(headers: &HeaderMap, name: &str) -> Result<Vec<String>, UnusableHop> {
+    Ok(lines(headers, name)?
+        .into_iter()
         .flat_map(|v| v.split(','))
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .collect()
+        .collect())
 }
 
 impl ClientAddresses {
@@ -182,11 +193,12 @@ impl ClientAddresses {
         self.proxies.iter().any(|c| c.contains(ip))
     }
 
-    /// The address by which `ip` is counted: itself for IPv4, its network
-    /// of `limits.ipv6_prefix` bits for IPv6.
+    /// The address by which `ip` is counted: itself for IPv4 and loopback
+    /// (which is this machine, the local tenant without auth), its network
+    /// of `limits.ipv6_prefix` bits for other IPv6 addresses.
     pub fn group(&self, ip: IpAddr) -> IpAddr {
         match canonical(ip) {
-            IpAddr::V6(v6) => {
+            IpAddr::V6(v6) if !v6.is_loopback() => {
                 let bits = u32::from(self.ipv6_prefix.min(128));
                 let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
                 IpAddr::V6((u128::from(v6) & mask).into())
@@ -205,11 +217,11 @@ impl ClientAddresses {
             return Ok(peer);
         }
         let chain = match self.header {
-            ForwardedHeader::XForwardedFor => listed(headers, "x-forwarded-for"),
-            ForwardedHeader::Forwarded => forwarded_for(headers),
+            ForwardedHeader::XForwardedFor => listed(headers, "x-forwarded-for")?,
+            ForwardedHeader::Forwarded => forwarded_for(headers)?,
             // Set by the proxy, not appended to: a client's own is replaced,
             // and only the last one can be the proxy's.
-            ForwardedHeader::XRealIp => listed(headers, "x-real-ip").into_iter().last().into_iter().collect(),
+            ForwardedHeader::XRealIp => listed(headers, "x-real-ip")?.into_iter().last().into_iter().collect(),
         };
         let mut client = peer;
         for hop in chain.iter().rev() {
@@ -306,7 +318,8 @@ mod tests {
             ("x-forwarded-for", "203.0.113.9"),
         ]);
         let peer = ip("127.0.0.1");
-        let by = |h| proxies(&["127.0.0.1/32"], h).client(peer, &both);
+        let by_header = |h, headers: &HeaderMap| proxies(&["127.0.0.1/32"], h).client(peer, headers);
+        let by = |h| by_header(h, &both);
         assert_eq!(by(ForwardedHeader::XForwardedFor), Ok(ip("203.0.113.9")));
         assert_eq!(by(ForwardedHeader::Forwarded), Ok(ip("198.51.100.77")));
         assert_eq!(by(ForwardedHeader::XRealIp), Ok(ip("198.51.100.88")));
@@ -319,6 +332,15 @@ mod tests {
         let config: crate::config::ServerConfig = toml::from_str("forwarded_header = \"x-real-ip\"").expect("parses");
         assert_eq!(config.forwarded_header, ForwardedHeader::XRealIp);
         assert!(toml::from_str::<crate::config::ServerConfig>("forwarded_header = \"via\"").is_err());
+        // A client's unreadable line, to which the proxy appended the real
+        // address, is refused, not skipped (which would leave the proxy as
+        // the client).
+        let mut garbled = HeaderMap::new();
+        garbled.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"\xff, 203.0.113.9").unwrap(),
+        );
+        assert!(by_header(ForwardedHeader::XForwardedFor, &garbled).is_err());
     }
 
     #[test]
@@ -333,6 +355,7 @@ mod tests {
             ip("198.51.100.7"),
             "mapped IPv4 stays itself"
         );
+        assert_eq!(by64.group(ip("::1")), ip("::1"), "loopback stays the local machine");
         let by128 = ClientAddresses::parse(&[], ForwardedHeader::default(), 128).unwrap();
         assert_eq!(by128.group(ip("2001:db8::1")), ip("2001:db8::1"));
         let by48 = ClientAddresses::parse(&[], ForwardedHeader::default(), 48).unwrap();

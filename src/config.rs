@@ -126,6 +126,17 @@ const SECTIONS: [&str; 10] = [
     "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest", "tasks",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
+/// Keys with an earlier name that is still accepted: (section, old, new).
+/// A variable under the old name sets the new key, whatever the file used.
+const RENAMED: [(&str, &str, &str); 1] = [("pool", "size", "min")];
+
+/// The current name of `key` in `section`.
+fn current_key<'a>(section: &str, key: &'a str) -> &'a str {
+    RENAMED
+        .iter()
+        .find(|(s, old, _)| *s == section && *old == key)
+        .map_or(key, |(_, _, new)| new)
+}
 
 /// Why the configuration cannot be used; the message names the file or
 /// variable, and the key.
@@ -223,6 +234,15 @@ impl Config {
             source: e,
         };
         let mut table: toml::Table = text.parse().map_err(bad_toml)?;
+        for (section, old, new) in RENAMED {
+            if let Some(toml::Value::Table(t)) = table.get_mut(section) {
+                if !t.contains_key(new) {
+                    if let Some(v) = t.remove(old) {
+                        t.insert(new.to_string(), v);
+                    }
+                }
+            }
+        }
         for (name, value) in env {
             let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
@@ -245,7 +265,7 @@ impl Config {
             let toml::Value::Table(section_table) = entry else {
                 return Err(ConfigError::NotATable(section));
             };
-            section_table.insert(key.to_string(), parsed);
+            section_table.insert(current_key(section, key).to_string(), parsed);
         }
         let config: Config = Config::deserialize(table).map_err(bad_toml)?;
         config.validate()?;
@@ -421,6 +441,21 @@ mod tests {
         let c = load("", &[("MCP_SANDBOX_SANDBOX_NETWORK", "allowlist")]).unwrap();
         assert_eq!(c.sandbox.network, EgressPolicy::Allowlist);
         assert_eq!(c.packages.hosts(), ["pypi.org", "files.pythonhosted.org"]);
+    }
+
+    #[test]
+    fn the_pool_s_earlier_key_still_sets_its_minimum() {
+        assert_eq!(load("[pool]\nsize = 3\n", &[]).unwrap().pool.min, 3);
+        let c = load("[pool]\nmin = 2\nmax = 9\n", &[("MCP_SANDBOX_POOL_SIZE", "5")]).unwrap();
+        assert_eq!(
+            (c.pool.min, c.pool.max),
+            (5, 9),
+            "the variable wins over the file's new name"
+        );
+        assert!(
+            load("[pool]\nmin = 2\nsize = 3\n", &[]).is_err(),
+            "both names in one file conflict"
+        );
     }
 
     #[test]

@@ -18,8 +18,9 @@
 //! server's, not the client's. A call past a cap is not refused: it runs as
 //! a plain call and answers its plain result, as for a client without the
 //! extension. A finished task whose end a poll has returned no longer counts
-//! against its tenant (it stays readable, and in the server's count, until
-//! its TTL), so a client that fetches its results is never held back.
+//! against its tenant's cap (it stays readable, and in the server's count,
+//! until its TTL), so a client that fetches its results is not held back;
+//! a tenant keeps at most [`KEPT_PER_HELD`] times its cap, fetched included.
 //! Task ids are tenant-scoped: another tenant's poll is told "unknown task",
 //! exactly as for an id that never existed.
 
@@ -48,6 +49,11 @@ const TAIL_BYTES: usize = 4096;
 const MAX_THRESHOLD_MS: u64 = 60_000;
 const MAX_TTL_SECONDS: u64 = 24 * 3600;
 const MAX_TASKS_TOTAL: usize = 100_000;
+/// Tasks one tenant may have kept, fetched ones included, per task it may
+/// hold: fetching frees a place under the tenant's cap, but the results stay
+/// (readable again) for their TTL, and one tenant churning through tasks
+/// must not fill the server's `max_total` and turn tasks off for everyone.
+const KEPT_PER_HELD: usize = 4;
 
 /// `[tasks]`
 #[derive(Debug, Clone, Deserialize)]
@@ -239,9 +245,16 @@ impl Tasks {
         // Finished tasks past their retention leave the store (its sweep
         // runs on every call into it); free their places here too.
         held.retain(|id, h| !h.spawned || self.0.manager.get_task(id).is_ok());
-        let tenant_holds = held.values().filter(|h| h.owner == caller.owner && !h.fetched).count();
-        if held.len() >= config.max_total || tenant_holds >= config.max_per_tenant {
-            tracing::debug!(tenant = %caller.owner, tenant_holds, total = held.len(), "tasks at their cap: a plain call");
+        let (mut tenant_holds, mut tenant_keeps) = (0, 0);
+        for h in held.values().filter(|h| h.owner == caller.owner) {
+            tenant_keeps += 1;
+            tenant_holds += usize::from(!h.fetched);
+        }
+        if held.len() >= config.max_total
+            || tenant_holds >= config.max_per_tenant
+            || tenant_keeps >= KEPT_PER_HELD * config.max_per_tenant
+        {
+            tracing::debug!(tenant = %caller.owner, tenant_holds, tenant_keeps, total = held.len(), "tasks at their cap: a plain call");
             return None;
         }
         let slot = Uuid::new_v4().to_string();

@@ -25,9 +25,11 @@ pub const RESULTS_IN_CONTAINER: &str = "/app/results";
 const MAX_FILES: usize = 1000;
 /// Longest path the agent may report (Linux's `PATH_MAX`).
 const MAX_PATH_BYTES: usize = 4096;
-/// Packages kept from one listing, and the longest name or version.
-const MAX_PACKAGES: usize = 10_000;
-const MAX_PACKAGE_TEXT: usize = 256;
+/// Packages kept from one listing, and the longest name or version: the
+/// listing is kept in the sandbox's record and rewritten with it, so a
+/// replaced agent must not make it megabytes (at most about 256 KiB here).
+const MAX_PACKAGES: usize = 2_000;
+const MAX_PACKAGE_TEXT: usize = 64;
 /// Longest text of the agent's that the server keeps or passes on as a
 /// message (an error, a protocol complaint quoting a reply): the agent may be
 /// the sandbox's own program, and such texts end up in every history entry
@@ -368,7 +370,14 @@ impl AgentClient {
         let id = self.take_id();
         self.send(&Request::Packages { id }).await?;
         let mut packages = self.answer::<PackageList>(id).await?.packages;
-        packages.retain(|p| p.name.len() <= MAX_PACKAGE_TEXT && p.version.len() <= MAX_PACKAGE_TEXT);
+        // Names as PEP 508 spells them, versions in printable ASCII.
+        let name_ok = |n: &str| n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        packages.retain(|p| {
+            p.name.len() <= MAX_PACKAGE_TEXT
+                && p.version.len() <= MAX_PACKAGE_TEXT
+                && name_ok(&p.name)
+                && p.version.bytes().all(|b| b.is_ascii_graphic())
+        });
         packages.truncate(MAX_PACKAGES);
         Ok(packages)
     }

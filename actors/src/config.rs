@@ -263,8 +263,8 @@ fn url_host(url: &str) -> Option<String> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Kept ready always (0: no pool). `size` is its earlier name.
-    #[serde(alias = "size")]
+    /// Kept ready always (0: no pool). `size`, its earlier name, is
+    /// renamed by the server's configuration loader.
     pub min: usize,
     /// The most ready-but-unclaimed sandboxes demand may raise the pool to.
     pub max: usize,

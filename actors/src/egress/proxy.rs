@@ -150,7 +150,7 @@ pub async fn serve(mut client: UnixStream, sb: &Attached, shared: &Shared) -> Re
         first.extend_from_slice(&rest);
         first
     };
-    let tunnel = request.connect.then_some((request.host.as_str(), request.port));
+    let tunnel = request.connect.then_some(request.host.as_str());
     splice(client, upstream, first, tunnel, &sb.budget).await
 }
 
@@ -395,13 +395,13 @@ fn policy_name(policy: EgressPolicy) -> &'static str {
 }
 
 /// Copies both ways until both sides are done, the connection idles past
-/// [`IDLE`], or the first bytes of a `tunnel` (its host and port) fail
+/// [`IDLE`], or the first bytes of a `tunnel` (to its host) fail
 /// [`check_server_name`]. `first` goes upstream first (after that check).
 async fn splice(
     client: UnixStream,
     upstream: TcpStream,
     first: Vec<u8>,
-    tunnel: Option<(&str, u16)>,
+    tunnel: Option<&str>,
     budget: &Budget,
 ) -> Result<(), Denial> {
     let (mut cr, mut cw) = client.into_split();
@@ -410,8 +410,8 @@ async fn splice(
     let epoch = Instant::now();
     let up = async {
         let mut pending = first;
-        if let Some((host, port)) = tunnel {
-            pending = check_server_name(&mut cr, pending, host, port).await?;
+        if let Some(host) = tunnel {
+            pending = check_server_name(&mut cr, pending, host).await?;
         }
         if !pending.is_empty() {
             charge(budget, pending.len()).await;
@@ -427,19 +427,17 @@ fn gone(_: std::io::Error) -> Denial {
     Denial::new(0, "closed", "")
 }
 
-/// Reads the start of a tunnel to `host:port` until its TLS ClientHello is
+/// Reads the start of a tunnel to `host` until its TLS ClientHello is
 /// whole (see [`sni::client_hello`]) and refuses the tunnel unless that
 /// hello asks for `host`. Nothing goes upstream before the verdict, and what
 /// was read is returned to be sent on.
 ///
-/// On port 443 the tunnel must open with a well-formed ClientHello: any
-/// other bytes, a broken or oversized hello, are refused, since a client of
-/// an HTTPS host speaks TLS. Elsewhere (the policy admits any port of an
-/// admitted host) a tunnel whose first byte is not a TLS handshake record
-/// passes unread, as before, for protocols that are not TLS (or whose
-/// server speaks first, such as SSH): its destination was checked already.
-/// A tunnel that opens with a handshake record is held to the same rule as
-/// on 443, so TLS on another port hides no name either.
+/// On every port the tunnel must open with a well-formed ClientHello: any
+/// other bytes, a broken or oversized hello, are refused. A tunnel of
+/// plain bytes to an admitted host could otherwise ask a shared front end
+/// (a CDN that routes plain HTTP by its `Host` header) for any site it
+/// serves; plain HTTP goes through the proxy as absolute-form requests,
+/// whose `Host` is checked. Protocols that are not TLS (SSH) do not pass.
 ///
 /// A hello without a server name passes only when `host` is an address
 /// (clients send no SNI for addresses, RFC 6066); for a host name it is
@@ -447,21 +445,13 @@ fn gone(_: std::io::Error) -> Denial {
 /// and a server would answer a nameless hello with a default site of its
 /// own choosing. The whole hello must arrive within [`IDLE`]; at most
 /// [`sni::MAX_BUFFERED`] bytes (and one read) are held meanwhile.
-async fn check_server_name(
-    r: &mut (impl AsyncRead + Unpin),
-    mut buf: Vec<u8>,
-    host: &str,
-    port: u16,
-) -> Result<Vec<u8>, Denial> {
+async fn check_server_name(r: &mut (impl AsyncRead + Unpin), mut buf: Vec<u8>, host: &str) -> Result<Vec<u8>, Denial> {
     let refused = |why: String| Denial::new(403, "sni", format!("the tunnel to {host} {why}"));
     let hello = async {
         let mut chunk = [0u8; 4096];
         loop {
-            if port != 443 && buf.first().is_some_and(|&b| b != sni::HANDSHAKE) {
-                return Ok(None);
-            }
             if let Some(hello) = sni::client_hello(&buf).map_err(|e| refused(e.to_string()))? {
-                return Ok(Some(hello));
+                return Ok(hello);
             }
             debug_assert!(
                 buf.len() <= sni::MAX_BUFFERED,
@@ -479,11 +469,10 @@ async fn check_server_name(
         Err(_) => return Err(gone(std::io::ErrorKind::TimedOut.into())),
     };
     match hello {
-        None => Ok(buf),
-        Some(Hello::Name(name)) if name == host => Ok(buf),
-        Some(Hello::Name(name)) => Err(refused(format!("asked for the server {name}"))),
-        Some(Hello::NoName) if host.parse::<IpAddr>().is_ok() => Ok(buf),
-        Some(Hello::NoName) => Err(refused("sent a TLS ClientHello without a server name".into())),
+        Hello::Name(name) if name == host => Ok(buf),
+        Hello::Name(name) => Err(refused(format!("asked for the server {name}"))),
+        Hello::NoName if host.parse::<IpAddr>().is_ok() => Ok(buf),
+        Hello::NoName => Err(refused("sent a TLS ClientHello without a server name".into())),
     }
 }
 
@@ -558,7 +547,7 @@ mod tests {
 
     /// `check_server_name` for a tunnel to `host:port` whose client sends
     /// `bytes` in small writes and then waits.
-    async fn check(host: &str, port: u16, bytes: Vec<u8>) -> Result<Vec<u8>, Denial> {
+    async fn check(host: &str, bytes: Vec<u8>) -> Result<Vec<u8>, Denial> {
         let (mut client, mut proxy) = tokio::io::duplex(64);
         let writer = tokio::spawn(async move {
             for piece in bytes.chunks(7) {
@@ -568,7 +557,7 @@ mod tests {
             }
             client // kept open: the verdict may not wait for EOF
         });
-        let verdict = check_server_name(&mut proxy, vec![], host, port).await;
+        let verdict = check_server_name(&mut proxy, vec![], host).await;
         drop(proxy);
         let _ = writer.await;
         verdict
@@ -578,12 +567,12 @@ mod tests {
     async fn a_split_hello_cannot_hide_a_fronted_name() {
         let message = Builder::new(Some("evil.example")).message();
         let split = records(&message, &[BEFORE_EXTENSIONS], 3);
-        let denial = check("pypi.org", 443, split).await.unwrap_err();
+        let denial = check("pypi.org", split).await.unwrap_err();
         assert_eq!((denial.status, denial.kind), (403, "sni"));
         assert!(denial.reason.contains("evil.example"), "{}", denial.reason);
         // The same cut naming the tunnel's host passes, every byte returned.
         let own = records(&Builder::new(Some("pypi.org")).message(), &[BEFORE_EXTENSIONS], 3);
-        assert_eq!(check("pypi.org", 443, own.clone()).await.unwrap(), own);
+        assert_eq!(check("pypi.org", own.clone()).await.unwrap(), own);
     }
 
     #[tokio::test]
@@ -593,24 +582,27 @@ mod tests {
             records(&Builder::new(Some("pypi.org")).message(), &[], 2),
             Builder::new(None).record(),
         ] {
-            let denial = check("pypi.org", 443, bytes).await.unwrap_err();
+            let denial = check("pypi.org", bytes).await.unwrap_err();
             assert_eq!((denial.status, denial.kind), (403, "sni"), "{}", denial.reason);
         }
         // Clients name no address.
         let nameless = Builder::new(None).record();
-        assert_eq!(check("203.0.113.7", 443, nameless.clone()).await.unwrap(), nameless);
+        assert_eq!(check("203.0.113.7", nameless.clone()).await.unwrap(), nameless);
     }
 
     #[tokio::test]
-    async fn other_ports_pass_what_is_not_tls_and_check_what_is() {
+    async fn a_tunnel_of_plain_bytes_cannot_front_for_another_site() {
+        // Plain HTTP on a tunnel to an admitted host, naming another site.
+        let fronted = b"GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n".to_vec();
+        assert_eq!(check("files.pythonhosted.org", fronted).await.unwrap_err().kind, "sni");
         let ssh = b"SSH-2.0-OpenSSH_9.2\r\n".to_vec();
-        assert_eq!(check("github.com", 22, ssh.clone()).await.unwrap(), ssh);
+        assert_eq!(check("github.com", ssh).await.unwrap_err().kind, "sni");
         let message = Builder::new(Some("evil.example")).message();
-        let denial = check("pypi.org", 8443, records(&message, &[BEFORE_EXTENSIONS], 3))
+        let denial = check("pypi.org", records(&message, &[BEFORE_EXTENSIONS], 3))
             .await
             .unwrap_err();
         assert_eq!(denial.kind, "sni");
-        let denial = check("pypi.org", 8443, records(&message, &[], 2)).await.unwrap_err();
+        let denial = check("pypi.org", records(&message, &[], 2)).await.unwrap_err();
         assert_eq!(denial.kind, "sni");
     }
 
