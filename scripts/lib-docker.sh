@@ -45,37 +45,89 @@ stop_docker_if_started() {
   fi
 }
 
-# ensure_runsc: install gVisor's runsc and register it with dockerd as the
-# runtime "runsc" (ptrace platform, no network, host unix sockets allowed so
-# the agent's socket on a bind mount works). Idempotent.
-ensure_runsc() {
-  if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-    return 0
-  fi
-  if ! command -v runsc >/dev/null 2>&1; then
-    echo "==> installing runsc (gVisor)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc >/dev/null
-  fi
-  echo "==> registering runsc with dockerd"
-  mkdir -p /etc/docker
-  python3 - <<'PY'
-import json, os
-path = "/etc/docker/daemon.json"
-conf = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-conf.setdefault("runtimes", {})["runsc"] = {
-    "path": "/usr/bin/runsc",
-    "runtimeArgs": ["--platform=ptrace", "--network=none", "--host-uds=all"],
-}
-json.dump(conf, open(path, "w"), indent=2)
+# register_runtime NAME PATH [ARG...]: adds the OCI runtime NAME (the
+# program PATH, started with the ARGs) to /etc/docker/daemon.json, keeping
+# what the file already holds, and has dockerd reload it (SIGHUP: no restart,
+# running containers stay). Waits until the engine lists it.
+register_runtime() {
+  local name=$1 path=$2
+  shift 2
+  echo "==> registering $name with dockerd"
+  mkdir -p /etc/docker || return 1
+  python3 - "$name" "$path" "$@" <<'PY' || return 1
+import json, os, sys
+name, path, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+conf_path = "/etc/docker/daemon.json"
+conf = json.load(open(conf_path)) if os.path.exists(conf_path) and os.path.getsize(conf_path) else {}
+runtime = {"path": path}
+if args:
+    runtime["runtimeArgs"] = args
+conf.setdefault("runtimes", {})[name] = runtime
+json.dump(conf, open(conf_path, "w"), indent=2)
 PY
   pkill -HUP -x dockerd
   for _ in $(seq 1 30); do
-    if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+    if runtime_registered "$name"; then
       return 0
     fi
     sleep 1
   done
-  echo "runsc did not register with dockerd" >&2
+  echo "$name did not register with dockerd" >&2
   return 1
+}
+
+# runtime_registered NAME: whether the engine lists the OCI runtime NAME.
+runtime_registered() {
+  docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q "\"$1\""
+}
+
+# install_package PROGRAM PACKAGE: installs the Debian PACKAGE unless PROGRAM
+# is already on the PATH.
+install_package() {
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "==> installing $2"
+    apt-get update -qq || return 1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null || return 1
+  fi
+}
+
+# ensure_runsc: install gVisor's runsc and register it with dockerd as the
+# runtime "runsc" (ptrace platform, no network, host unix sockets allowed so
+# the agent's socket on a bind mount works). Idempotent.
+ensure_runsc() {
+  runtime_registered runsc && return 0
+  install_package runsc runsc || return 1
+  register_runtime runsc /usr/bin/runsc --platform=ptrace --network=none --host-uds=all
+}
+
+# ensure_crun: install crun (a runc-compatible runtime written in C) and
+# register it with dockerd as the runtime "crun", for
+# `sandbox.runtime = "crun"`, with the cgroup layout it needs. Idempotent.
+ensure_crun() {
+  if ! runtime_registered crun; then
+    install_package crun crun || return 1
+    register_runtime crun /usr/bin/crun || return 1
+  fi
+  crun_cgroups
+}
+
+# crun_cgroups: crun refuses a hybrid cgroup layout (v1 controllers, plus a
+# cgroup2 hierarchy at /sys/fs/cgroup/unified) while any controller is still
+# available on the cgroup2 side: every container start fails with "cgroups in
+# hybrid mode not supported, drop all controllers from cgroupv2". On these
+# machines that is hugetlb alone, which no v1 hierarchy holds. Mounting each
+# such controller as a v1 hierarchy of its own, as a pure v1 host has it, lets
+# crun run; runc then uses it too. Not kept across a reboot, so done on every
+# call; a no-op without the hybrid layout.
+crun_cgroups() {
+  local unified=/sys/fs/cgroup/unified controller
+  [ "$(stat -fc %T "$unified" 2>/dev/null)" = cgroup2fs ] || return 0
+  for controller in $(cat "$unified/cgroup.controllers"); do
+    echo "==> mounting the $controller cgroup controller as a v1 hierarchy (crun refuses it on cgroup2 in hybrid mode)"
+    mkdir -p "/sys/fs/cgroup/$controller" || return 1
+    if ! mount -t cgroup -o "$controller" cgroup "/sys/fs/cgroup/$controller"; then
+      echo "could not move $controller off cgroup2: crun cannot start containers here" >&2
+      return 1
+    fi
+  done
 }

@@ -459,6 +459,14 @@ mod tests {
     }
 
     #[test]
+    fn every_supported_runtime_is_accepted() {
+        for runtime in sandbox_actors::config::RUNTIMES {
+            let c = load(&format!("[sandbox]\nruntime = \"{runtime}\"\n"), &[]).unwrap();
+            assert_eq!(c.sandbox.runtime, runtime);
+        }
+    }
+
+    #[test]
     fn the_shipped_config_states_the_defaults() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
         let shipped = Config::load(Some(&path), std::iter::empty()).unwrap();
@@ -533,6 +541,7 @@ mod tests {
         for (text, env, key) in [
             ("[sandbox]\nmemory_mb = \"lots\"\n", vec![], "memory_mb"),
             ("[sandbox]\nnetwork = \"host\"\n", vec![], "network"),
+            ("[sandbox]\nruntime = \"kata\"\n", vec![], "sandbox.runtime"),
             ("[sandbox]\nmemroy_mb = 1\n", vec![], "memroy_mb"),
             ("", vec![("MCP_SANDBOX_SANDBOX_CPUS", "0")], "sandbox.cpus"),
             ("", vec![("MCP_SANDBOX_SERVER_PORT", "http")], "port"),

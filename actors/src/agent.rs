@@ -713,14 +713,18 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, AgentError::Protocol(_)), "{err}");
 
-        let many: Vec<_> = (0..10_005)
+        let mut many: Vec<_> = (0..MAX_PACKAGES + 5)
             .map(|i| json!({"name": format!("p{i}"), "version": "1"}))
             .collect();
+        // Names no distribution can have, and versions past the bound, are left out.
+        many.insert(0, json!({"name": "bad name\u{202e}", "version": "1"}));
+        many.insert(0, json!({"name": "ok", "version": "v".repeat(MAX_PACKAGE_TEXT + 1)}));
         let list = fake_agent(vec![vec![json!({"type": "result", "packages": many})]])
             .packages()
             .await
             .unwrap();
-        assert_eq!(list.len(), 10_000, "the list is bounded");
+        assert_eq!(list.len(), MAX_PACKAGES, "the list is bounded");
+        assert_eq!(list[0].name, "p0", "{:?}", &list[..2]);
 
         let mut reply = run_result();
         reply["files"] = json!(["/app/results/a.png", "/etc/passwd", "/app/results/../x"]);

@@ -72,6 +72,12 @@ impl Settings {
     }
 }
 
+/// The OCI runtimes a sandbox may run under. `runc` and `crun` confine a
+/// container with the same kernel features (namespaces, cgroups, seccomp,
+/// capabilities); `runsc` puts gVisor's user-space kernel in between. Each
+/// but `runc` must be registered with Docker under this name.
+pub const RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
+
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -79,7 +85,7 @@ pub struct SandboxConfig {
     /// Image repository; the tag is a hash of the build context, so a server
     /// only ever runs the image that matches its own agent.
     pub image: String,
-    /// OCI runtime: `runc`, or `runsc` for gVisor.
+    /// OCI runtime, one of [`RUNTIMES`]: `runc`, `crun` or `runsc` (gVisor).
     pub runtime: String,
     /// Egress policy of every sandbox unless its key sets another.
     pub network: EgressPolicy,
@@ -326,10 +332,10 @@ impl SandboxConfig {
         if self.image.trim().is_empty() || self.image.contains(':') {
             return Err(invalid("sandbox.image", "a repository name without a tag"));
         }
-        if !matches!(self.runtime.as_str(), "runc" | "runsc") {
+        if !RUNTIMES.contains(&self.runtime.as_str()) {
             return Err(invalid(
                 "sandbox.runtime",
-                format!("\"runc\" or \"runsc\", not {:?}", self.runtime),
+                format!("one of {RUNTIMES:?}, not {:?}", self.runtime),
             ));
         }
         if self.memory_mb < 64 {

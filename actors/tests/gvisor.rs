@@ -11,14 +11,10 @@ use sandbox_actors::config::EgressPolicy;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
-    if !common::runsc_available() {
+    if !common::runtime_available("runsc") {
         return;
     }
-    let h = Harness::with(|s| {
-        s.sandbox.runtime = "runsc".into();
-        s.sandbox.network = EgressPolicy::None;
-    })
-    .await;
+    let h = Harness::on("runsc", |s| s.sandbox.network = EgressPolicy::None).await;
     let id = h.create().await;
     let r = h
         .py(id, "import platform\nx = 21\nprint(platform.release())")

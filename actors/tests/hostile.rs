@@ -1,8 +1,9 @@
 //! The sandbox as the adversary, against the real engine: programs planted
 //! in its package volume, a frozen agent, a run that outlives the sandbox's
 //! lifetime, a flood of distinct failing installs, creators that hang up,
-//! and a container that dies while nobody calls. Each test performs the
-//! attack and checks the defence.
+//! and a container that dies while nobody calls (or while paused: among the
+//! runtime checks of `checks/`). Each test performs the attack and checks
+//! the defence.
 
 mod common;
 
@@ -345,21 +346,6 @@ async fn a_removal_cut_short_by_a_crash_is_finished_at_the_next_start() {
     h.restart().await;
     assert!(h.sb().list(OWNER).await.is_empty(), "not adopted");
     assert_eq!(h.own_objects(), (0, 0), "its container and volume are gone");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_paused_sandbox_whose_container_died_works_on_the_next_call() {
-    let h = Harness::with(|s| s.sandbox.pause_after_seconds = 1).await;
-    let id = h.create().await;
-    h.py(id, "print(1)").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while h.sb().info(OWNER, id).await.unwrap().status != SandboxStatus::Paused {
-        assert!(Instant::now() < deadline, "the idle sandbox was never paused");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    docker(&["kill", &h.container_of(id)]);
-    let ran = h.py(id, "print('after')").await;
-    assert_eq!(ran.output.stdout, "after\n", "{}", ran.output.stderr);
 }
 
 #[tokio::test(flavor = "multi_thread")]

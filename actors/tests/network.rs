@@ -338,14 +338,10 @@ async fn the_firewall_keeps_sandboxes_apart_even_with_inter_container_traffic_on
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gvisor_sandbox_reaches_the_index_through_the_proxy() {
-    if !common::runsc_available() {
+    if !common::runtime_available("runsc") {
         return;
     }
-    let h = Harness::with(|s| {
-        s.sandbox.runtime = "runsc".into();
-        s.sandbox.network = EgressPolicy::Packages;
-    })
-    .await;
+    let h = Harness::on("runsc", |s| s.sandbox.network = EgressPolicy::Packages).await;
     let id = h.create().await;
     let out = py(&h, OWNER, id, &fetch("https://pypi.org/simple/six/")).await.stdout;
     assert!(out.contains("fetched 200"), "{out}");

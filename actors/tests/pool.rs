@@ -1,15 +1,12 @@
-//! The warm pool and idle parking against the real engine.
+//! The warm pool against the real engine (idle pausing is among the
+//! runtime checks of `checks/`).
 
 mod common;
 
 use std::time::Duration;
 
 use common::{docker, eventually, within, Harness, OWNER};
-use sandbox_actors::{Quota, Work};
-
-fn paused(container: &str) -> bool {
-    docker(&["inspect", "-f", "{{.State.Paused}}", container]).trim() == "true"
-}
+use sandbox_actors::Quota;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxes_come_from_the_warm_pool_which_refills() {
@@ -83,29 +80,6 @@ async fn thirty_concurrent_creations_from_a_pool_of_thirty_get_distinct_working_
     assert_eq!(h.own_objects(), (N, N), "a stopped server removes what it pooled");
     h.settings.pool = sandbox_actors::config::PoolConfig::off();
     h.restart().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn idle_sandboxes_are_paused_and_woken_by_the_next_call() {
-    let h = Harness::with(|s| s.sandbox.pause_after_seconds = 1).await;
-    let id = h.create().await;
-    h.py(id, "kept = 'state'").await;
-    let container = h.container_of(id);
-    eventually("the idle sandbox is paused", || paused(&container)).await;
-    assert_eq!(h.sb().list(OWNER).await[0].status.as_str(), "paused");
-    let r = h
-        .sb()
-        .run(OWNER, id, Work::Python("print(kept)".into()), None, None)
-        .await
-        .unwrap();
-    assert_eq!(r.output.stdout, "state\n", "memory survived the pause");
-    assert!(r.notice.is_none(), "a pause is not a restart: {:?}", r.notice);
-    let st = h.sb().install_status(OWNER, id, "never-installed").await.unwrap();
-    assert_eq!(
-        st.status,
-        sandbox_actors::InstallStatusKind::NotFound,
-        "queries wake it too"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -282,17 +282,53 @@ pub async fn print_series(c: &McpClient, sid: &str, n: usize) -> Vec<Duration> {
     out
 }
 
+/// The `[limits]` of a server driven by a load generator: one tenant
+/// calling far faster than an agent, holding as many sessions and
+/// connections as it has clients and up to `sandboxes` sandboxes.
+pub fn load_limits(sandboxes: usize, sessions: usize) -> Vec<(&'static str, String)> {
+    let (sandboxes, sessions) = (sandboxes.to_string(), sessions.to_string());
+    vec![
+        ("requests_per_second", "1000000".into()),
+        ("burst", "1000000".into()),
+        ("ip_requests_per_second", "1000000".into()),
+        ("creations_per_minute", "10000".into()),
+        ("max_sandboxes_per_tenant", sandboxes.clone()),
+        ("max_sandboxes_total", sandboxes),
+        ("max_sessions_per_tenant", sessions.clone()),
+        ("max_sessions_total", sessions.clone()),
+        ("max_connections_per_ip", sessions),
+    ]
+}
+
+/// Sandboxes outlive a load generator that died by at most this long.
+pub const LOAD_SANDBOX_LIFETIME_SECONDS: u64 = 3600;
+
 pub struct Server {
     child: Child,
     pub base: String,
     _root: tempfile::TempDir,
     bin: std::path::PathBuf,
     port: u16,
+    /// The configuration file the server reads, when the caller wrote one;
+    /// without one, [`load_limits`] come as environment variables.
+    config: Option<std::path::PathBuf>,
     env: Vec<(String, String)>,
 }
 
 impl Server {
+    /// The server on its defaults, with [`load_limits`] for 200 sandboxes
+    /// and 2,000 sessions, and `env` on top.
     pub async fn start(bin: &str, env: &[(&str, String)]) -> Self {
+        Self::launch(bin, None, env).await
+    }
+
+    /// The server reading the configuration file `config` (which states
+    /// its limits), with `env` on top.
+    pub async fn start_configured(bin: &str, config: &std::path::Path, env: &[(&str, String)]) -> Self {
+        Self::launch(bin, Some(config.to_path_buf()), env).await
+    }
+
+    async fn launch(bin: &str, config: Option<std::path::PathBuf>, env: &[(&str, String)]) -> Self {
         let root = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -301,7 +337,7 @@ impl Server {
             .port();
         let bin = std::fs::canonicalize(bin).expect("the release binary (cargo build --release)");
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-        let child = Self::spawn(&bin, root.path(), port, &env);
+        let child = Self::spawn(&bin, config.as_deref(), root.path(), port, &env);
         let base = format!("http://127.0.0.1:{port}");
         let me = Self {
             child,
@@ -309,6 +345,7 @@ impl Server {
             _root: root,
             bin,
             port,
+            config,
             env,
         };
         assert!(me.wait_healthy(Duration::from_secs(60)).await, "server did not start");
@@ -336,7 +373,13 @@ impl Server {
     pub async fn kill_and_restart(&mut self, within: Duration) -> bool {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = Self::spawn(&self.bin, self._root.path(), self.port, &self.env);
+        self.child = Self::spawn(
+            &self.bin,
+            self.config.as_deref(),
+            self._root.path(),
+            self.port,
+            &self.env,
+        );
         self.wait_healthy(within).await
     }
 
@@ -354,22 +397,30 @@ impl Server {
         false
     }
 
-    fn spawn(bin: &std::path::Path, root: &std::path::Path, port: u16, env: &[(String, String)]) -> Child {
-        Command::new(bin)
-            .args(["serve", "--port", &port.to_string()])
+    fn spawn(
+        bin: &std::path::Path,
+        config: Option<&std::path::Path>,
+        root: &std::path::Path,
+        port: u16,
+        env: &[(String, String)],
+    ) -> Child {
+        let mut command = Command::new(bin);
+        match config {
+            Some(path) => {
+                command.arg("--config").arg(path);
+            }
+            None => {
+                let lifetime = LOAD_SANDBOX_LIFETIME_SECONDS.to_string();
+                command.env("MCP_SANDBOX_SANDBOX_MAX_LIFETIME_SECONDS", lifetime);
+                for (key, value) in load_limits(200, 2000) {
+                    command.env(format!("MCP_SANDBOX_LIMITS_{}", key.to_ascii_uppercase()), value);
+                }
+            }
+        }
+        command
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .current_dir(root)
             .env("RUST_LOG", "warn")
-            .env("MCP_SANDBOX_SANDBOX_MAX_LIFETIME_SECONDS", "3600")
-            // The load generator is one tenant calling far faster than an agent.
-            .env("MCP_SANDBOX_LIMITS_REQUESTS_PER_SECOND", "1000000")
-            .env("MCP_SANDBOX_LIMITS_BURST", "1000000")
-            .env("MCP_SANDBOX_LIMITS_IP_REQUESTS_PER_SECOND", "1000000")
-            .env("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000")
-            .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", "200")
-            .env("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_TOTAL", "200")
-            // ... holding as many sessions and connections as it has clients.
-            .env("MCP_SANDBOX_LIMITS_MAX_SESSIONS_PER_TENANT", "2000")
-            .env("MCP_SANDBOX_LIMITS_MAX_CONNECTIONS_PER_IP", "2000")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

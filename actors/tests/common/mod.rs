@@ -40,8 +40,14 @@ impl Harness {
     }
 
     pub async fn with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::on("runc", tweak).await
+    }
+
+    /// A server whose sandboxes run under the OCI runtime `runtime`.
+    pub async fn on(runtime: &str, tweak: impl FnOnce(&mut Settings)) -> Self {
         let root = tempfile::tempdir().unwrap();
         let mut s = settings(root.path());
+        s.sandbox.runtime = runtime.into();
         tweak(&mut s);
         let sandboxes = Sandboxes::start(s.clone()).await.expect("start (is Docker running?)");
         let server_id = sandboxes.server_id().to_string();
@@ -182,17 +188,19 @@ pub fn unmount_under(root: &Path) {
     }
 }
 
-/// Whether gVisor's runsc is registered with Docker. Where it is not, a
-/// test skips, except under scripts/test, which registers it and says so.
-pub fn runsc_available() -> bool {
-    if docker(&["info", "--format", "{{json .Runtimes}}"]).contains("\"runsc\"") {
+/// Whether the OCI runtime `name` is registered with Docker. Where it is
+/// not, a test skips, except where `SANDBOX_TEST_REQUIRE_<NAME>` is set
+/// (scripts/test registers crun and runsc and sets it for both).
+pub fn runtime_available(name: &str) -> bool {
+    if docker(&["info", "--format", "{{json .Runtimes}}"]).contains(&format!("\"{name}\"")) {
         return true;
     }
+    let required = format!("SANDBOX_TEST_REQUIRE_{}", name.to_ascii_uppercase());
     assert!(
-        std::env::var_os("SANDBOX_TEST_REQUIRE_RUNSC").is_none(),
-        "runsc is not registered with Docker"
+        std::env::var_os(&required).is_none(),
+        "{name} is not registered with Docker ({required} is set)"
     );
-    eprintln!("skipped: runsc is not registered with Docker (scripts/test registers it)");
+    eprintln!("skipped: {name} is not registered with Docker (scripts/test registers it)");
     false
 }
 
