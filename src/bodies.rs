@@ -205,6 +205,15 @@ mod tests {
         Body::from_stream(stream)
     }
 
+    /// `body`, then nothing for an hour.
+    fn then_silent(body: Body) -> Body {
+        let silence = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(Bytes::new())
+        });
+        Body::from_stream(body.into_data_stream().chain(silence))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_trickling_body_is_cut_off_after_the_grace() {
         // One byte every 2 s: it buys a millisecond each time.
@@ -232,12 +241,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_sent_fast_then_stopped_is_cut_off_one_grace_after_its_last_bytes() {
         // 500 s of credit in a second, then silence.
-        let fast = trickle(500_000, Duration::from_millis(100), 1);
-        let stream = fast.into_data_stream().chain(futures_util::stream::once(async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Ok(Bytes::new())
-        }));
-        let (body, expired) = deadlined(Body::from_stream(stream));
+        let (body, expired) = deadlined(then_silent(trickle(500_000, Duration::from_millis(100), 1)));
         let started = Instant::now();
         let mut body = std::pin::pin!(body);
         assert!(body.frame().await.expect("the fast part").is_ok());
@@ -259,12 +263,7 @@ mod tests {
     async fn a_body_that_slows_below_the_rate_is_cut_off() {
         // 20 s at the rate, then silence: the bytes bought 20 s beyond the
         // grace, but a pause may never last longer than the grace.
-        let fast = trickle(1000, Duration::from_secs(1), 20);
-        let stream = fast.into_data_stream().chain(futures_util::stream::once(async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Ok(Bytes::new())
-        }));
-        let (body, expired) = deadlined(Body::from_stream(stream));
+        let (body, expired) = deadlined(then_silent(trickle(1000, Duration::from_secs(1), 20)));
         let started = Instant::now();
         assert!(body.collect().await.is_err());
         assert!(expired.load(Ordering::Relaxed));

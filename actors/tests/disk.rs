@@ -182,15 +182,24 @@ async fn files_deleted_in_a_sandbox_give_their_blocks_back_to_the_host() {
         !mounts.contains(&id.to_string()),
         "nothing of the sandbox stays mounted"
     );
-    let backing: Vec<String> = std::fs::read_dir("/sys/block")
-        .unwrap()
-        .flatten()
-        .filter_map(|d| std::fs::read_to_string(d.path().join("loop/backing_file")).ok())
-        .collect();
-    assert!(
-        !backing.iter().any(|b| b.contains(&id.to_string())),
-        "no loop device is left on the image: {backing:?}"
-    );
+    // A loop device mounted with autoclear is detached by the kernel once
+    // its last user is gone, a moment after the unmount returns.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let backing: Vec<String> = std::fs::read_dir("/sys/block")
+            .unwrap()
+            .flatten()
+            .filter_map(|d| std::fs::read_to_string(d.path().join("loop/backing_file")).ok())
+            .collect();
+        if !backing.iter().any(|b| b.contains(&id.to_string())) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no loop device is left on the image: {backing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
