@@ -828,6 +828,9 @@ async fn main() -> std::process::ExitCode {
         ("MCP_SANDBOX_AUTH_KEYS", format!("[{keys}]")),
         ("MCP_SANDBOX_POOL_MIN", "2".to_string()),
         ("MCP_SANDBOX_POOL_MAX", "2".to_string()),
+        // 200 sandboxes' egress connections, two descriptors each, must fit
+        // in an open-file limit of 20000 beside 4096 HTTP connections.
+        ("MCP_SANDBOX_SANDBOX_EGRESS_MAX_CONNECTIONS", "16".to_string()),
         ("MCP_SANDBOX_SANDBOX_PAUSE_AFTER_SECONDS", "5".to_string()),
         ("MCP_SANDBOX_SANDBOX_EXEC_TIMEOUT_SECONDS", EXEC_TIMEOUT.to_string()),
     ];
