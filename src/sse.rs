@@ -26,7 +26,7 @@ use tracing::warn;
 
 use crate::bodies::MAX_BODY_BYTES;
 use crate::caller::Caller;
-use crate::http_error::session_refused;
+use crate::http_error::{error, session_refused};
 use crate::http_state::AppState;
 use crate::sse_sessions;
 use crate::tools::SandboxServer;
@@ -114,23 +114,11 @@ pub async fn post(State(app): State<AppState>, caller: Option<Extension<Caller>>
     };
     let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(serde_json::json!({"error": format!("reading the message: {e}")})),
-            )
-                .into_response()
-        }
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("reading the message: {e}")),
     };
     let message: ClientJsonRpcMessage = match serde_json::from_slice(&body) {
         Ok(m) => m,
-        Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(serde_json::json!({"error": format!("not a JSON-RPC message: {e}")})),
-            )
-                .into_response()
-        }
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("not a JSON-RPC message: {e}")),
     };
     let is_call = matches!(message, JsonRpcMessage::Request(_));
     match inbox.try_send(message) {
