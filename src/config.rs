@@ -207,6 +207,21 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The egress proxy connections each sandbox may hold:
+    /// `sandbox.egress_max_connections` when some policy in force (the
+    /// server's, a key's or the guests') sends sandboxes through the proxy,
+    /// and none when every policy is `open`, so that the open-file budget
+    /// of a server whose proxy serves nobody does not count it.
+    pub fn proxied_connections_per_sandbox(&self) -> usize {
+        let keys = self.auth.keys.iter().filter_map(|k| k.egress);
+        let guests = self.guest.enabled.then_some(self.guest.network).flatten();
+        let mut policies = std::iter::once(self.sandbox.network).chain(keys).chain(guests);
+        match policies.any(sandbox_actors::EgressPolicy::is_proxied) {
+            true => self.sandbox.egress_max_connections,
+            false => 0,
+        }
+    }
+
     /// Loads `path` (a missing file means the defaults; a file named on the
     /// command line must exist) and applies `MCP_SANDBOX_*` variables.
     pub fn load(path: Option<&Path>, env: impl Iterator<Item = (String, String)>) -> Result<Self, ConfigError> {
@@ -276,6 +291,7 @@ impl Config {
         self.sandbox.validate()?;
         self.packages.validate()?;
         self.limits.validate()?;
+        self.pool.validate()?;
         self.results.validate()?;
         let longest_run = self
             .sandbox
@@ -441,6 +457,22 @@ mod tests {
         let c = load("", &[("MCP_SANDBOX_SANDBOX_NETWORK", "allowlist")]).unwrap();
         assert_eq!(c.sandbox.network, EgressPolicy::Allowlist);
         assert_eq!(c.packages.hosts(), ["pypi.org", "files.pythonhosted.org"]);
+    }
+
+    #[test]
+    fn the_egress_proxy_s_descriptors_count_only_when_some_policy_in_force_uses_it() {
+        let per_sandbox = |text: &str| load(text, &[]).unwrap().proxied_connections_per_sandbox();
+        assert_eq!(per_sandbox(""), 0, "every sandbox open: the proxy serves nobody");
+        assert_eq!(per_sandbox("[sandbox]\nnetwork = \"packages\"\n"), 64);
+        let key = "[[auth.keys]]\nname = \"a\"\nkey = \"0123456789abcdef\"\negress = \"none\"\n";
+        assert_eq!(per_sandbox(key), 64, "one key's sandboxes go through it");
+        assert_eq!(
+            per_sandbox("[guest]\nnetwork = \"allowlist\"\n"),
+            0,
+            "guests that are off use nothing"
+        );
+        let guests = "[auth]\nenabled = true\n[guest]\nenabled = true\nnetwork = \"allowlist\"\n";
+        assert_eq!(per_sandbox(guests), 64);
     }
 
     #[test]

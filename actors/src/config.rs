@@ -276,6 +276,25 @@ pub struct PoolConfig {
     pub max: usize,
     /// Without a claim for this long, the pool steps back down towards `min`.
     pub shrink_after_seconds: u64,
+    /// Creations the pool runs at once (1 to 64): about what the engine
+    /// sustains, since creations beyond it only slow each other down.
+    pub creations_at_once: usize,
+}
+
+/// The most creations the pool may run at once.
+pub const MAX_CREATIONS_AT_ONCE: usize = 64;
+
+impl PoolConfig {
+    /// Checks what serde cannot; each message names the offending key.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if !(1..=MAX_CREATIONS_AT_ONCE).contains(&self.creations_at_once) {
+            return Err(invalid(
+                "pool.creations_at_once",
+                format!("between 1 and {MAX_CREATIONS_AT_ONCE}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for PoolConfig {
@@ -284,6 +303,7 @@ impl Default for PoolConfig {
             min: 2,
             max: 32,
             shrink_after_seconds: 300,
+            creations_at_once: 4,
         }
     }
 }

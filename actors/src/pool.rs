@@ -7,8 +7,13 @@
 //! than the room the live sandboxes leave under `limits.max_sandboxes_total`.
 //! `create_sandbox` claims one (recording owner and name only then: Docker
 //! cannot relabel a container) and the pool refills in the background,
-//! [`REFILLS_AT_ONCE`] at a time. A claim that finds the pool empty makes its
-//! sandbox itself at once, beside the refills, never behind them.
+//! `creations_at_once` at a time. A claim that finds the pool empty waits for
+//! the next sandbox the pool finishes, first come first served, and the pool
+//! makes one more for each claim waiting: every creation under way serves
+//! the oldest waiting claim when it ends, so no claim waits behind refills
+//! queued before it, and a burst's creations run at the pace the engine
+//! sustains instead of all at once (a hundred creations started together
+//! all end late; started a few at a time, the first end early).
 //! Pooled sandboxes are made under the server's egress policy; a claim may
 //! switch a proxied one to another proxied policy (the proxy looks the
 //! policy up per connection), anything else is created cold.
@@ -22,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -131,11 +136,18 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
 }
 
 /// Provisions a sandbox and waits until its worker is up, so that the first
-/// call of its owner costs what any later call costs.
-async fn provision_warm(ctx: &Context) -> Result<Provisioned> {
+/// call of its owner costs what any later call costs; unless claims are
+/// waiting once its agent answers: then it is handed over at once, and its
+/// worker starts with its first Python call, as a cold sandbox's does
+/// (claims that wait want an answer, and a worker's start is a second
+/// interpreter's start-up, of the CPU a burst's creations share).
+async fn provision_warm(ctx: &Context, claims_waiting: impl Fn() -> bool) -> Result<Provisioned> {
     let mut p = provision(ctx, ctx.egress.default_policy()).await?;
     let warmed = async {
         let mut client = wait_for_agent(ctx, p.id, &p.container.container_id).await?;
+        if claims_waiting() {
+            return Ok(client);
+        }
         let warm_up = Work::Python("pass".into());
         tokio::time::timeout(WARM_DEADLINE, client.run(&warm_up, 30.0, 1024, None))
             .await
@@ -160,9 +172,6 @@ const WARM_DEADLINE: Duration = Duration::from_secs(30);
 /// How often the pool looks for pooled sandboxes that died while waiting
 /// (and steps its target down when quiet).
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
-/// Refills made at once: about what two cores' engine sustains (8–10
-/// creations a second), so a drained pool refills at the engine's pace.
-pub const REFILLS_AT_ONCE: usize = 4;
 /// How long refills pause after one failed.
 const REFILL_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -193,11 +202,24 @@ struct Counters {
     refill_micros: AtomicU64,
 }
 
+/// The answer of a claim the pool stopped before serving.
+fn stopping() -> SandboxError {
+    SandboxError::Internal("the server is stopping and made no sandbox for this call; try again once it is back".into())
+}
+
+/// A claim that found the pool empty, waiting for the next sandbox.
+type Waiter = oneshot::Sender<Result<Provisioned>>;
+
 pub struct Pool {
     ctx: Arc<Context>,
     room: Room,
+    enabled: bool,
+    /// Creations run at once.
+    at_once: usize,
     target: Mutex<Target>,
     ready: Mutex<VecDeque<Provisioned>>,
+    /// Claims waiting for a sandbox, oldest first.
+    waiting: Mutex<VecDeque<Waiter>>,
     counters: Counters,
     wake: Notify,
     stop: CancellationToken,
@@ -212,8 +234,11 @@ impl Pool {
         let pool = Arc::new(Self {
             ctx,
             room,
+            enabled,
+            at_once: config.creations_at_once.max(1),
             target: Mutex::new(target),
             ready: Mutex::new(VecDeque::new()),
+            waiting: Mutex::new(VecDeque::new()),
             counters: Counters::default(),
             wake: Notify::new(),
             stop: CancellationToken::new(),
@@ -231,25 +256,87 @@ impl Pool {
         Self::start(ctx, &PoolConfig::off(), Box::new(|| 0))
     }
 
-    /// Takes a ready sandbox, if any, and asks for a replacement. One whose
-    /// container died while it waited is thrown away, never handed out.
-    /// Every claim, served or not, counts as demand.
-    pub fn take(self: &Arc<Self>) -> Option<Provisioned> {
+    /// Takes a ready sandbox, or waits for the next one the pool finishes
+    /// when none is ready; `None` when the pool is off (the caller makes its
+    /// own). One whose container died while it waited is thrown away, never
+    /// handed out. Every claim, served at once or not, counts as demand.
+    pub async fn claim(self: &Arc<Self>) -> Option<Result<Provisioned>> {
+        if !self.enabled {
+            return None;
+        }
         self.target.lock().expect("pool lock").claimed(Instant::now());
-        let taken = loop {
+        let waiting = {
+            // Under the lock of the queue, so that a sandbox finished in
+            // between is either taken here or handed to this claim.
+            // Claims already waiting come first.
+            let mut waiting = self.waiting.lock().expect("pool lock");
+            if waiting.is_empty() {
+                if let Some(p) = self.take_ready() {
+                    self.counters.claims.fetch_add(1, Ordering::Relaxed);
+                    self.wake.notify_one();
+                    return Some(Ok(p));
+                }
+            }
+            // The filler clears the queue under this lock once stopped.
+            if self.stop.is_cancelled() {
+                return Some(Err(stopping()));
+            }
+            let (tx, rx) = oneshot::channel();
+            waiting.push_back(tx);
+            rx
+        };
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        self.wake.notify_one();
+        Some(waiting.await.unwrap_or_else(|_| Err(stopping())))
+    }
+
+    /// The oldest ready sandbox that is still alive.
+    fn take_ready(self: &Arc<Self>) -> Option<Provisioned> {
+        loop {
             let next = self.ready.lock().expect("pool lock").pop_front();
             match next {
                 Some(p) if p.is_dead() => self.throw_away(p),
-                other => break other,
+                other => return other,
             }
-        };
-        let counter = match taken {
-            Some(_) => &self.counters.claims,
-            None => &self.counters.misses,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.wake.notify_one();
-        taken
+        }
+    }
+
+    /// Hands ready sandboxes to waiting claims, oldest first. A claim whose
+    /// caller went away gives its sandbox back to the pool.
+    fn serve_waiting(self: &Arc<Self>) {
+        let mut waiting = self.waiting.lock().expect("pool lock");
+        while !waiting.is_empty() {
+            let Some(p) = self.take_ready() else { break };
+            let mut p = Some(p);
+            while let Some(waiter) = waiting.pop_front() {
+                match waiter.send(Ok(p.take().expect("one sandbox"))) {
+                    Ok(()) => break,
+                    Err(back) => p = Some(back.expect("sent a sandbox")),
+                }
+            }
+            if let Some(p) = p {
+                self.ready.lock().expect("pool lock").push_front(p);
+            }
+        }
+    }
+
+    /// Answers the oldest waiting claim (whose caller is still there) with
+    /// a creation's failure, so that a claim never outwaits an engine that
+    /// fails every creation. False when no claim was waiting.
+    fn fail_oldest(&self, e: SandboxError) -> bool {
+        let mut waiting = self.waiting.lock().expect("pool lock");
+        let mut e = Some(e);
+        while let Some(waiter) = waiting.pop_front() {
+            match waiter.send(Err(e.take().expect("one error"))) {
+                Ok(()) => return true,
+                Err(back) => e = back.err(),
+            }
+        }
+        false
+    }
+
+    fn waiting(&self) -> usize {
+        self.waiting.lock().expect("pool lock").len()
     }
 
     fn throw_away(self: &Arc<Self>, p: Provisioned) {
@@ -282,6 +369,13 @@ impl Pool {
         target.min((self.room)())
     }
 
+    /// How many sandboxes should be ready or under way: the aim, and one for
+    /// each waiting claim (whose place under the server's cap its creation
+    /// already holds, so the room does not bound it).
+    fn wanted(&self) -> usize {
+        self.aim() + self.waiting()
+    }
+
     pub fn stats(&self) -> PoolStats {
         let c = &self.counters;
         PoolStats {
@@ -294,28 +388,33 @@ impl Pool {
         }
     }
 
-    /// Keeps `ready + refilling` at the aim, [`REFILLS_AT_ONCE`] at a time,
-    /// and removes what a lowered aim leaves over.
+    /// Keeps `ready + refilling` at what is wanted, `creations_at_once` at a
+    /// time, hands what ends to waiting claims first, and removes what a
+    /// lowered aim leaves over.
     async fn fill(self: Arc<Self>) {
         let mut refilling: JoinSet<(Result<Provisioned>, Duration)> = JoinSet::new();
         let mut paused_until: Option<Instant> = None;
         loop {
-            let aim = self.aim();
-            let may_refill = paused_until.is_none_or(|t| Instant::now() >= t);
+            self.serve_waiting();
+            let wanted = self.wanted();
+            // A failure pauses refills for the pool's own sake only: claims
+            // that wait are answered, by a sandbox or by the next failure.
+            let may_refill = self.waiting() > 0 || paused_until.is_none_or(|t| Instant::now() >= t);
             while may_refill
-                && self.ready() + refilling.len() < aim
-                && refilling.len() < REFILLS_AT_ONCE
+                && self.ready() + refilling.len() < wanted
+                && refilling.len() < self.at_once
                 && !self.stop.is_cancelled()
             {
-                let ctx = self.ctx.clone();
+                let pool = self.clone();
                 refilling.spawn(async move {
                     let started = Instant::now();
-                    (provision_warm(&ctx).await, started.elapsed())
+                    let made = provision_warm(&pool.ctx, || pool.waiting() > 0).await;
+                    (made, started.elapsed())
                 });
             }
             let surplus: Vec<Provisioned> = {
                 let mut ready = self.ready.lock().expect("pool lock");
-                let keep = aim.min(ready.len());
+                let keep = wanted.min(ready.len());
                 ready.drain(keep..).collect()
             };
             for p in surplus {
@@ -331,7 +430,9 @@ impl Pool {
                     }
                     Ok((Err(e), _)) => {
                         warn!(error = %e, "could not fill the warm pool; retrying");
-                        paused_until = Some(Instant::now() + REFILL_BACKOFF);
+                        if !self.fail_oldest(e) {
+                            paused_until = Some(Instant::now() + REFILL_BACKOFF);
+                        }
                     }
                     Err(e) => warn!(error = %e, "a refill of the warm pool ended inside the server"),
                 },
@@ -340,7 +441,9 @@ impl Pool {
                 _ = self.stop.cancelled() => break,
             }
         }
-        // Refills still running are finished and removed, not left behind.
+        // Claims still waiting are answered (their senders dropped), and
+        // refills still running are finished and removed, not left behind.
+        self.waiting.lock().expect("pool lock").clear();
         while let Some(done) = refilling.join_next().await {
             if let Ok((Ok(p), _)) = done {
                 discard(&self.ctx, &p).await;

@@ -39,41 +39,78 @@ async fn sandboxes_come_from_the_warm_pool_which_refills() {
     assert_eq!(h.sb().list(OWNER).await[0].sandbox_id, id);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn thirty_concurrent_creations_from_a_pool_of_thirty_get_distinct_working_sandboxes() {
-    const N: usize = 30;
-    let mut h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(N)).await;
+/// Waits (at most three minutes) until the pool holds `n` warm sandboxes.
+async fn pool_ready(h: &Harness, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while h.sb().stats().await.pool.ready < N {
+    while h.sb().stats().await.pool.ready < n {
         assert!(std::time::Instant::now() < deadline, "the pool did not fill");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(h.own_objects(), (N, N));
-    let creations = (0..N).map(|i| {
+}
+
+/// `n` creations at once by the test's tenant, named after `what`.
+async fn burst(h: &Harness, n: usize, what: &str) -> Vec<uuid::Uuid> {
+    let creations = (0..n).map(|i| {
         h.sb()
-            .create(OWNER, Some(format!("burst {i}")), Quota::UNLIMITED, Default::default())
+            .create(OWNER, Some(format!("{what} {i}")), Quota::UNLIMITED, Default::default())
     });
-    let ids: Vec<_> = futures_util::future::join_all(creations)
+    futures_util::future::join_all(creations)
         .await
         .into_iter()
         .map(|r| r.expect("created").sandbox_id)
-        .collect();
-    let stats = h.sb().stats().await.pool;
-    assert_eq!(
-        stats.claims as usize, N,
-        "every creation was served from the pool: {stats:?}"
-    );
-    let mut distinct = ids.clone();
+        .collect()
+}
+
+/// Checks that `ids` are distinct sandboxes, each running its own code.
+async fn distinct_and_working(h: &Harness, ids: &[uuid::Uuid]) {
+    let mut distinct = ids.to_vec();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct.len(), N);
+    assert_eq!(distinct.len(), ids.len(), "a sandbox was handed out twice");
     let codes: Vec<String> = ids.iter().map(|id| format!("print('{id}')")).collect();
     let runs = ids.iter().zip(&codes).map(|(id, code)| h.py(*id, code));
     for (id, ran) in ids.iter().zip(futures_util::future::join_all(runs).await) {
         assert_eq!(ran.output.stdout, format!("{id}\n"), "{}", ran.output.stderr);
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thirty_concurrent_creations_from_a_pool_of_thirty_get_distinct_working_sandboxes() {
+    const N: usize = 30;
+    let mut h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(N)).await;
+    pool_ready(&h, N).await;
+    assert_eq!(h.own_objects(), (N, N));
+    let ids = burst(&h, N, "burst").await;
+    let stats = h.sb().stats().await.pool;
+    assert_eq!(
+        stats.claims as usize, N,
+        "every creation was served from the pool: {stats:?}"
+    );
+    distinct_and_working(&h, &ids).await;
     within("the pool refills", Duration::from_secs(180), || {
         h.own_objects() == (2 * N, 2 * N)
+    })
+    .await;
+    h.sandboxes.take().unwrap().shutdown().await;
+    assert_eq!(h.own_objects(), (N, N), "a stopped server removes what it pooled");
+    h.settings.pool = sandbox_actors::config::PoolConfig::off();
+    h.restart().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_past_the_pool_waits_for_the_pool_s_own_creations_and_gets_distinct_working_sandboxes() {
+    const N: usize = 8;
+    let mut h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(2)).await;
+    pool_ready(&h, 2).await;
+    let ids = burst(&h, N, "past the pool").await;
+    let stats = h.sb().stats().await.pool;
+    assert_eq!((stats.claims, stats.misses), (2, N as u64 - 2), "{stats:?}");
+    // The claims that found it empty were served by the pool's creations:
+    // the two it started with, one for each such claim.
+    assert!(stats.refills as usize >= N, "{stats:?}");
+    distinct_and_working(&h, &ids).await;
+    within("the pool refills", Duration::from_secs(60), || {
+        h.own_objects() == (N + 2, N + 2)
     })
     .await;
     h.sandboxes.take().unwrap().shutdown().await;

@@ -134,6 +134,7 @@ fn adaptive(min: usize, max: usize) -> PoolConfig {
         min,
         max,
         shrink_after_seconds: 120,
+        ..PoolConfig::default()
     }
 }
 
@@ -189,8 +190,100 @@ async fn the_pool_never_holds_more_than_max_or_the_room_under_the_server_s_cap()
     until("room again: the pool grows back", || s.sb().pool_ready() == 4).await;
 }
 
+/// A burst of `n` creations by the test's tenant, each with the paused
+/// time it took to be answered.
+async fn timed_burst(s: &Server, n: usize) -> Vec<Duration> {
+    let start = tokio::time::Instant::now();
+    let claims = (0..n).map(|_| async {
+        s.sb()
+            .create(OWNER, None, Quota::UNLIMITED, Default::default())
+            .await
+            .unwrap();
+        start.elapsed()
+    });
+    futures_util::future::join_all(claims).await
+}
+
 #[tokio::test(start_paused = true)]
-async fn refills_run_in_parallel_and_a_cold_creation_does_not_wait_behind_them() {
+async fn a_burst_past_the_pool_is_served_in_order_a_few_creations_at_a_time() {
+    let s = Server::with(|st| st.pool = adaptive(1, 4)).await;
+    until("the pool holds its minimum", || s.sb().pool_ready() == 1).await;
+    s.fake.set_create_delay(Duration::from_secs(1));
+    let created_before = creations(&s);
+    let mut took = timed_burst(&s, 9).await;
+    took.sort();
+    // One from the pool at once; then the pool's creations, four at a
+    // time, each ending in one creation's time and serving the oldest
+    // claims first: four answered within the first round, four in the
+    // second. (Nine started together would all have ended together.)
+    assert!(took[0] < Duration::from_millis(100), "{took:?}");
+    assert!(took[4] < Duration::from_secs(2), "the first round: {took:?}");
+    assert!(
+        took[5] >= Duration::from_secs(2) && took[8] < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // Then the pool refills to the burst's size, bounded by max.
+    until("the pool refills to max", || s.sb().pool_ready() == 4).await;
+    pass(Duration::from_secs(5)).await;
+    assert_eq!(
+        creations(&s) - created_before,
+        8 + 4,
+        "the claims' eight and the pool's four"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_whose_caller_left_gives_its_sandbox_back_to_the_pool() {
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
+    until("the pool is full", || s.sb().pool_ready() == 1).await;
+    s.fake.set_create_delay(Duration::from_secs(1));
+    let _first = s.create().await;
+    // The second claim waits for the refill; its caller leaves first.
+    let left = tokio::time::timeout(Duration::from_millis(500), s.create()).await;
+    assert!(left.is_err(), "answered before its sandbox could be made");
+    until("the sandbox made for it waits in the pool", || s.sb().pool_ready() == 1).await;
+    pass(Duration::from_secs(5)).await;
+    assert_eq!(
+        s.fake.containers().len(),
+        2,
+        "the pool kept it rather than making another"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_claims_are_answered_when_the_engine_fails_every_creation() {
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
+    until("the pool is full", || s.sb().pool_ready() == 1).await;
+    s.fake.set_engine_down(true);
+    let claims = (0..3).map(|_| s.sb().create(OWNER, None, Quota::UNLIMITED, Default::default()));
+    let answered = tokio::time::timeout(Duration::from_secs(60), futures_util::future::join_all(claims))
+        .await
+        .expect("every waiting claim is answered");
+    let served = answered.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(served, 1, "the pooled one, and no other while the engine is down");
+    s.fake.set_engine_down(false);
+    let id = s.create().await;
+    assert_eq!(s.stdout(id, "echo back").await, "echo back\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_waiting_when_the_server_stops_is_answered() {
+    let mut s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
+    until("the pool is full", || s.sb().pool_ready() == 1).await;
+    s.fake.set_create_delay(Duration::from_secs(30));
+    let _first = s.create().await;
+    let sandboxes = s.sandboxes.take().unwrap();
+    let waiting = sandboxes.create(OWNER, None, Quota::UNLIMITED, Default::default());
+    let stop = async {
+        pass(Duration::from_secs(1)).await;
+        sandboxes.shutdown().await;
+    };
+    let (answer, ()) = tokio::join!(waiting, stop);
+    assert!(answer.is_err(), "a stopping server made no sandbox for it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn refills_run_in_parallel_and_a_claim_that_finds_the_pool_empty_does_not_wait_behind_them() {
     let s = Server::with(|st| st.pool = adaptive(8, 8)).await;
     s.fake.set_create_delay(Duration::from_secs(1));
     let started = tokio::time::Instant::now();
@@ -202,8 +295,8 @@ async fn refills_run_in_parallel_and_a_cold_creation_does_not_wait_behind_them()
         "{took:?}"
     );
     let _drain = burst(&s, 8).await;
-    // The refills are under way; a creation that finds the pool empty
-    // makes its own sandbox in one creation's time, not behind them.
+    // The refills are under way; a claim that finds the pool empty takes
+    // the first of them to end, in one creation's time, not after them all.
     let cold = tokio::time::Instant::now();
     let _mine = burst(&s, 1).await;
     let waited = cold.elapsed();
