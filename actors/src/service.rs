@@ -399,6 +399,12 @@ impl Sandboxes {
             .await
     }
 
+    /// How many sandboxes `owner` has.
+    fn count(&self, owner: &str) -> usize {
+        let registry = self.registry.read().expect("registry lock");
+        registry.values().filter(|e| e.owner == owner).count()
+    }
+
     /// Counts `owner`'s sandboxes (and those being created) against `quota`
     /// and holds a place until the returned guard is dropped, so concurrent
     /// creations cannot exceed it.
@@ -442,7 +448,9 @@ impl Sandboxes {
                 ))
             }
             Some(n) => n,
-            None => format!("Sandbox {}", self.list(owner).await.len() + 1),
+            // Counted in the registry: asking each of a tenant's actors for
+            // its details would cost one message per sandbox per creation.
+            None => format!("Sandbox {}", self.count(owner) + 1),
         };
         let configured = self.ctx.settings.sandbox.max_lifetime_seconds;
         let configured = (configured > 0).then(|| Duration::from_secs(configured));
@@ -783,7 +791,7 @@ impl Creation {
         // other kind (bridged or proxied) cannot serve this policy.
         let egress = self.egress;
         let pooled = match egress.is_proxied() == self.ctx.egress.default_policy().is_proxied() {
-            true => self.pool.take(),
+            true => self.pool.claim().await.transpose()?,
             false => None,
         };
         let provisioned = match pooled {
