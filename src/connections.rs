@@ -163,7 +163,8 @@ pub enum OpenFilesError {
 /// Descriptors the server may hold at once: its HTTP connections and the
 /// refusals it writes, every sandbox's own and its egress proxy's (whether
 /// a sandbox is proxied depends on its key, so each is counted as if it
-/// were), and a reserve.
+/// were, unless no policy in force is proxied: then `egress_max_connections`
+/// is 0), and a reserve.
 fn descriptors_needed(limits: &LimitsConfig, egress_max_connections: usize) -> u64 {
     let per_sandbox = DESCRIPTORS_PER_SANDBOX + sandbox_actors::egress::descriptors_per_sandbox(egress_max_connections);
     limits.max_connections as u64
@@ -173,8 +174,8 @@ fn descriptors_needed(limits: &LimitsConfig, egress_max_connections: usize) -> u
 }
 
 /// Raises the open-file soft limit to the hard limit and checks that the
-/// connection cap, with room for the sandboxes (capped at
-/// `egress_max_connections` proxied connections each) and the server's own
+/// connection cap, with room for the sandboxes (each holding at most
+/// `egress_max_connections` proxied connections) and the server's own
 /// files, fits in it. Returns the limit.
 pub fn raise_open_file_limit(limits: &LimitsConfig, egress_max_connections: usize) -> Result<u64, OpenFilesError> {
     let mut lim = libc::rlimit {

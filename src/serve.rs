@@ -109,7 +109,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         )?),
         false => None,
     };
-    let open_files = connections::raise_open_file_limit(&config.limits, config.sandbox.egress_max_connections)?;
+    let open_files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
