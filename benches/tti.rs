@@ -5,7 +5,9 @@
 //! sequential (one after another), staggered (one started every
 //! `--stagger-ms`), burst (all at once), and a second burst after
 //! `--second-burst-after-seconds` of quiet. Each mode starts with the warm
-//! pool full and ends by deleting every sandbox it made.
+//! pool full and ends by deleting every sandbox it made. `--modes` picks
+//! some of them, in this order (`--modes burst,second-burst`: the first
+//! burst meets a freshly started server, before any demand raised its pool).
 //!
 //! Per mode it prints p50/p95/p99/max, the success rate, and the ComputeSDK
 //! score: per statistic 100 × (1 − value / 10 s), clamped to [0, 100],
@@ -19,7 +21,7 @@
 //! Every `MCP_SANDBOX_*` variable of the benchmark's environment reaches the
 //! server and overrides the file. The server listens on 127.0.0.1 only.
 //!
-//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min 2 --pool-max 32 --second-burst-after-seconds 60]`
+//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min 2 --pool-max 32 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst]`
 
 mod common;
 
@@ -50,14 +52,7 @@ async fn attempt(c: &McpClient, name: String, deadline: Duration) -> Attempt {
     let mut sandbox = None;
     let t = Instant::now();
     let work = async {
-        let created = c
-            .try_tool("create_sandbox", json!({"name": name}))
-            .await
-            .map_err(|e| format!("create_sandbox: {e:?}"))?;
-        let id = created["sandbox_id"]
-            .as_str()
-            .ok_or_else(|| format!("create_sandbox answered {created}"))?
-            .to_string();
+        let id = c.try_create(&name).await?;
         sandbox = Some(id.clone());
         let ran = c
             .try_tool(
@@ -243,19 +238,23 @@ async fn main() -> std::process::ExitCode {
     let pause = Duration::from_secs(arg("--second-burst-after-seconds", 60));
     let deadline = Duration::from_secs(arg("--deadline-seconds", 120));
     let mode_deadline = Duration::from_secs(arg("--mode-deadline-seconds", 600));
+    let chosen: String = arg("--modes", "sequential,staggered,burst,second-burst".to_string());
+    let chosen: Vec<&str> = chosen.split(',').map(str::trim).collect();
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tti.toml");
     let text = config_text(n, (min, max));
     std::fs::write(&config, &text).unwrap();
-    // The flags win over inherited MCP_SANDBOX_POOL_* variables (which would
-    // otherwise override the file).
+    // The flags win over inherited MCP_SANDBOX_POOL_MIN/MAX/SIZE variables
+    // (which would otherwise override the file).
     let env = [
         ("MCP_SANDBOX_POOL_MIN", min.to_string()),
         ("MCP_SANDBOX_POOL_MAX", max.to_string()),
     ];
     let passed: Vec<String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("MCP_SANDBOX_") && !k.starts_with("MCP_SANDBOX_POOL_"))
+        .filter(|(k, _)| {
+            k.starts_with("MCP_SANDBOX_") && k != "MCP_SANDBOX_POOL_SIZE" && !env.iter().any(|(flag, _)| flag == k)
+        })
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     println!("tti: n = {n}, pool min {min} max {max}, server {bin}, listening on 127.0.0.1 only");
@@ -272,12 +271,16 @@ async fn main() -> std::process::ExitCode {
     // the set-up and clean-up calls within the same.
     let http = reqwest::Client::builder().timeout(deadline).build().unwrap();
     let admin = McpClient::http(http.clone(), &server.base).await;
-    let modes = [
+    let all = [
         ("sequential", Mode::Sequential, Duration::ZERO),
         ("staggered", Mode::Staggered(stagger), Duration::ZERO),
         ("burst", Mode::Burst, Duration::ZERO),
         ("second burst", Mode::Burst, pause),
     ];
+    let modes: Vec<_> = all
+        .into_iter()
+        .filter(|(label, ..)| chosen.iter().any(|c| *c == label.replace(' ', "-")))
+        .collect();
     let mut rows = vec![];
     let mut problems = vec![];
     for (label, mode, quiet) in modes {

@@ -249,6 +249,18 @@ impl McpClient {
         Ok(result["structuredContent"].take())
     }
 
+    /// Creates a sandbox named `name`: its id, or what the call came to.
+    pub async fn try_create(&self, name: &str) -> Result<String, String> {
+        let created = self
+            .try_tool("create_sandbox", json!({"name": name}))
+            .await
+            .map_err(|e| format!("create_sandbox: {e:?}"))?;
+        created["sandbox_id"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| format!("create_sandbox answered {created}"))
+    }
+
     /// Calls a tool; the whole result (`content` and `structuredContent`).
     pub async fn try_call(&self, name: &str, args: Value) -> Result<Value, CallError> {
         let mut v = self

@@ -1,0 +1,231 @@
+//! Live sandboxes on one host: how many one server holds, and what each
+//! costs. Creates `--n` sandboxes in steps of `--step`, `--parallel` at a
+//! time over Streamable HTTP, each running `print(1)` once as an agent's
+//! first call would (so its Python worker is up); idle sandboxes pause after
+//! `--pause-after` seconds. After each step it prints the host's memory in
+//! use and per sandbox, the server's RSS and descriptors, the loop devices
+//! and mounts the disk quotas hold, the firewall's rule count, the time of
+//! `list_sandboxes` and of a `/metrics` scrape, and `print(1)` on
+//! `--probes` sandboxes picked at random (most of them paused). It stops
+//! early, and says why, when the host's available memory falls below
+//! `--min-available-mb` or a step's creations fail: that is the measured
+//! ceiling and what bounds it. Every sandbox is deleted at the end.
+//!
+//! `cargo build --release && cargo bench --bench density [-- --n 1000 --step 100 --parallel 4]`
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::mcp::{load_limits, McpClient, Server, LOAD_SANDBOX_LIFETIME_SECONDS};
+use common::{arg, Series};
+use futures_util::StreamExt;
+use rand::seq::IndexedRandom;
+use serde_json::json;
+
+/// A kilobyte figure of `/proc/meminfo`, in MiB.
+fn meminfo_mb(key: &str) -> f64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn used_mb() -> f64 {
+    meminfo_mb("MemTotal") - meminfo_mb("MemAvailable")
+}
+
+fn loop_devices() -> usize {
+    std::fs::read_dir("/sys/block")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+                .filter(|e| std::fs::metadata(e.path().join("loop/backing_file")).is_ok())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn mounts() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+fn firewall_rules() -> usize {
+    std::process::Command::new("iptables")
+        .args(["-w", "-S"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0)
+}
+
+/// Creates a sandbox and runs `print(1)` in it; its id, or what failed.
+async fn make(c: &McpClient, i: usize) -> Result<String, String> {
+    let id = c.try_create(&format!("density-{i}")).await?;
+    print_one(c, &id).await?;
+    Ok(id)
+}
+
+async fn print_one(c: &McpClient, id: &str) -> Result<Duration, String> {
+    let t = Instant::now();
+    let ran = c
+        .try_tool("execute_python_code", json!({"sandbox_id": id, "code": "print(1)"}))
+        .await
+        .map_err(|e| format!("print(1): {e:?}"))?;
+    match ran["stdout"].as_str() {
+        Some("1\n") => Ok(t.elapsed()),
+        _ => Err(format!("print(1) answered {ran}")),
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let bin: String = arg("--bin", "target/release/mcp-sandbox".to_string());
+    let n: usize = arg("--n", 1000);
+    let step: usize = arg("--step", 100).max(1);
+    let parallel: usize = arg("--parallel", 4).max(1);
+    let pause_after: u64 = arg("--pause-after", 5);
+    let probes: usize = arg("--probes", 50);
+    let floor_mb: f64 = arg("--min-available-mb", 3072.0);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("density.toml");
+    let mut text = String::from("# Written by benches/density.rs for one run.\n[limits]\n");
+    for (key, value) in load_limits(n + 10, 200) {
+        text.push_str(&format!("{key} = {value}\n"));
+    }
+    text.push_str(&format!(
+        "\n[sandbox]\nmax_lifetime_seconds = {LOAD_SANDBOX_LIFETIME_SECONDS}\npause_after_seconds = {pause_after}\n\n[pool]\nmin = 0\nmax = 0\n"
+    ));
+    std::fs::write(&config, &text).unwrap();
+    println!("density: up to {n} sandboxes, {step} a step, {parallel} at a time; server {bin}");
+    println!("server configuration file:\n{text}");
+
+    let base_used = used_mb();
+    let server = Server::start_configured(&bin, &config, &[]).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let c = McpClient::http(http.clone(), &server.base).await;
+    println!(
+        "host memory in use before the server: {base_used:.0} MiB; available {:.0} MiB",
+        meminfo_mb("MemAvailable")
+    );
+    println!();
+    println!("| live | created in s | host MiB in use | MiB per sandbox | server RSS MiB | server fds | loop devices | mounts | firewall rules | list ms | /metrics ms | print(1) p50 ms | p99 ms | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+
+    let mut live: Vec<String> = vec![];
+    let mut errors: Vec<String> = vec![];
+    let mut stopped = None;
+    while live.len() < n {
+        let count = step.min(n - live.len());
+        let t = Instant::now();
+        let made: Vec<Result<String, String>> = futures_util::stream::iter(live.len()..live.len() + count)
+            .map(|i| make(&c, i))
+            .buffer_unordered(parallel)
+            .collect()
+            .await;
+        let took = t.elapsed();
+        let failed = made.iter().filter(|m| m.is_err()).count();
+        for m in made {
+            match m {
+                Ok(id) => live.push(id),
+                Err(e) => errors.push(e),
+            }
+        }
+        // Let the step's sandboxes go idle and pause, as most of a full
+        // host's do.
+        tokio::time::sleep(Duration::from_secs(pause_after + 2)).await;
+        let t = Instant::now();
+        let listed = c.try_tool("list_sandboxes", json!({})).await;
+        let list_ms = t.elapsed().as_secs_f64() * 1000.0;
+        if let Err(e) = listed {
+            errors.push(format!("list_sandboxes: {e:?}"));
+        }
+        let t = Instant::now();
+        let scraped = http.get(format!("{}/metrics", server.base)).send().await;
+        let metrics_ms = t.elapsed().as_secs_f64() * 1000.0;
+        if scraped.is_err() {
+            errors.push("/metrics did not answer".into());
+        }
+        let picked: Vec<String> = {
+            let mut rng = rand::rng();
+            (0..probes).filter_map(|_| live.choose(&mut rng).cloned()).collect()
+        };
+        let mut times = vec![];
+        for id in &picked {
+            match print_one(&c, id).await {
+                Ok(d) => times.push(d),
+                Err(e) => errors.push(e),
+            }
+        }
+        let s = Series::new("print(1)", times);
+        let used = used_mb() - base_used;
+        println!(
+            "| {} | {:.1} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {} |",
+            live.len(),
+            took.as_secs_f64(),
+            used,
+            used / live.len().max(1) as f64,
+            server.rss_mb(),
+            server.descriptors(),
+            loop_devices(),
+            mounts(),
+            firewall_rules(),
+            list_ms,
+            metrics_ms,
+            s.pct(50.0),
+            s.pct(99.0),
+            errors.len()
+        );
+        if failed > 0 {
+            stopped = Some(format!("{failed} of {count} creations of the step failed"));
+            break;
+        }
+        let available = meminfo_mb("MemAvailable");
+        if available < floor_mb {
+            stopped = Some(format!(
+                "the host's available memory is down to {available:.0} MiB (floor {floor_mb:.0})"
+            ));
+            break;
+        }
+    }
+    println!();
+    match &stopped {
+        Some(why) => println!("stopped at {} live sandboxes: {why}", live.len()),
+        None => println!("all {n} sandboxes live"),
+    }
+    errors.sort();
+    errors.dedup();
+    for e in errors.iter().take(5) {
+        println!("error: {e}");
+    }
+    let t = Instant::now();
+    let c = &c;
+    let deleted: Vec<Option<String>> = futures_util::stream::iter(&live)
+        .map(|id| async move {
+            c.try_tool("delete_sandbox", json!({"sandbox_id": id}))
+                .await
+                .err()
+                .map(|e| format!("{e:?}"))
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let failed = deleted.iter().flatten().count();
+    println!(
+        "deleted {} sandboxes in {:.1} s ({failed} failed)",
+        live.len(),
+        t.elapsed().as_secs_f64()
+    );
+    drop(server);
+    match failed {
+        0 => std::process::ExitCode::SUCCESS,
+        _ => std::process::ExitCode::FAILURE,
+    }
+}
