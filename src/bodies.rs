@@ -219,7 +219,7 @@ mod tests {
         // One byte every 2 s: it buys a millisecond each time.
         let (body, expired) = deadlined(trickle(1, Duration::from_secs(2), 1000));
         let started = Instant::now();
-        let err = body.collect().await.err().expect("cut off");
+        let err = body.collect().await.expect_err("cut off");
         assert!(err.to_string().contains("too slowly"), "{err}");
         assert!(expired.load(Ordering::Relaxed));
         let took = started.elapsed();

@@ -270,13 +270,13 @@ impl Metrics {
             (
                 "mcp_sandbox_pool_claims_total",
                 "counter",
-                "Creations served from the pool.",
+                "Creations served at once from a ready pooled sandbox.",
                 pool.claims as f64,
             ),
             (
                 "mcp_sandbox_pool_misses_total",
                 "counter",
-                "Creations that found the pool empty and made their sandbox cold.",
+                "Creations that found the pool empty and waited for its next sandbox.",
                 pool.misses as f64,
             ),
             (

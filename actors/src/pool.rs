@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +49,9 @@ pub struct Provisioned {
     /// The warm pool's connection to the agent, kept only to notice that
     /// the container died while it waited (an engine restart, a kill).
     warm: Option<AgentClient>,
+    /// Whether its Python worker was started ahead (not for a sandbox
+    /// handed straight to a waiting claim).
+    warmed: bool,
 }
 
 impl Provisioned {
@@ -87,6 +90,7 @@ pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisione
             id,
             container,
             warm: None,
+            warmed: false,
         }),
         Err(e) => {
             remove_host_side(ctx, id).await;
@@ -136,28 +140,30 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
 }
 
 /// Provisions a sandbox and waits until its worker is up, so that the first
-/// call of its owner costs what any later call costs; unless claims are
-/// waiting once its agent answers: then it is handed over at once, and its
-/// worker starts with its first Python call, as a cold sandbox's does
-/// (claims that wait want an answer, and a worker's start is a second
-/// interpreter's start-up, of the CPU a burst's creations share).
-async fn provision_warm(ctx: &Context, claims_waiting: impl Fn() -> bool) -> Result<Provisioned> {
+/// call of its owner costs what any later call costs; unless, once its
+/// agent answers, more claims wait than sandboxes are ready or on their way
+/// to them: then it is handed over at once, and its worker starts with its
+/// first Python call, as a cold sandbox's does (claims that wait want an
+/// answer, and a worker's start is a second interpreter's start-up, of the
+/// CPU a burst's creations share).
+async fn provision_warm(ctx: &Context, for_a_waiting_claim: impl Fn() -> bool) -> Result<Provisioned> {
     let mut p = provision(ctx, ctx.egress.default_policy()).await?;
     let warmed = async {
         let mut client = wait_for_agent(ctx, p.id, &p.container.container_id).await?;
-        if claims_waiting() {
-            return Ok(client);
+        if for_a_waiting_claim() {
+            return Ok((client, false));
         }
         let warm_up = Work::Python("pass".into());
         tokio::time::timeout(WARM_DEADLINE, client.run(&warm_up, 30.0, 1024, None))
             .await
             .map_err(|_| AgentFailure::WorkerDidNotStart)?
             .map_err(AgentFailure::from)?;
-        Ok(client)
+        Ok((client, true))
     };
     match warmed.await {
-        Ok(client) => {
+        Ok((client, warmed)) => {
             p.warm = Some(client);
+            p.warmed = warmed;
             Ok(p)
         }
         Err(e) => {
@@ -202,13 +208,44 @@ struct Counters {
     refill_micros: AtomicU64,
 }
 
+/// Clears the queue of waiting claims when dropped.
+struct ClearOnDrop(Arc<Pool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        // A poisoned lock (a panic while it was held) still holds the queue.
+        let mut waiting = self.0.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        waiting.clear();
+    }
+}
+
 /// The answer of a claim the pool stopped before serving.
 fn stopping() -> SandboxError {
     SandboxError::Internal("the server is stopping and made no sandbox for this call; try again once it is back".into())
 }
 
+/// How a creation of the pool ended (with its time), as its task returns it.
+type Refill = std::result::Result<(Result<Provisioned>, Duration), tokio::task::JoinError>;
+
 /// A claim that found the pool empty, waiting for the next sandbox.
 type Waiter = oneshot::Sender<Result<Provisioned>>;
+
+/// The receiving end of a waiting claim. Dropped before it was read (its
+/// caller went away), it gives what it was sent back to the pool, so that a
+/// sandbox handed over at that moment is neither lost nor left running.
+struct Waiting {
+    rx: oneshot::Receiver<Result<Provisioned>>,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(Ok(p)) = self.rx.try_recv() {
+            self.pool.give_back(p);
+        }
+    }
+}
 
 pub struct Pool {
     ctx: Arc<Context>,
@@ -220,6 +257,9 @@ pub struct Pool {
     ready: Mutex<VecDeque<Provisioned>>,
     /// Claims waiting for a sandbox, oldest first.
     waiting: Mutex<VecDeque<Waiter>>,
+    /// Creations that skipped the warm-up for a waiting claim and have not
+    /// yet joined `ready`.
+    for_waiting: AtomicUsize,
     counters: Counters,
     wake: Notify,
     stop: CancellationToken,
@@ -239,6 +279,7 @@ impl Pool {
             target: Mutex::new(target),
             ready: Mutex::new(VecDeque::new()),
             waiting: Mutex::new(VecDeque::new()),
+            for_waiting: AtomicUsize::new(0),
             counters: Counters::default(),
             wake: Notify::new(),
             stop: CancellationToken::new(),
@@ -277,17 +318,38 @@ impl Pool {
                     return Some(Ok(p));
                 }
             }
-            // The filler clears the queue under this lock once stopped.
-            if self.stop.is_cancelled() {
+            // The filler clears the queue under this lock once stopped
+            // (or ended otherwise: see `fill`).
+            if self.stop.is_cancelled() || self.filler_ended() {
                 return Some(Err(stopping()));
             }
             let (tx, rx) = oneshot::channel();
             waiting.push_back(tx);
-            rx
+            Waiting { rx, pool: self.clone() }
         };
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
-        Some(waiting.await.unwrap_or_else(|_| Err(stopping())))
+        let mut waiting = waiting;
+        Some((&mut waiting.rx).await.unwrap_or_else(|_| Err(stopping())))
+    }
+
+    fn filler_ended(&self) -> bool {
+        let filler = self.filler.lock().expect("pool lock");
+        filler.as_ref().is_some_and(tokio::task::JoinHandle::is_finished)
+    }
+
+    /// Puts a sandbox that a claim was handed but did not take back at the
+    /// head of the pool.
+    fn give_back(self: &Arc<Self>, p: Provisioned) {
+        if self.stop.is_cancelled() {
+            // The pool is emptied already: remove it, as a stop removes
+            // every sandbox nobody claimed.
+            let pool = self.clone();
+            tokio::spawn(async move { discard(&pool.ctx, &p).await });
+            return;
+        }
+        self.ready.lock().expect("pool lock").push_front(p);
+        self.wake.notify_one();
     }
 
     /// The oldest ready sandbox that is still alive.
@@ -337,6 +399,29 @@ impl Pool {
 
     fn waiting(&self) -> usize {
         self.waiting.lock().expect("pool lock").len()
+    }
+
+    /// Whether a creation whose agent just answered is for a waiting claim
+    /// (more claims wait than sandboxes are ready or on their way to one),
+    /// counting it as on its way when it is.
+    fn take_waiting_place(&self) -> bool {
+        let waiting = self.waiting.lock().expect("pool lock");
+        let covered = self.ready() + self.for_waiting.load(Ordering::SeqCst);
+        let place = waiting.len() > covered;
+        if place {
+            self.for_waiting.fetch_add(1, Ordering::SeqCst);
+        }
+        place
+    }
+
+    /// A finished creation, no longer on its way to a waiting claim.
+    fn landed(&self, done: Refill) -> Refill {
+        if let Ok((Ok(p), _)) = &done {
+            if !p.warmed {
+                self.for_waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        done
     }
 
     fn throw_away(self: &Arc<Self>, p: Provisioned) {
@@ -392,36 +477,46 @@ impl Pool {
     /// time, hands what ends to waiting claims first, and removes what a
     /// lowered aim leaves over.
     async fn fill(self: Arc<Self>) {
+        // However the loop ends (a panic included), no claim is left
+        // waiting on it: the queue's senders are dropped, which answers them.
+        let _answer_waiting = ClearOnDrop(self.clone());
         let mut refilling: JoinSet<(Result<Provisioned>, Duration)> = JoinSet::new();
+        let mut removing: JoinSet<()> = JoinSet::new();
         let mut paused_until: Option<Instant> = None;
         loop {
             self.serve_waiting();
-            let wanted = self.wanted();
             // A failure pauses refills for the pool's own sake only: claims
-            // that wait are answered, by a sandbox or by the next failure.
-            let may_refill = self.waiting() > 0 || paused_until.is_none_or(|t| Instant::now() >= t);
-            while may_refill
-                && self.ready() + refilling.len() < wanted
-                && refilling.len() < self.at_once
-                && !self.stop.is_cancelled()
+            // that wait are still made for, and answered by a sandbox or by
+            // the next failure.
+            let wanted = match paused_until.is_some_and(|t| Instant::now() < t) {
+                true => self.waiting(),
+                false => self.wanted(),
+            };
+            while self.ready() + refilling.len() < wanted && refilling.len() < self.at_once && !self.stop.is_cancelled()
             {
                 let pool = self.clone();
                 refilling.spawn(async move {
                     let started = Instant::now();
-                    let made = provision_warm(&pool.ctx, || pool.waiting() > 0).await;
+                    let made = provision_warm(&pool.ctx, || pool.take_waiting_place()).await;
                     (made, started.elapsed())
                 });
             }
+            // Removed beside the loop: a removal retried while the engine is
+            // down must not hold up the claims.
+            // (What is wanted is read before the lock of `ready`: `waiting`
+            // is always locked first.)
+            let keep = self.wanted();
             let surplus: Vec<Provisioned> = {
                 let mut ready = self.ready.lock().expect("pool lock");
-                let keep = wanted.min(ready.len());
+                let keep = keep.min(ready.len());
                 ready.drain(keep..).collect()
             };
             for p in surplus {
-                discard(&self.ctx, &p).await;
+                let ctx = self.ctx.clone();
+                removing.spawn(async move { discard(&ctx, &p).await });
             }
             tokio::select! {
-                Some(done) = refilling.join_next() => match done {
+                Some(done) = refilling.join_next() => match self.landed(done) {
                     Ok((Ok(p), _)) if self.stop.is_cancelled() => discard(&self.ctx, &p).await,
                     Ok((Ok(p), took)) => {
                         self.counters.refills.fetch_add(1, Ordering::Relaxed);
@@ -436,6 +531,7 @@ impl Pool {
                     }
                     Err(e) => warn!(error = %e, "a refill of the warm pool ended inside the server"),
                 },
+                Some(_) = removing.join_next() => {}
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(PRUNE_EVERY) => self.prune(),
                 _ = self.stop.cancelled() => break,
@@ -443,12 +539,13 @@ impl Pool {
         }
         // Claims still waiting are answered (their senders dropped), and
         // refills still running are finished and removed, not left behind.
-        self.waiting.lock().expect("pool lock").clear();
+        drop(_answer_waiting);
         while let Some(done) = refilling.join_next().await {
-            if let Ok((Ok(p), _)) = done {
+            if let Ok((Ok(p), _)) = self.landed(done) {
                 discard(&self.ctx, &p).await;
             }
         }
+        while removing.join_next().await.is_some() {}
     }
     /// Stops refilling and removes the sandboxes nobody claimed.
     pub async fn drain(&self) {

@@ -470,10 +470,10 @@ impl Sandboxes {
             egress: options.egress.unwrap_or(self.ctx.egress.default_policy()),
             lifetime,
         };
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (mut tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let _reservation = reservation;
-            let created = creation.run().await;
+            let created = creation.run(tx.closed()).await;
             if let Err(Ok((info, actor))) = tx.send(created) {
                 info!(sandbox = %info.sandbox_id, "the creator went away; removing the sandbox it asked for");
                 creation.abandon(info.sandbox_id, actor).await;
@@ -786,12 +786,18 @@ struct Creation {
 
 impl Creation {
     /// Claims a pooled sandbox or makes one, records it and starts its actor.
-    async fn run(&self) -> Result<(SandboxInfo, ActorRef<SandboxMsg>)> {
+    /// A claim still waiting for the pool when `left` ends (the caller went
+    /// away) gives up its place, so that the sandbox made for it stays in the
+    /// pool for the next claim instead of being recorded and removed.
+    async fn run(&self, left: impl std::future::Future<Output = ()>) -> Result<(SandboxInfo, ActorRef<SandboxMsg>)> {
         // Pooled sandboxes are made under the server's policy; one of the
         // other kind (bridged or proxied) cannot serve this policy.
         let egress = self.egress;
         let pooled = match egress.is_proxied() == self.ctx.egress.default_policy().is_proxied() {
-            true => self.pool.claim().await.transpose()?,
+            true => tokio::select! {
+                claimed = self.pool.claim() => claimed.transpose()?,
+                () = left => return Err(SandboxError::Internal("the caller went away before its sandbox was ready".into())),
+            },
             false => None,
         };
         let provisioned = match pooled {

@@ -191,7 +191,7 @@ async fn the_pool_never_holds_more_than_max_or_the_room_under_the_server_s_cap()
 }
 
 /// A burst of `n` creations by the test's tenant, each with the paused
-/// time it took to be answered.
+/// time it took to be answered, in the order the claims were made.
 async fn timed_burst(s: &Server, n: usize) -> Vec<Duration> {
     let start = tokio::time::Instant::now();
     let claims = (0..n).map(|_| async {
@@ -210,12 +210,12 @@ async fn a_burst_past_the_pool_is_served_in_order_a_few_creations_at_a_time() {
     until("the pool holds its minimum", || s.sb().pool_ready() == 1).await;
     s.fake.set_create_delay(Duration::from_secs(1));
     let created_before = creations(&s);
-    let mut took = timed_burst(&s, 9).await;
-    took.sort();
+    let took = timed_burst(&s, 9).await;
     // One from the pool at once; then the pool's creations, four at a
     // time, each ending in one creation's time and serving the oldest
     // claims first: four answered within the first round, four in the
     // second. (Nine started together would all have ended together.)
+    assert!(took.windows(2).all(|w| w[0] <= w[1]), "oldest claim first: {took:?}");
     assert!(took[0] < Duration::from_millis(100), "{took:?}");
     assert!(took[4] < Duration::from_secs(2), "the first round: {took:?}");
     assert!(
@@ -233,21 +233,57 @@ async fn a_burst_past_the_pool_is_served_in_order_a_few_creations_at_a_time() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_claim_whose_caller_left_gives_its_sandbox_back_to_the_pool() {
+async fn a_claim_whose_caller_left_gives_up_its_place_and_the_sandbox_made_stays_in_the_pool() {
     let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
     until("the pool is full", || s.sb().pool_ready() == 1).await;
     s.fake.set_create_delay(Duration::from_secs(1));
     let _first = s.create().await;
-    // The second claim waits for the refill; its caller leaves first.
+    // The second claim waits for a refill; its caller leaves first.
     let left = tokio::time::timeout(Duration::from_millis(500), s.create()).await;
     assert!(left.is_err(), "answered before its sandbox could be made");
-    until("the sandbox made for it waits in the pool", || s.sb().pool_ready() == 1).await;
+    until("a sandbox waits in the pool again", || s.sb().pool_ready() == 1).await;
     pass(Duration::from_secs(5)).await;
+    // The refill that ended first went to the pool: had the claim kept its
+    // place, that one would have been recorded for nobody and removed, and
+    // the second refill pooled instead.
+    let made: Vec<uuid::Uuid> = s
+        .fake
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Created { sandbox, .. } => Some(sandbox),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(made.len(), 3, "the pooled one, and a refill for each claim: {made:?}");
+    let left: Vec<uuid::Uuid> = s.fake.containers().into_iter().map(|(_, sb)| sb).collect();
+    assert!(left.contains(&made[1]) && !left.contains(&made[2]), "{made:?} {left:?}");
     assert_eq!(
-        s.fake.containers().len(),
-        2,
-        "the pool kept it rather than making another"
+        s.sb().list(OWNER).await.len(),
+        1,
+        "nothing recorded for the caller that left"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_made_for_a_waiting_claim_skips_the_worker_warm_up_and_one_made_for_the_pool_does_not() {
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
+    until("the pool is full", || s.sb().pool_ready() == 1).await;
+    s.fake.set_create_delay(Duration::from_secs(1));
+    let ids = burst(&s, 3).await;
+    let warmed = |id: uuid::Uuid| s.fake.execs(id).first().is_some_and(|(w, _)| w == "pass");
+    let warmed_claims = ids.iter().filter(|id| warmed(**id)).count();
+    assert_eq!(warmed_claims, 1, "only the one that was ready before the burst");
+    until("the pool refills", || s.sb().pool_ready() == 1).await;
+    let pooled: Vec<_> = s
+        .fake
+        .containers()
+        .into_iter()
+        .map(|(_, sb)| sb)
+        .filter(|sb| !ids.contains(sb))
+        .collect();
+    assert_eq!(pooled.len(), 1);
+    assert!(warmed(pooled[0]), "a sandbox made for the pool is warmed");
 }
 
 #[tokio::test(start_paused = true)]
@@ -278,7 +314,9 @@ async fn a_claim_waiting_when_the_server_stops_is_answered() {
         pass(Duration::from_secs(1)).await;
         sandboxes.shutdown().await;
     };
-    let (answer, ()) = tokio::join!(waiting, stop);
+    let (answer, ()) = tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(waiting, stop) })
+        .await
+        .expect("the waiting claim is answered");
     assert!(answer.is_err(), "a stopping server made no sandbox for it");
 }
 
