@@ -343,9 +343,13 @@ impl Pool {
     fn give_back(self: &Arc<Self>, p: Provisioned) {
         if self.stop.is_cancelled() {
             // The pool is emptied already: remove it, as a stop removes
-            // every sandbox nobody claimed.
-            let pool = self.clone();
-            tokio::spawn(async move { discard(&pool.ctx, &p).await });
+            // every sandbox nobody claimed. (Dropped where no runtime runs
+            // any more, it is left to the next start, which removes every
+            // container no record explains; spawning there would panic.)
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let pool = self.clone();
+                runtime.spawn(async move { discard(&pool.ctx, &p).await });
+            }
             return;
         }
         self.ready.lock().expect("pool lock").push_front(p);
