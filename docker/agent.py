@@ -8,6 +8,12 @@ JSON-line requests one at a time:
   {"id": N, "op": "run", "argv": [str], "timeout": s, "output_cap": bytes, "progress": bool}
   {"id": N, "op": "packages"}
   {"id": N, "op": "reset"}              (a fresh Python namespace: the worker is replaced)
+  {"id": N, "op": "snapshot", "slot": hex32}   (parks a copy of the worker: "parked",
+                                               or "fresh" when no worker runs)
+  {"id": N, "op": "restore", "slot": hex32, "python": bool}
+                                              (the worker again from that copy: "restored";
+                                               "lost" when the copy is gone; "fresh" without python)
+  {"id": N, "op": "forget", "slot": hex32}     (ends that copy)
   {"id": N, "op": "interrupt"}          (cancels the request in flight)
   {"id": N, "op": "ping"}
 
@@ -44,6 +50,8 @@ RESULTS = os.path.normpath(os.environ.get("MCP_AGENT_RESULTS", RESULTS_REPORTED)
 # Our own files under the results folder (full outputs); never reported as artifacts.
 PRIVATE = ".mcp-sandbox"
 SPOOL = os.environ.get("MCP_AGENT_SPOOL", "/tmp/.mcp-agent")
+# The sockets of the worker's parked copies (snapshots of the Python state).
+PARKED = os.path.join(SPOOL, "parked")
 # The sandbox's virtual environment, which its code may rewrite: the agent
 # runs on the image's interpreter, and only the worker (user code) on the
 # venv's. MCP_AGENT_WORKER_PYTHON and MCP_AGENT_SITE (the folders whose
@@ -54,6 +62,8 @@ MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
 GRACE = 2.0
+# How long a parked copy of the worker (or the worker, asked to make one) may take to answer.
+QUERY_DEADLINE = 5.0
 PROGRESS_EVERY = 1.0
 PROGRESS_CHUNK = 16 * 1024
 
@@ -79,68 +89,169 @@ def coarse_now_ns():
 # --------------------------------------------------------------------------
 
 
-def worker_main(reply_fd, request_fd):
-    import builtins
-    import importlib
+class Kernel:
+    """The worker's side: one namespace that runs user code, request by
+    request. It can leave a parked copy of itself (a copy-on-write fork, see
+    `park`), which a later `resume` turns into the worker again: a snapshot
+    of the Python state. Threads other than the main one do not survive a
+    fork, so a snapshot holds none of them."""
 
-    replies = os.fdopen(reply_fd, "w", buffering=1)
-    requests = os.fdopen(request_fd, "rb")
-    my_pid = os.getpid()
-    running = False
+    def __init__(self):
+        import builtins
 
-    def on_sigint(_sig, _frame):
-        if running:
+        self.namespace = {"__name__": "__main__", "__builtins__": builtins}
+        self.running = False
+        signal.signal(signal.SIGINT, self.on_sigint)
+        try:
+            # Make the worker, not the agent, the first choice of the OOM killer.
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        self.devnull = os.open(os.devnull, os.O_RDWR)
+
+    def on_sigint(self, _sig, _frame):
+        if self.running:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        # Make the worker, not the agent, the first choice of the OOM killer.
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
-    devnull = os.open(os.devnull, os.O_RDWR)
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    while True:
-        line = requests.readline()
-        if not line:
-            os._exit(0)
-        req = json.loads(line)
-        reap_children()
-        out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.close(out)
-        os.close(err)
-        exit_code = 0
-        running = True
+    def serve(self, reply_fd, request_fd):
+        import importlib
+
+        replies = os.fdopen(reply_fd, "w", buffering=1)
+        requests = os.fdopen(request_fd, "rb")
+        my_pid = os.getpid()
+        while True:
+            line = requests.readline()
+            if not line:
+                os._exit(0)
+            req = json.loads(line)
+            reap_children()
+            if "park" in req:
+                replies.write(json.dumps({"parked": self.park(req["park"], (reply_fd, request_fd))}) + "\n")
+                continue
+            out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            os.close(out)
+            os.close(err)
+            exit_code = 0
+            self.running = True
+            try:
+                try:
+                    os.chdir(RESULTS)
+                except OSError:
+                    pass
+                importlib.invalidate_caches()
+                exec(compile(req["code"], "<sandbox>", "exec"), self.namespace)
+            except SystemExit as e:
+                exit_code = system_exit_code(e)
+            except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
+                exit_code = 1
+                print_user_traceback(e)
+            finally:
+                self.running = False
+                if os.getpid() != my_pid:
+                    # A process forked by user code must never become a second worker.
+                    os._exit(exit_code)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 - user code may have replaced or closed it
+                    pass
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+            os.dup2(self.devnull, 1)
+            os.dup2(self.devnull, 2)
+            replies.write(json.dumps({"exit_code": exit_code}) + "\n")
+
+    def park(self, path, channel):
+        """Leaves a copy of this process listening at `path`, in a session of
+        its own (so that ending a run's processes spares it); answers its pid,
+        or None when the copy could not be made."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ready_r, ready_w = os.pipe()
         try:
             try:
-                os.chdir(RESULTS)
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            listener.listen(4)
+            pid = os.fork()
+        except OSError:
+            listener.close()
+            os.close(ready_r)
+            os.close(ready_w)
+            return None
+        if pid == 0:
+            try:
+                os.close(ready_r)
+                self.parked(listener, channel, ready_w)
+            finally:
+                os._exit(0)
+        listener.close()
+        os.close(ready_w)
+        # Answer only once the copy has left this session: the end of the
+        # next run kills whatever is still in it.
+        ready = selectors.DefaultSelector()
+        ready.register(ready_r, selectors.EVENT_READ)
+        left = ready.select(QUERY_DEADLINE) and os.read(ready_r, 1) == b"1"
+        ready.close()
+        os.close(ready_r)
+        if not left:
+            try:
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-            importlib.invalidate_caches()
-            exec(compile(req["code"], "<sandbox>", "exec"), namespace)
-        except SystemExit as e:
-            exit_code = system_exit_code(e)
-        except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
-            exit_code = 1
-            print_user_traceback(e)
-        finally:
-            running = False
-            if os.getpid() != my_pid:
-                # A process forked by user code must never become a second worker.
-                os._exit(exit_code)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - user code may have replaced or closed it
-                pass
-        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        replies.write(json.dumps({"exit_code": exit_code}) + "\n")
+            return None
+        return pid
+
+    def parked(self, listener, channel, ready):
+        """The parked copy: holds the namespace and, asked to `resume` with a
+        pair of pipe ends, forks a worker that serves on them (the copy stays,
+        so one snapshot restores any number of times); asked to `exit`, ends."""
+        for fd in channel:
+            os.close(fd)
+        os.setsid()
+        os.write(ready, b"1")
+        os.close(ready)
+        # Resumed workers are reaped by the kernel, not by this process.
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(conn, 4096, 2)
+                    op = json.loads(msg.decode()).get("op")
+                except (OSError, ValueError, AttributeError):
+                    continue
+                if op == "exit":
+                    os._exit(0)
+                if op != "resume" or len(fds) != 2:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    conn.close()
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGINT, self.on_sigint)
+                    os.setsid()
+                    self.serve(fds[0], fds[1])
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+                except OSError:
+                    pass
+
+
+def worker_main(reply_fd, request_fd):
+    Kernel().serve(reply_fd, request_fd)
 
 
 def print_user_traceback(e):
@@ -165,6 +276,32 @@ def system_exit_code(e):
     return 1
 
 
+class Adopted:
+    """A worker resumed from a parked copy: a child of that copy, not of the
+    agent, so it is watched by pid; its exit code is not known here."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def poll(self):
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                stat_line = f.read()
+            if stat_line[stat_line.rindex(b")") + 2 :].split()[0] != b"Z":
+                return None
+        except (OSError, ValueError, IndexError):
+            pass
+        return 1
+
+    def wait(self, timeout=5):
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return 1
+
+
 class Worker:
     """Handle on the worker process, started lazily and again after it dies."""
 
@@ -173,8 +310,11 @@ class Worker:
         self.replies = None
         self.requests = None
 
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
     def ensure(self):
-        if self.proc is not None and self.proc.poll() is None:
+        if self.alive():
             return
         self.close()
         req_r, req_w = os.pipe()
@@ -193,6 +333,63 @@ class Worker:
         self.requests = os.fdopen(req_w, "wb", buffering=0)
         self.replies = os.fdopen(rep_r, "rb")
 
+    def park(self, path):
+        """Leaves a parked copy of the worker at `path`: "parked"; or "fresh"
+        when there is no worker (the next exec starts with a fresh namespace,
+        which is then the state to keep)."""
+        if not self.alive():
+            return "fresh"
+        self.requests.write((json.dumps({"park": path}) + "\n").encode())
+        ready = selectors.DefaultSelector()
+        ready.register(self.replies, selectors.EVENT_READ)
+        answered = ready.select(QUERY_DEADLINE)
+        ready.close()
+        try:
+            answer = json.loads(self.replies.readline()) if answered else None
+            pid = answer["parked"]
+        except (ValueError, KeyError, TypeError):
+            # A worker that does not answer in time (or answers wrongly) may
+            # answer later, mistaken for a run's reply: it is replaced.
+            self.close()
+            raise OSError("the Python worker did not answer; its state is lost") from None
+        if not isinstance(pid, int):
+            raise OSError("the Python worker could not be copied (the sandbox's process or memory limit?)")
+        return "parked"
+
+    def resume(self, path):
+        """Replaces the worker with one forked from the copy parked at
+        `path`: "restored"; "lost" (a fresh worker) when the copy is gone."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        pid = None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(QUERY_DEADLINE)
+                conn.connect(path)
+                socket.send_fds(conn, [b'{"op": "resume"}\n'], [rep_w, req_r])
+                answer = b""
+                while not answer.endswith(b"\n") and len(answer) < 4096:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+                pid = json.loads(answer)["pid"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pid = None
+        finally:
+            os.close(rep_w)
+            os.close(req_r)
+        self.close()
+        if not isinstance(pid, int) or pid <= 1:
+            os.close(req_w)
+            os.close(rep_r)
+            self.ensure()
+            return "lost"
+        self.proc = Adopted(pid)
+        self.requests = os.fdopen(req_w, "wb", buffering=0)
+        self.replies = os.fdopen(rep_r, "rb")
+        return "restored"
+
     def close(self):
         for f in (self.requests, self.replies):
             if f is not None:
@@ -208,6 +405,21 @@ class Worker:
             except subprocess.TimeoutExpired:
                 pass
         self.proc = None
+
+
+def unpark(path):
+    """Ends the copy parked at `path`, if it is still there."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(QUERY_DEADLINE)
+            conn.connect(path)
+            conn.sendall(b'{"op": "exit"}\n')
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def session_members(sid, include_leader):
@@ -493,6 +705,29 @@ class Agent:
                 return
             self.reset_worker()
             self.send(conn, {"id": rid, "type": "result", "reset": True})
+        elif op in ("snapshot", "restore", "forget"):
+            if op != "forget" and self.job is not None:
+                self.send(conn, {"id": rid, "type": "error", "error": "busy"})
+                return
+            slot = req.get("slot")
+            if not (isinstance(slot, str) and len(slot) == 32 and all(c in "0123456789abcdef" for c in slot)):
+                self.send(conn, {"id": rid, "type": "error", "error": "malformed request"})
+                return
+            path = os.path.join(PARKED, slot + ".sock")
+            try:
+                if op == "snapshot":
+                    os.makedirs(PARKED, mode=0o700, exist_ok=True)
+                    unpark(path)
+                    answer = {"python": self.worker.park(path)}
+                elif op == "restore":
+                    answer = {"python": self.worker.resume(path) if req.get("python") else self.fresh_worker()}
+                else:
+                    unpark(path)
+                    answer = {"forgotten": True}
+            except OSError as e:
+                self.send(conn, {"id": rid, "type": "error", "error": f"could not {op}: {e}"})
+                return
+            self.send(conn, {"id": rid, "type": "result", **answer})
         elif op in ("exec", "run"):
             if self.job is not None:
                 self.send(conn, {"id": rid, "type": "error", "error": "busy"})
@@ -515,6 +750,10 @@ class Agent:
             self.worker.ensure()
         except OSError:
             self.worker.close()
+
+    def fresh_worker(self):
+        self.reset_worker()
+        return "fresh"
 
     def start_job(self, req, conn):
         self.seq += 1
@@ -607,7 +846,10 @@ class Agent:
             if exit_code is None:
                 # The worker died: OOM kill, killed after ignoring an interrupt,
                 # or user code that killed it. The namespace is gone.
-                code = self.worker.proc.wait()
+                try:
+                    code = self.worker.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = -signal.SIGKILL
                 exit_code = 128 + (-code) if code < 0 else (code or 1)
                 state_lost = True
                 self.worker.close()

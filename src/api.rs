@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use sandbox_actors::files::{FileError, ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
+use sandbox_actors::snapshots::{CopyError, SnapshotError};
 use sandbox_actors::{CallRecord, SandboxError, SandboxInfo, Usage};
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +21,8 @@ use crate::http_error::{error, refusal};
 use crate::http_state::AppState;
 use crate::ops::parse_id;
 use crate::results::{
-    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, UploadResult,
+    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
+    SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::signer::unix_now;
 
@@ -32,6 +34,15 @@ pub fn routes() -> Router<AppState> {
         .route("/api/sandboxes/{id}/python", post(python))
         .route("/api/sandboxes/{id}/shell", post(shell))
         .route("/api/sandboxes/{id}/packages", get(install_status).post(install))
+        .route("/api/sandboxes/{id}/snapshots", get(list_snapshots).post(snapshot))
+        .route(
+            "/api/sandboxes/{id}/snapshots/{snapshot}",
+            axum::routing::delete(delete_snapshot),
+        )
+        .route(
+            "/api/sandboxes/{id}/snapshots/{snapshot}/restore",
+            post(restore_snapshot),
+        )
 }
 
 /// The routes whose bodies are files (`[uploads] max_upload_mb`, not the
@@ -64,6 +75,15 @@ impl IntoResponse for ApiError {
             SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
             SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
             SandboxError::Ended { .. } => StatusCode::GONE,
+            SandboxError::Snapshot(e) => match e {
+                SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
+                SnapshotError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+                SnapshotError::Disabled => StatusCode::FORBIDDEN,
+                SnapshotError::Save(CopyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+                SnapshotError::Save(_) | SnapshotError::Restore(_) | SnapshotError::Store(_) => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            },
             SandboxError::Disk(_) | SandboxError::Store(_) | SandboxError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -187,6 +207,49 @@ async fn restart(
 ) -> ApiResult<ApiSandbox> {
     let info = app.ops.restart(&caller, &id).await?;
     Ok(Json(describe(&app, &caller, info).await))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotBody {
+    label: Option<String>,
+}
+
+async fn snapshot(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<SnapshotResult>), ApiError> {
+    let body: SnapshotBody = optional_json(&body)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(app.ops.snapshot(&caller, &id, body.label).await?),
+    ))
+}
+
+async fn list_snapshots(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<SnapshotList> {
+    Ok(Json(app.ops.list_snapshots(&caller, &id).await?))
+}
+
+async fn restore_snapshot(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, snapshot)): Path<(String, String)>,
+) -> ApiResult<RestoreResult> {
+    Ok(Json(app.ops.restore_snapshot(&caller, &id, &snapshot).await?))
+}
+
+async fn delete_snapshot(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, snapshot)): Path<(String, String)>,
+) -> ApiResult<SnapshotDeleted> {
+    Ok(Json(app.ops.delete_snapshot(&caller, &id, &snapshot).await?))
 }
 
 #[derive(Deserialize)]

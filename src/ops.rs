@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ_BYTES};
+use sandbox_actors::snapshots::PythonState;
 
 use crate::caller::Caller;
 use crate::files::{FileListing, Read, WriteResult};
@@ -20,7 +21,8 @@ use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
 use crate::results::{
-    CommandResult, CreatedSandbox, DeleteResult, InstallResult, PythonResult, ResetResult, UploadResult,
+    CommandResult, CreatedSandbox, DeleteResult, InstallResult, PythonResult, ResetResult, RestoreResult,
+    SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::tasks::Tasks;
 
@@ -61,6 +63,14 @@ pub fn parse_id(raw: &str) -> Result<Uuid> {
     Uuid::parse_str(raw.trim()).map_err(|_| {
         SandboxError::InvalidArgument(format!(
             "sandbox_id {raw:?} is not a sandbox id; use the sandbox_id from create_sandbox or list_sandboxes"
+        ))
+    })
+}
+
+fn parse_snapshot_id(raw: &str) -> Result<Uuid> {
+    Uuid::parse_str(raw.trim()).map_err(|_| {
+        SandboxError::InvalidArgument(format!(
+            "snapshot_id {raw:?} is not a snapshot id; use the snapshot_id from snapshot_sandbox or list_snapshots"
         ))
     })
 }
@@ -344,6 +354,86 @@ impl Ops {
                     .into(),
                 duration_ms: started.elapsed().as_secs_f64() * 1000.0,
                 notice,
+            })
+        })
+        .await
+    }
+
+    /// Saves the sandbox's Python state, files and packages, in turn with its other calls.
+    pub async fn snapshot(&self, caller: &Caller, raw_id: &str, label: Option<String>) -> Result<SnapshotResult> {
+        self.on_sandbox("snapshot_sandbox", raw_id, |id| async move {
+            let started = std::time::Instant::now();
+            let (info, notice) = self.sandboxes.snapshot(caller.scope(), id, label).await?;
+            let message = match info.python {
+                PythonState::Parked => "Saved the Python state, the files in /app/results",
+                _ => "No Python had run yet (a restore starts Python afresh); saved the files in /app/results",
+            };
+            let packages = if info.packages() {
+                " and the installed packages"
+            } else {
+                ""
+            };
+            Ok(SnapshotResult {
+                success: true,
+                sandbox_id: id.to_string(),
+                message: format!("{message}{packages}. restore_snapshot with this snapshot_id brings them back."),
+                snapshot: info.into(),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                notice,
+            })
+        })
+        .await
+    }
+
+    /// Brings a snapshot back, in turn with the sandbox's other calls.
+    pub async fn restore_snapshot(&self, caller: &Caller, raw_id: &str, raw_snapshot: &str) -> Result<RestoreResult> {
+        self.on_sandbox("restore_snapshot", raw_id, |id| async move {
+            let snapshot = parse_snapshot_id(raw_snapshot)?;
+            let started = std::time::Instant::now();
+            let (restored, notice) = self.sandboxes.restore_snapshot(caller.scope(), id, snapshot).await?;
+            let (python, message) = match restored.python {
+                PythonState::Restored => ("restored", "Python variables and imports,"),
+                PythonState::Lost => ("lost", "Python starts afresh (see notice);"),
+                _ => ("fresh", "Python starts afresh, as it was when the snapshot was taken;"),
+            };
+            let packages = match restored.packages {
+                true => "files in /app/results and installed packages are",
+                false => "files in /app/results are",
+            };
+            Ok(RestoreResult {
+                success: true,
+                sandbox_id: id.to_string(),
+                snapshot_id: snapshot.to_string(),
+                python: python.into(),
+                packages_restored: restored.packages,
+                message: format!("{message} {packages} as they were at the snapshot."),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                notice,
+            })
+        })
+        .await
+    }
+
+    pub async fn list_snapshots(&self, caller: &Caller, raw_id: &str) -> Result<SnapshotList> {
+        self.on_sandbox("list_snapshots", raw_id, |id| async move {
+            let snapshots = self.sandboxes.list_snapshots(caller.scope(), id).await?;
+            Ok(SnapshotList {
+                sandbox_id: id.to_string(),
+                snapshots: snapshots.into_iter().map(Into::into).collect(),
+                limit: self.sandboxes.snapshot_limit(),
+            })
+        })
+        .await
+    }
+
+    pub async fn delete_snapshot(&self, caller: &Caller, raw_id: &str, raw_snapshot: &str) -> Result<SnapshotDeleted> {
+        self.on_sandbox("delete_snapshot", raw_id, |id| async move {
+            let snapshot = parse_snapshot_id(raw_snapshot)?;
+            self.sandboxes.delete_snapshot(caller.scope(), id, snapshot).await?;
+            Ok(SnapshotDeleted {
+                success: true,
+                snapshot_id: snapshot.to_string(),
+                message: format!("Snapshot {snapshot} deleted"),
             })
         })
         .await

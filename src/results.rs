@@ -2,6 +2,7 @@
 //! (its `outputSchema`), which the MCP tools send as they are
 //! ([`crate::mcp_results`]) and the REST API as JSON.
 
+use sandbox_actors::snapshots::{PythonState, SnapshotInfo};
 use sandbox_actors::{DiskUse, InstallStatusKind, Package, Ran, SandboxInfo};
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -31,6 +32,16 @@ pub struct ListedSandbox {
     /// Disk use against the sandbox's quotas (absent when disks are not capped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskQuotas>,
+    /// The snapshots the sandbox keeps (absent when it keeps none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<SnapshotUse>,
+}
+
+/// A sandbox's snapshots and the host disk they take.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotUse {
+    pub count: usize,
+    pub disk_mb: u64,
 }
 
 /// Use of each capped folder; a write past a quota fails with "No space left on device".
@@ -156,6 +167,89 @@ pub struct ResetResult {
     pub notice: Option<String>,
 }
 
+/// A snapshot as `snapshot_sandbox` and `list_snapshots` show it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotEntry {
+    pub snapshot_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub created_at: String,
+    /// `saved`: Python variables and imports were saved; `fresh`: no Python
+    /// had run, so a restore starts Python afresh.
+    pub python: String,
+    /// Whether installed packages were saved with the files.
+    pub packages_saved: bool,
+    /// Files, folders and links saved.
+    pub files: u64,
+    /// Host disk this snapshot takes (files unchanged since the snapshot
+    /// before it are shared with that one).
+    pub disk_bytes: u64,
+}
+
+impl From<SnapshotInfo> for SnapshotEntry {
+    fn from(s: SnapshotInfo) -> Self {
+        let packages_saved = s.packages();
+        Self {
+            snapshot_id: s.snapshot_id.to_string(),
+            label: s.label,
+            created_at: rfc3339(s.created_at),
+            python: match s.python {
+                PythonState::Parked => "saved",
+                _ => "fresh",
+            }
+            .into(),
+            packages_saved,
+            files: s.files,
+            disk_bytes: s.bytes,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotResult {
+    pub success: bool,
+    pub sandbox_id: String,
+    #[serde(flatten)]
+    pub snapshot: SnapshotEntry,
+    pub message: String,
+    pub duration_ms: f64,
+    /// Something that happened to the sandbox since your last call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotList {
+    pub sandbox_id: String,
+    /// Oldest first.
+    pub snapshots: Vec<SnapshotEntry>,
+    /// How many snapshots a sandbox may keep.
+    pub limit: usize,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RestoreResult {
+    pub success: bool,
+    pub sandbox_id: String,
+    pub snapshot_id: String,
+    /// `restored`: variables and imports are as they were; `fresh`: the
+    /// snapshot was taken before any Python ran; `lost`: the saved Python
+    /// state did not survive a restart of the sandbox (see `notice`).
+    pub python: String,
+    pub packages_restored: bool,
+    pub message: String,
+    pub duration_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotDeleted {
+    pub success: bool,
+    pub snapshot_id: String,
+    pub message: String,
+}
+
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct DeleteResult {
     pub success: bool,
@@ -201,6 +295,10 @@ impl From<SandboxInfo> for ListedSandbox {
             disk: i.disk.map(|d| DiskQuotas {
                 results: d.results.map(Into::into),
                 packages: d.packages.map(Into::into),
+            }),
+            snapshots: (i.snapshots.count > 0).then(|| SnapshotUse {
+                count: i.snapshots.count,
+                disk_mb: i.snapshots.bytes.div_ceil(1 << 20),
             }),
         }
     }

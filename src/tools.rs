@@ -28,8 +28,8 @@ use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
 use crate::mcp_results::{failure, success};
 use crate::ops::{Ops, INSTALL_WAIT};
 use crate::results::{
-    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, ResetResult, SandboxList,
-    UploadResult,
+    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, ResetResult,
+    RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -44,6 +44,24 @@ pub struct CreateParams {
 pub struct SandboxParams {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SnapshotParams {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// A few words to recognise the snapshot by (optional).
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SnapshotRefParams {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// The snapshot_id returned by snapshot_sandbox or list_snapshots.
+    pub snapshot_id: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -445,6 +463,73 @@ impl SandboxServer {
     }
 
     #[tool(
+        description = "Save a sandbox's state to come back to: Python variables and imports, the files in \
+            /app/results and the installed packages. Take one before a risky step; restore_snapshot undoes \
+            everything done since. Threads other than the main one are not saved. A sandbox keeps a few \
+            snapshots (delete_snapshot frees one); they go with the sandbox.",
+        output_schema = schema_for_output::<SnapshotResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn snapshot_sandbox(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<SnapshotParams>,
+    ) -> CallToolResult {
+        reply(self.ops.snapshot(&self.caller(&ctx), &p.sandbox_id, p.label).await)
+    }
+
+    #[tool(
+        description = "Bring a sandbox back to a snapshot: Python variables and imports, the files in \
+            /app/results and the installed packages become what they were when snapshot_sandbox saved them; \
+            whatever was done since is undone. The snapshot stays, so it can be restored again. If the sandbox \
+            was restarted since the snapshot, files and packages come back but Python starts afresh (the \
+            result says so).",
+        output_schema = schema_for_output::<RestoreResult>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn restore_snapshot(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<SnapshotRefParams>,
+    ) -> CallToolResult {
+        reply(
+            self.ops
+                .restore_snapshot(&self.caller(&ctx), &p.sandbox_id, &p.snapshot_id)
+                .await,
+        )
+    }
+
+    #[tool(
+        description = "List a sandbox's snapshots, oldest first, with their labels and sizes.",
+        output_schema = schema_for_output::<SnapshotList>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_snapshots(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<SandboxParams>,
+    ) -> CallToolResult {
+        reply(self.ops.list_snapshots(&self.caller(&ctx), &p.sandbox_id).await)
+    }
+
+    #[tool(
+        description = "Delete a snapshot of a sandbox, freeing its memory and disk. The sandbox itself is unchanged.",
+        output_schema = schema_for_output::<SnapshotDeleted>(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn delete_snapshot(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<SnapshotRefParams>,
+    ) -> CallToolResult {
+        reply(
+            self.ops
+                .delete_snapshot(&self.caller(&ctx), &p.sandbox_id, &p.snapshot_id)
+                .await,
+        )
+    }
+
+    #[tool(
         description = "Delete a sandbox: its container, installed packages and files are removed for good.",
         output_schema = schema_for_output::<DeleteResult>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -583,7 +668,8 @@ impl ServerHandler for SandboxServer {
             "Isolated Python sandboxes. Workflow: list_sandboxes -> create_sandbox if you have none -> \
              install_package_in_sandbox -> check_package_installation_status -> execute_python_code. \
              Files written to /app/results come back as download links, images also inline; list_files, \
-             read_file and write_file work on them, and reset_python starts Python over."
+             read_file and write_file work on them, and reset_python starts Python over. snapshot_sandbox \
+             saves variables, files and packages; restore_snapshot goes back to them."
                 .into(),
         );
         info

@@ -303,6 +303,15 @@ async fn sandbox_page(
 <table id="files"><thead><tr><th>Path</th><th>Size</th><th>Modified</th><th>Preview</th></tr></thead><tbody></tbody></table>
 </section>
 <section class="card">
+<h2>Snapshots</h2>
+<form id="snapshot-form" class="row">
+<input name="label" id="snapshot-label" placeholder="Label (optional)" maxlength="200">
+<button type="submit">Take snapshot</button>
+<span id="snapshot-status"></span>
+</form>
+<table id="snapshots"><thead><tr><th>Label</th><th>Taken</th><th>Python</th><th>Files</th><th>Disk</th><th></th></tr></thead><tbody></tbody></table>
+</section>
+<section class="card">
 <h2>Recent calls</h2>
 <table id="history"><thead><tr><th>Started</th><th>Kind</th><th>Call</th><th>Outcome</th><th>ms</th></tr></thead><tbody></tbody></table>
 </section>

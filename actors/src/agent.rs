@@ -79,6 +79,19 @@ enum Request<'a> {
     Reset {
         id: u64,
     },
+    Snapshot {
+        id: u64,
+        slot: &'a str,
+    },
+    Restore {
+        id: u64,
+        slot: &'a str,
+        python: bool,
+    },
+    Forget {
+        id: u64,
+        slot: &'a str,
+    },
     Ping {
         id: u64,
     },
@@ -137,6 +150,34 @@ struct Pong {
 struct ResetDone {
     #[serde(rename = "reset")]
     _reset: True,
+}
+
+/// The answer to `snapshot` and `restore`: what became of the Python state.
+#[derive(Debug, Deserialize)]
+struct PythonAnswer {
+    python: PythonState,
+}
+
+/// The Python state a snapshot holds, or what a restore brought back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PythonState {
+    /// A parked copy of the worker holds (or gave back) the namespace.
+    Parked,
+    /// The namespace was back as it was.
+    Restored,
+    /// No worker ran: the state is a fresh namespace.
+    Fresh,
+    /// The parked copy was gone (the container restarted, or the sandbox's
+    /// code ended it): the worker starts fresh.
+    Lost,
+}
+
+/// The answer to `forget`.
+#[derive(Debug, Deserialize)]
+struct Forgotten {
+    #[serde(rename = "forgotten")]
+    _forgotten: True,
 }
 
 /// The JSON value `true`, and nothing else.
@@ -387,6 +428,28 @@ impl AgentClient {
         let id = self.take_id();
         self.send(&Request::Reset { id }).await?;
         self.answer::<ResetDone>(id).await.map(drop)
+    }
+
+    /// Parks a copy of the Python worker under `slot` (32 hex digits).
+    pub async fn snapshot(&mut self, slot: &str) -> Result<PythonState, AgentError> {
+        let id = self.take_id();
+        self.send(&Request::Snapshot { id, slot }).await?;
+        Ok(self.answer::<PythonAnswer>(id).await?.python)
+    }
+
+    /// Replaces the worker with one from the copy parked under `slot`, or
+    /// with a fresh one when `python` is false.
+    pub async fn restore(&mut self, slot: &str, python: bool) -> Result<PythonState, AgentError> {
+        let id = self.take_id();
+        self.send(&Request::Restore { id, slot, python }).await?;
+        Ok(self.answer::<PythonAnswer>(id).await?.python)
+    }
+
+    /// Ends the copy parked under `slot`.
+    pub async fn forget(&mut self, slot: &str) -> Result<(), AgentError> {
+        let id = self.take_id();
+        self.send(&Request::Forget { id, slot }).await?;
+        self.answer::<Forgotten>(id).await.map(drop)
     }
 
     /// Asks the agent whether it is there (callers bound the wait).

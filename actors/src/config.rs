@@ -78,6 +78,10 @@ impl Settings {
 /// but `runc` must be registered with Docker under this name.
 pub const RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
 
+/// The most snapshots a sandbox may be allowed to keep: each holds a parked
+/// Python process and a copy of the sandbox's disks.
+pub const MAX_SNAPSHOTS: usize = 16;
+
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -130,6 +134,8 @@ pub struct SandboxConfig {
     pub packages_mb: u64,
     /// Files and folders the package volume may hold.
     pub packages_inodes: u64,
+    /// Snapshots each sandbox may keep (0: snapshots are off).
+    pub snapshots_per_sandbox: usize,
 }
 
 impl Default for SandboxConfig {
@@ -159,6 +165,7 @@ impl Default for SandboxConfig {
             results_inodes: 100_000,
             packages_mb: 2048,
             packages_inodes: 200_000,
+            snapshots_per_sandbox: 3,
         }
     }
 }
@@ -384,6 +391,12 @@ impl SandboxConfig {
         }
         if self.max_queued_calls == 0 {
             return Err(invalid("sandbox.max_queued_calls", "at least 1"));
+        }
+        if self.snapshots_per_sandbox > MAX_SNAPSHOTS {
+            return Err(invalid(
+                "sandbox.snapshots_per_sandbox",
+                format!("from 0 (off) to {MAX_SNAPSHOTS}"),
+            ));
         }
         if let Err(source) = Rules::parse(&self.egress_allow) {
             return Err(InvalidConfig::Rules {

@@ -11,6 +11,7 @@ use crate::egress::Egress;
 use crate::records::RecordStore;
 use crate::runtime::disk::Disks;
 use crate::runtime::{agent_dir, ContainerRuntime, SandboxPaths};
+use crate::snapshots::Snapshots;
 
 pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,
@@ -19,6 +20,7 @@ pub struct Context {
     pub counters: Counters,
     pub egress: Egress,
     pub disks: Disks,
+    pub snapshots: Snapshots,
 }
 
 /// Events counted since the server started, for its metrics.

@@ -41,6 +41,8 @@ pub enum SandboxError {
     Disk(#[from] DiskError),
     #[error("record store: {0}")]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshots::SnapshotError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -62,6 +64,8 @@ impl SandboxError {
             SandboxError::Image(_) => "image",
             SandboxError::Disk(_) => "disk",
             SandboxError::Store(_) => "store",
+            SandboxError::Snapshot(crate::snapshots::SnapshotError::NotFound(_)) => "not_found",
+            SandboxError::Snapshot(_) => "snapshot",
             SandboxError::Internal(_) => "internal",
         }
     }

@@ -23,6 +23,7 @@ pub enum CallKind {
     Upload,
     Restart,
     ResetPython,
+    Snapshot,
 }
 
 /// One call, as the history shows it.

@@ -9,8 +9,10 @@
 //!   sandbox's actor and sends it a message.
 //! - `supervisor`: parent and registry of the sandbox actors.
 //! - `sandbox/`: the sandbox actor: its state and upkeep (`mod.rs`), the jobs
-//!   it queues and the tasks that run them (`jobs.rs`), deletion
-//!   (`deletion.rs`).
+//!   it queues and the tasks that run them (`jobs.rs`), snapshot work
+//!   (`snapshot.rs`), deletion (`deletion.rs`).
+//! - `snapshots/`: the host side of snapshots: their store and bounds
+//!   (`mod.rs`) and the link-proof copies of a sandbox's folders (`copy.rs`).
 //! - `install`: the install-task actor.
 //! - `messages`: what the actors send each other; `results`: what they
 //!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
@@ -58,6 +60,7 @@ pub mod runtime;
 mod sandbox;
 mod scope;
 mod service;
+pub mod snapshots;
 mod status;
 mod supervisor;
 pub mod uploads;

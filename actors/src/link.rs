@@ -10,12 +10,13 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::agent::{AgentClient, AgentError, Progress, RunOutput, Work};
+use crate::agent::{AgentClient, AgentError, Progress, PythonState, RunOutput, Work};
 use crate::context::{Context, Counters};
 use crate::error::{AgentFailure, Result, SandboxError};
 use crate::runtime::{ContainerState, SandboxPaths};
@@ -203,6 +204,53 @@ impl Link {
     /// worker, and files, packages and the container stay. Answers with what
     /// had to be done to reach the agent, for the caller.
     pub async fn reset_python(&mut self) -> Result<Option<String>> {
+        let ((), notice) = self.ask_agent("reset Python", |c| Box::pin(c.reset())).await?;
+        Ok(notice)
+    }
+
+    /// Parks a copy of the Python worker under `slot` (a snapshot's Python
+    /// state); says whether there was a namespace to keep.
+    pub async fn snapshot_python(&mut self, slot: &str) -> Result<(PythonState, Option<String>)> {
+        let slot = slot.to_string();
+        self.ask_agent("save the Python state", move |c| {
+            let slot = slot.clone();
+            Box::pin(async move { c.snapshot(&slot).await })
+        })
+        .await
+    }
+
+    /// Replaces the Python worker with one resumed from the copy parked
+    /// under `slot` (or a fresh one, when `python` is false).
+    pub async fn restore_python(&mut self, slot: &str, python: bool) -> Result<(PythonState, Option<String>)> {
+        let slot = slot.to_string();
+        self.ask_agent("restore the Python state", move |c| {
+            let slot = slot.clone();
+            Box::pin(async move { c.restore(&slot, python).await })
+        })
+        .await
+    }
+
+    /// Ends the copy of the worker parked under `slot`.
+    pub async fn forget_python(&mut self, slot: &str) -> Result<()> {
+        let slot = slot.to_string();
+        self.ask_agent("drop a saved Python state", move |c| {
+            let slot = slot.clone();
+            Box::pin(async move { c.forget(&slot).await })
+        })
+        .await
+        .map(drop)
+    }
+
+    /// A short request to the agent, answered within [`AGENT_QUERY`]: sent
+    /// again, as a run is, only when it provably never reached the agent;
+    /// an agent that misses the deadline has its container restarted.
+    /// `what` names the request in errors. Answers with what had to be done
+    /// to reach the agent, for the caller.
+    async fn ask_agent<T>(
+        &mut self,
+        what: &'static str,
+        op: impl for<'c> Fn(&'c mut AgentClient) -> BoxFuture<'c, Result<T, AgentError>>,
+    ) -> Result<(T, Option<String>)> {
         let mut notices: Vec<String> = Vec::new();
         let mut retry = Retry::new();
         let retired = self.retirement.token.clone();
@@ -212,27 +260,27 @@ impl Link {
                 notices.push(n);
             }
             let client = self.client.as_mut().expect("connected");
-            let reset = tokio::select! {
-                r = tokio::time::timeout(AGENT_QUERY, client.reset()) => r,
+            let answer = tokio::select! {
+                r = tokio::time::timeout(AGENT_QUERY, op(client)) => r,
                 _ = retired.cancelled() => {
                     self.drop_client();
                     return Err(self.retirement.error(self.paths.id));
                 }
             };
-            match reset {
-                Ok(Ok(())) => {
+            match answer {
+                Ok(Ok(value)) => {
                     self.connected_before = true;
-                    return Ok(join(notices));
+                    return Ok((value, join(notices)));
                 }
                 Ok(Err(e)) if retry.allows(&e) => retry.prepare(self, e).await,
                 Ok(Err(AgentError::Unsupported(_))) => {
                     return Err(SandboxError::Outdated {
                         id: self.paths.id,
-                        what: "reset Python",
+                        what,
                     })
                 }
                 Ok(Err(e)) => return Err(self.agent_failed(e)),
-                Err(_elapsed) => return Err(self.missed_deadline("resetting Python", AGENT_QUERY).await),
+                Err(_elapsed) => return Err(self.missed_deadline(what, AGENT_QUERY).await),
             }
         }
     }

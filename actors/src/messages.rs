@@ -14,6 +14,7 @@ use crate::history::CallRecord;
 use crate::link::{Link, Ran};
 use crate::records::InstallRecord;
 use crate::results::{InstallStatus, SandboxInfo, Uploaded};
+use crate::snapshots::{SnapshotDone, SnapshotOp};
 use crate::uploads::UploadSource;
 
 /// A run of Python code or of a shell command.
@@ -55,6 +56,12 @@ pub enum SandboxMsg {
     ResetPython {
         reply: RpcReplyPort<Result<Option<String>>>,
     },
+    /// Saves, restores or drops a snapshot, in turn with the other calls;
+    /// answers with a notice, if any.
+    Snapshot {
+        op: SnapshotOp,
+        reply: RpcReplyPort<Result<(SnapshotDone, Option<String>)>>,
+    },
     Delete {
         reply: RpcReplyPort<Result<()>>,
     },
@@ -83,6 +90,9 @@ pub struct Finished {
     pub(crate) notice: Option<String>,
     /// The container is still dead (it could not be brought back yet).
     pub(crate) still_stopped: bool,
+    /// The venv's packages, listed again after the job changed them (a
+    /// snapshot restored).
+    pub(crate) packages: Option<Vec<Package>>,
 }
 
 impl Finished {
@@ -100,6 +110,7 @@ impl Finished {
             call,
             notice: None,
             still_stopped: false,
+            packages: None,
         }
     }
 }

@@ -163,3 +163,73 @@ pub(crate) fn walk<S: AsRef<OsStr>>(root: OwnedFd, segments: &[S]) -> Result<Fou
     }
     Ok(found)
 }
+
+fn c_name(name: &OsStr) -> std::io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> std::io::Result<()> {
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Creates the regular file `name` in `dir` with `mode`; fails if anything
+/// has that name (a link planted there is never written through).
+pub(crate) fn create_file(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Result<OwnedFd> {
+    let c = c_name(name)?;
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name; with
+    // O_CREAT the mode argument is read. The result is owned below.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes the folder `name` in `dir`.
+pub(crate) fn mkdir_at(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Result<()> {
+    let c = c_name(name)?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) })
+}
+
+/// Makes the symbolic link `name` in `dir`, pointing at `target` (stored, not resolved).
+pub(crate) fn symlink_at(target: &OsStr, dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
+    let (t, c) = (c_name(target)?, c_name(name)?);
+    // SAFETY: NUL-terminated strings and a valid directory descriptor.
+    check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), c.as_ptr()) })
+}
+
+/// Gives `name` in `dir` (a link itself, never what it points to) to `uid`.
+pub(crate) fn chown_at(dir: &OwnedFd, name: &OsStr, uid: u32) -> std::io::Result<()> {
+    let c = c_name(name)?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    check(unsafe { libc::fchownat(dir.as_raw_fd(), c.as_ptr(), uid, uid, libc::AT_SYMLINK_NOFOLLOW) })
+}
+
+/// Removes `name` from `dir` whatever it is; a folder with everything in it,
+/// each level opened from the one above, at most `depth` levels deep.
+pub(crate) fn remove_at(dir: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Result<()> {
+    let c = c_name(name)?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EISDIR) {
+        return Err(err);
+    }
+    if depth == 0 {
+        return Err(std::io::Error::other("folders nested too deeply"));
+    }
+    let inner = openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    for entry in read_dir(&inner)? {
+        remove_at(&inner, &entry?.file_name(), depth - 1)?;
+    }
+    // SAFETY: as above.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+}

@@ -8,6 +8,7 @@ use uuid::Uuid;
 use crate::agent::Package;
 use crate::records::{InstallRecord, InstallState};
 use crate::runtime::disk::DiskUsage;
+use crate::snapshots::SnapshotTotals;
 use crate::status::SandboxStatus;
 
 /// What an install status query finds.
@@ -69,4 +70,6 @@ pub struct SandboxInfo {
     /// Use of the sandbox's capped folders (absent when disks are not capped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskUsage>,
+    /// The snapshots the sandbox keeps and the host disk they take.
+    pub snapshots: SnapshotTotals,
 }

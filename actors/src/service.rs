@@ -41,6 +41,7 @@ use crate::runtime::disk::Disks;
 use crate::runtime::{ContainerRuntime, ContainerState, DockerRuntime, Usage};
 use crate::sandbox::remove_everything;
 use crate::scope::Scope;
+use crate::snapshots::{Restored, SnapshotDone, SnapshotInfo, SnapshotOp, Snapshots, MAX_LABEL};
 use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
 use crate::uploads::{self, UploadSource};
@@ -154,6 +155,7 @@ impl Sandboxes {
             counters: Counters::default(),
             egress,
             disks: Disks::new(&settings),
+            snapshots: Snapshots::new(&settings),
             settings,
         });
         ctx.disks.check().await?;
@@ -235,7 +237,9 @@ impl Sandboxes {
                 }
             }
         }
-        self.ctx.disks.remove_orphans(&known.keys().copied().collect()).await;
+        let known_ids = known.keys().copied().collect();
+        self.ctx.disks.remove_orphans(&known_ids).await;
+        self.ctx.snapshots.remove_orphans(&known_ids).await;
         let s = &self.ctx.settings;
         for dir in [s.agents_dir(), s.state_dir.join("egress"), s.results_dir.clone()] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -639,6 +643,74 @@ impl Sandboxes {
             .await?
     }
 
+    /// Saves the sandbox's Python state, files and packages as a snapshot,
+    /// in turn with its other calls; answers with a notice, if any.
+    pub async fn snapshot<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        label: Option<String>,
+    ) -> Result<(SnapshotInfo, Option<String>)> {
+        if let Some(label) = &label {
+            if label.chars().count() > MAX_LABEL || label.chars().any(char::is_control) {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "label: at most {MAX_LABEL} characters, none of them control characters"
+                )));
+            }
+        }
+        match self.snapshot_op(scope.into(), id, SnapshotOp::Take { label }).await? {
+            (SnapshotDone::Taken(info), notice) => Ok((info, notice)),
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// Brings back a snapshot's Python state, files and packages, in turn
+    /// with the sandbox's other calls.
+    pub async fn restore_snapshot<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        snapshot: Uuid,
+    ) -> Result<(Restored, Option<String>)> {
+        match self
+            .snapshot_op(scope.into(), id, SnapshotOp::Restore { snapshot })
+            .await?
+        {
+            (SnapshotDone::Restored(restored), notice) => Ok((restored, notice)),
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// Drops a snapshot: its parked Python state and its copies of the files.
+    pub async fn delete_snapshot<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid, snapshot: Uuid) -> Result<()> {
+        match self
+            .snapshot_op(scope.into(), id, SnapshotOp::Delete { snapshot })
+            .await?
+        {
+            (SnapshotDone::Deleted, _) => Ok(()),
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// A sandbox's snapshots, oldest first.
+    pub async fn list_snapshots<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Vec<SnapshotInfo>> {
+        self.actor(scope.into(), id)?;
+        let store = self.ctx.snapshots.clone();
+        tokio::task::spawn_blocking(move || store.list(id))
+            .await
+            .map_err(|e| SandboxError::Internal(e.to_string()))
+    }
+
+    /// How many snapshots a sandbox may keep (0: snapshots are off).
+    pub fn snapshot_limit(&self) -> usize {
+        self.ctx.settings.sandbox.snapshots_per_sandbox
+    }
+
+    async fn snapshot_op(&self, scope: Scope<'_>, id: Uuid, op: SnapshotOp) -> Result<(SnapshotDone, Option<String>)> {
+        self.ask(scope, id, None, |reply| SandboxMsg::Snapshot { op, reply })
+            .await?
+    }
+
     /// Restarts the sandbox's container in turn with its other calls.
     pub async fn restart<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
         let scope = scope.into();
@@ -864,4 +936,9 @@ fn server_id(state_dir: &Path) -> Result<String> {
             Ok(id)
         }
     }
+}
+
+/// A snapshot job that answered for another operation than it was asked.
+fn unexpected(done: SnapshotDone) -> SandboxError {
+    SandboxError::Internal(format!("a snapshot job answered {done:?}"))
 }

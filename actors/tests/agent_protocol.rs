@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use sandbox_actors::agent::{AgentClient, AgentError, SOCKET_NAME};
+use sandbox_actors::agent::{AgentClient, AgentError, PythonState, SOCKET_NAME};
 use sandbox_actors::{Package, Work};
 use tokio::sync::mpsc;
 
@@ -285,6 +285,29 @@ async fn reset_replaces_the_worker_and_keeps_files() {
     assert_ne!(pid, before.stdout.trim(), "a new worker");
     assert_eq!(content, "kept", "files are kept");
     assert!(agent.results.join("kept.txt").is_file());
+}
+
+#[tokio::test]
+async fn a_parked_copy_of_the_worker_restores_its_namespace_any_number_of_times() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let slot = "0123456789abcdef0123456789abcdef";
+    assert_eq!(c.snapshot(slot).await.unwrap(), PythonState::Fresh, "no worker yet");
+    exec(&mut c, "x = 1").await;
+    assert_eq!(c.snapshot(slot).await.unwrap(), PythonState::Parked);
+    // A run's end kills what it left in the worker's session: not the copy.
+    exec(&mut c, "x = 2\nimport subprocess\nsubprocess.Popen(['sleep', '30'])").await;
+    assert_eq!(c.restore(slot, true).await.unwrap(), PythonState::Restored);
+    assert_eq!(exec(&mut c, "print(x)\nx = 3").await.stdout, "1\n");
+    let crashed = c.run(&py("import os; os._exit(9)"), 10.0, CAP, None).await.unwrap();
+    assert!(crashed.state_lost, "{crashed:?}");
+    assert_eq!(c.restore(slot, true).await.unwrap(), PythonState::Restored);
+    assert_eq!(exec(&mut c, "print(x)").await.stdout, "1\n", "again, after a crash");
+    c.forget(slot).await.unwrap();
+    assert_eq!(c.restore(slot, true).await.unwrap(), PythonState::Lost);
+    let r = exec(&mut c, "print(x)").await;
+    assert!(r.stderr.contains("NameError"), "a fresh namespace: {r:?}");
+    assert!(c.snapshot("../../etc/passwd").await.is_err(), "a slot is 32 hex digits");
 }
 
 #[tokio::test]

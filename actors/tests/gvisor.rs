@@ -1,5 +1,5 @@
-//! A sandbox under runsc runs code on gVisor's kernel, against the real
-//! engine. A test binary of its own, so that it runs alone: under the load
+//! A sandbox under runsc runs code on gVisor's kernel, and restores a
+//! snapshot of its Python state, against the real engine. A test binary of its own, so that it runs alone: under the load
 //! of other tests' sandboxes, gVisor's ptrace platform has been seen to end
 //! a sandbox (exit code 2), which the server then restarts, losing the test's
 //! Python state.
@@ -8,6 +8,7 @@ mod common;
 
 use common::{Harness, OWNER};
 use sandbox_actors::config::EgressPolicy;
+use sandbox_actors::snapshots::PythonState;
 
 /// How a scenario ended: its assertions all held, or gVisor's platform
 /// ended the container under it (the server restarted it and said so).
@@ -39,6 +40,19 @@ async fn scenario(h: &Harness) -> Attempt {
     assert!(r.stdout.contains("done"));
     let r = step!(h.py(id, "print(x * 2)").await);
     assert_eq!(r.output.stdout, "42\n", "state persists under gVisor: {r:?}");
+    // A snapshot's parked copy of the worker (fork, a unix socket passing
+    // descriptors) works on gVisor's kernel too.
+    let (snap, _) = h.sb().snapshot(OWNER, id, None).await.unwrap();
+    assert_eq!(snap.python, PythonState::Parked);
+    step!(h.py(id, "x = 0").await);
+    let (restored, notice) = h.sb().restore_snapshot(OWNER, id, snap.snapshot_id).await.unwrap();
+    if let Some(n) = ended(&notice) {
+        let _ = h.sb().delete(OWNER, id).await;
+        return Attempt::PlatformEnded(n);
+    }
+    assert_eq!(restored.python, PythonState::Restored);
+    let r = step!(h.py(id, "print(x * 2)").await);
+    assert_eq!(r.output.stdout, "42\n", "a snapshot restores under gVisor: {r:?}");
     let made = step!(h.py(id, "open('g.txt', 'w').write('1')").await).output;
     assert_eq!(
         made.files,
@@ -64,7 +78,15 @@ async fn a_gvisor_sandbox_runs_code_on_the_gvisor_kernel() {
     if !common::runtime_available("runsc") {
         return;
     }
-    let h = Harness::on("runsc", |s| s.sandbox.network = EgressPolicy::None).await;
+    let h = Harness::on("runsc", |s| {
+        s.sandbox.network = EgressPolicy::None;
+        // The server's default. Under runsc the pids limit counts gVisor's
+        // own threads and stub processes too: at the harness's 128, the
+        // parked copy and the resumed worker of a snapshot took the sandbox
+        // past it and gVisor ended the container (exit code 2), every time.
+        s.sandbox.pids_limit = 256;
+    })
+    .await;
     match scenario(&h).await {
         Attempt::Passed => {}
         Attempt::PlatformEnded(notice) => {

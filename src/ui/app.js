@@ -176,7 +176,33 @@ function sandboxPage(root) {
       el('td', {}, images.test(f.path) ? el('img', { class: 'preview', src: local(f.url), alt: f.path }) : ''))));
   }
 
-  const refresh = () => Promise.all([loadInfo(), loadFiles()]).catch(showError);
+  async function loadSnapshots() {
+    const data = await api('GET', `${base}/snapshots`);
+    const act = (label, cls, method, path, done) => el('button', {
+      class: cls,
+      'data-action': label.toLowerCase(),
+      onclick: (ev) => busy(ev.target.parentElement, async () => {
+        const r = await api(method, path);
+        if (done) done(r);
+        await refresh();
+      }),
+    }, label);
+    const said = (text) => { document.getElementById('snapshot-status').textContent = text; };
+    document.getElementById('snapshots').tBodies[0].replaceChildren(...data.snapshots.map((s) => {
+      const path = `${base}/snapshots/${s.snapshot_id}`;
+      return el('tr', { 'data-id': s.snapshot_id },
+        el('td', {}, s.label ?? ''),
+        el('td', {}, `${when(s.created_at)} (${age(s.created_at)} ago)`),
+        el('td', {}, s.python),
+        el('td', {}, String(s.files)),
+        el('td', {}, bytes(s.disk_bytes)),
+        el('td', { class: 'actions' },
+          act('Restore', 'secondary', 'POST', `${path}/restore`, (r) => said(`restored: Python ${r.python}${r.notice ? ` (${r.notice})` : ''}`)),
+          act('Delete', 'danger', 'DELETE', path, () => said('snapshot deleted'))));
+    }));
+  }
+
+  const refresh = () => Promise.all([loadInfo(), loadFiles(), loadSnapshots()]).catch(showError);
 
   function showRun(prefix, r) {
     document.getElementById(`${prefix}-out`).hidden = false;
@@ -233,6 +259,18 @@ function sandboxPage(root) {
       const r = await api('POST', `${base}/files?name=${encodeURIComponent(file.name)}`, undefined, file);
       document.getElementById('upload-status').textContent = `uploaded to ${r.path}`;
       upload.reset();
+      await refresh();
+    });
+  });
+
+  const snapshot = document.getElementById('snapshot-form');
+  snapshot.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(snapshot, async () => {
+      const label = snapshot.elements.label.value.trim();
+      const r = await api('POST', `${base}/snapshots`, label ? { label } : {});
+      document.getElementById('snapshot-status').textContent = `saved in ${r.duration_ms.toFixed(0)} ms`;
+      snapshot.reset();
       await refresh();
     });
   });

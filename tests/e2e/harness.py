@@ -2,6 +2,7 @@
 server with its own state, results and upload folders (hence its own server
 id), and removes exactly the Docker objects labelled with that id."""
 
+import asyncio
 import json
 import os
 import shlex
@@ -170,3 +171,24 @@ def api(server, method, path, key, body=None, headers=None):
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
+
+
+async def call(c, tool, **args):
+    """A tool's structured result, asserting that the call worked."""
+    r = await c.call_tool(tool, args)
+    assert not r.is_error, r.content[0].text
+    return r.structured_content
+
+
+def in_sandbox(server, scenario):
+    """Runs `scenario(client, sandbox_id)` on a new sandbox over Streamable
+    HTTP with the Python SDK, and deletes the sandbox after it."""
+    from mcp import Client
+
+    async def go():
+        async with Client(server.url + "/mcp") as c:
+            sid = (await call(c, "create_sandbox"))["sandbox_id"]
+            await scenario(c, sid)
+            await call(c, "delete_sandbox", sandbox_id=sid)
+
+    asyncio.run(go())

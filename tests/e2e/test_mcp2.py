@@ -27,6 +27,10 @@ TOOLS = {
     "read_file",
     "write_file",
     "reset_python",
+    "snapshot_sandbox",
+    "restore_snapshot",
+    "list_snapshots",
+    "delete_snapshot",
 }
 
 
@@ -91,6 +95,10 @@ def test_tools_are_listed_with_schemas_and_annotations(server):
             assert tools["write_file"].annotations.read_only_hint is False
             assert tools["reset_python"].annotations.read_only_hint is False
             assert tools["delete_sandbox"].annotations.destructive_hint is True
+            assert tools["list_snapshots"].annotations.read_only_hint is True
+            assert tools["snapshot_sandbox"].annotations.destructive_hint is False
+            assert tools["restore_snapshot"].annotations.destructive_hint is True
+            assert tools["delete_snapshot"].annotations.destructive_hint is True
             assert set(tools["execute_python_code"].input_schema["required"]) == {"sandbox_id", "code"}
             assert set(tools["upload_file_to_sandbox"].input_schema["properties"]) == {"sandbox_id", "local_file_path", "dest_path"}
             empty = await c.call_tool("list_sandboxes", {})

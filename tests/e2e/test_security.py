@@ -89,6 +89,7 @@ def test_tenants_cannot_touch_each_other(server):
         async with client(server, ALICE) as a, client(server, BOB) as b:
             sid = (await ok(a, "create_sandbox", name="alice's"))["sandbox_id"]
             made = await ok(a, "execute_python_code", sandbox_id=sid, code="open('secret.txt','w').write('alice-data')\nprint('ok')")
+            snap = (await ok(a, "snapshot_sandbox", sandbox_id=sid))["snapshot_id"]
             [link] = made["file_links"]
             assert "token=" in link and ALICE not in link
 
@@ -104,6 +105,10 @@ def test_tenants_cannot_touch_each_other(server):
                 ("read_file", {"path": "secret.txt"}),
                 ("write_file", {"path": "secret.txt", "content": "bob was here"}),
                 ("reset_python", {}),
+                ("snapshot_sandbox", {}),
+                ("list_snapshots", {}),
+                ("restore_snapshot", {"snapshot_id": snap}),
+                ("delete_snapshot", {"snapshot_id": snap}),
                 ("delete_sandbox", {}),
             ]:
                 r = await b.call_tool(tool, {"sandbox_id": sid, **args})
@@ -130,6 +135,7 @@ def test_tenants_cannot_touch_each_other(server):
             assert get(link)[0] == 403, "links expire"
             assert (await ok(a, "list_sandboxes"))["sandboxes"][0]["sandbox_id"] == sid, "alice is unaffected"
             assert (await ok(a, "read_file", sandbox_id=sid, path="secret.txt"))["content"] == "alice-data"
+            assert [s["snapshot_id"] for s in (await ok(a, "list_snapshots", sandbox_id=sid))["snapshots"]] == [snap]
             await ok(a, "delete_sandbox", sandbox_id=sid)
 
     asyncio.run(go())

@@ -211,6 +211,27 @@ def test_a_sandbox_from_creation_to_deletion(server, browser):
     assert {"python", "shell", "upload", "install"} <= set(kinds), kinds
     screenshot(page, "sandbox")
 
+    # Snapshots: take one, change Python and a file, restore from the list.
+    page.fill("#code", "kept = 'before'")
+    page.click("#python-form button")
+    expect(page.locator("#python-exit")).to_have_text("0")
+    page.fill("#snapshot-label", "ui snapshot")
+    page.click("#snapshot-form button")
+    snap = page.locator("#snapshots tbody tr", has_text="ui snapshot")
+    expect(snap).to_have_count(1)
+    expect(snap.locator("td:nth-child(3)")).to_have_text("saved")
+    page.fill("#code", "kept = 'after'\nimport os\nos.remove('plot.png')")
+    page.click("#python-form button")
+    expect(page.locator('#files tr[data-path="plot.png"]')).to_have_count(0)
+    snap.locator('button[data-action="restore"]').click()
+    expect(page.locator("#snapshot-status")).to_contain_text("restored: Python restored")
+    expect(page.locator('#files tr[data-path="plot.png"]')).to_have_count(1)
+    page.fill("#code", "print(kept)")
+    page.click("#python-form button")
+    expect(page.locator("#python-stdout")).to_contain_text("before")
+    snap.locator('button[data-action="delete"]').click()
+    expect(page.locator("#snapshots tbody tr")).to_have_count(0)
+
     # Restart keeps files; then delete.
     page.click("#restart")
     expect(page.locator('#info dd:has(.status) .status')).to_have_text("running")

@@ -76,6 +76,8 @@ impl Container {
 struct Worker {
     vars: HashMap<String, String>,
     busy: bool,
+    /// Copies of `vars` parked by snapshots, by slot; gone with the start.
+    parked: HashMap<String, HashMap<String, String>>,
 }
 
 /// What the fake did, for tests to assert on.
@@ -547,6 +549,33 @@ impl Agent {
                     ok(json!({"reset": true}))
                 }
                 "packages" => ok(json!({"packages": [{"name": "pip", "version": "24.0"}]})),
+                "snapshot" => {
+                    let mut worker = self.worker.lock().expect("worker lock");
+                    let vars = worker.vars.clone();
+                    worker
+                        .parked
+                        .insert(req["slot"].as_str().unwrap_or_default().into(), vars);
+                    ok(json!({"python": "parked"}))
+                }
+                "restore" => {
+                    let mut worker = self.worker.lock().expect("worker lock");
+                    let parked = worker.parked.get(req["slot"].as_str().unwrap_or_default()).cloned();
+                    let (vars, python) = match (req["python"].as_bool(), parked) {
+                        (Some(true), Some(vars)) => (vars, "restored"),
+                        (Some(true), None) => (HashMap::new(), "lost"),
+                        _ => (HashMap::new(), "fresh"),
+                    };
+                    worker.vars = vars;
+                    ok(json!({"python": python}))
+                }
+                "forget" => {
+                    self.worker
+                        .lock()
+                        .expect("worker lock")
+                        .parked
+                        .remove(req["slot"].as_str().unwrap_or_default());
+                    ok(json!({"forgotten": true}))
+                }
                 "interrupt" => continue,
                 op @ ("exec" | "run") => {
                     let busy = std::mem::replace(&mut self.worker.lock().expect("worker lock").busy, true);

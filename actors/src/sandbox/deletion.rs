@@ -105,6 +105,9 @@ pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<
     ctx.runtime.remove_volume(&record.volume).await?;
     ctx.egress.detach(record.id);
     ctx.disks.remove(record.id).await?;
+    if let Err(e) = ctx.snapshots.remove_all(record.id).await {
+        warn!(sandbox = %record.id, error = %e, "could not remove a deleted sandbox's snapshots; the next start removes them");
+    }
     let paths = ctx.paths(record.id);
     for dir in [&paths.results, &paths.agent] {
         if let Err(e) = tokio::fs::remove_dir_all(dir).await {

@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{join_notices, SandboxActor, SandboxState};
+use super::{join_notices, snapshot, SandboxActor, SandboxState};
 use crate::agent::Work;
 use crate::error::{Result, SandboxError};
 use crate::files::{self, ResultsPath};
@@ -17,6 +17,7 @@ use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran};
 use crate::messages::{Finished, RunRequest, SandboxMsg};
 use crate::results::Uploaded;
+use crate::snapshots::{SnapshotDone, SnapshotOp};
 use crate::uploads::{self, UploadSource};
 
 pub(super) enum Job {
@@ -35,6 +36,10 @@ pub(super) enum Job {
     },
     ResetPython {
         reply: RpcReplyPort<Result<Option<String>>>,
+    },
+    Snapshot {
+        op: SnapshotOp,
+        reply: RpcReplyPort<Result<(SnapshotDone, Option<String>)>>,
     },
     /// Restarts a container that missed a deadline.
     Recover,
@@ -56,6 +61,9 @@ impl Job {
                 let _ = reply.send(Err(error));
             }
             Job::ResetPython { reply } => {
+                let _ = reply.send(Err(error));
+            }
+            Job::Snapshot { reply, .. } => {
                 let _ = reply.send(Err(error));
             }
             Job::Install { .. } | Job::Recover | Job::Revive => {}
@@ -153,6 +161,28 @@ impl SandboxActor {
                         let result = link.reset_python().await.map(|n| join_notices(notice, n));
                         let call = outcome_record(started, CallKind::ResetPython, "reset_python", &result, "reset");
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
+                        let _ = reply.send(result);
+                    });
+                }
+                Job::Snapshot { op, reply } => {
+                    let notice = state.notice.take();
+                    spawn_job(me.clone(), async move {
+                        let started = OffsetDateTime::now_utc();
+                        let what = op.to_string();
+                        let result = snapshot::carry_out(&mut link, op).await;
+                        let packages = match &result {
+                            Ok((SnapshotDone::Restored(r), _)) if r.packages => {
+                                Link::packages(link.ctx(), link.paths.id).await.ok()
+                            }
+                            _ => None,
+                        };
+                        let result = result.map(|(done, n)| (done, join_notices(notice, n)));
+                        let call = outcome_record(started, CallKind::Snapshot, &what, &result, "done");
+                        let finished = Finished {
+                            packages,
+                            ..Finished::job(link, Some(call))
+                        };
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));
                         let _ = reply.send(result);
                     });
                 }

@@ -14,6 +14,7 @@
 
 mod deletion;
 mod jobs;
+mod snapshot;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -218,24 +219,10 @@ impl Actor for SandboxActor {
                     });
                 }
             }
-            SandboxMsg::Upload { source, dest, reply } => match admit(state) {
-                Ok(()) => state.queue.push_back(Job::Upload { source, dest, reply }),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-            },
-            SandboxMsg::Restart { reply } => match admit(state) {
-                Ok(()) => state.queue.push_back(Job::Restart { reply }),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-            },
-            SandboxMsg::ResetPython { reply } => match admit(state) {
-                Ok(()) => state.queue.push_back(Job::ResetPython { reply }),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-            },
+            SandboxMsg::Upload { source, dest, reply } => enqueue(state, Job::Upload { source, dest, reply }),
+            SandboxMsg::Restart { reply } => enqueue(state, Job::Restart { reply }),
+            SandboxMsg::ResetPython { reply } => enqueue(state, Job::ResetPython { reply }),
+            SandboxMsg::Snapshot { op, reply } => enqueue(state, Job::Snapshot { op, reply }),
             SandboxMsg::History(reply) => {
                 let _ = reply.send(state.history.to_vec());
             }
@@ -340,6 +327,14 @@ impl SandboxState {
 }
 
 /// Whether another call may join the queue.
+/// Queues a caller's job, or answers it at once when the sandbox takes no more.
+fn enqueue(state: &mut SandboxState, job: Job) {
+    match admit(state) {
+        Ok(()) => state.queue.push_back(job),
+        Err(e) => job.refuse(e),
+    }
+}
+
 fn admit(state: &SandboxState) -> Result<()> {
     if state.deletion.is_some() {
         return Err(state.retirement_error());
@@ -493,6 +488,10 @@ impl SandboxActor {
                 packages_changed = true;
             }
         }
+        if let Some(p) = f.packages {
+            state.record.packages = p;
+            packages_changed = true;
+        }
         if container_changed || packages_changed {
             state.ctx.store.put(state.record.clone()).await?;
         }
@@ -523,6 +522,7 @@ fn info(state: &SandboxState) -> SandboxInfo {
         expires_at: expires_at(state),
         installed_packages: r.packages.clone(),
         disk: state.ctx.disks.usage(r.id),
+        snapshots: state.ctx.snapshots.totals(r.id),
     }
 }
 

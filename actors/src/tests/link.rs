@@ -256,7 +256,7 @@ async fn a_reset_the_agent_never_answers_ends_at_its_deadline_with_a_restart() {
         matches!(
             err,
             SandboxError::Unresponsive {
-                what: "resetting Python",
+                what: "reset Python",
                 ..
             }
         ),

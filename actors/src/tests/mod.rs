@@ -7,6 +7,7 @@ mod actor;
 mod link;
 mod pool;
 mod registry;
+mod snapshot;
 mod supervisor;
 
 use std::sync::Arc;

@@ -1,0 +1,96 @@
+//! A sandbox's snapshot work, carried out while its job holds the link: the
+//! agent parks, resumes or ends a copy of the Python worker, and the host
+//! saves or brings back the files and packages ([`crate::snapshots`]).
+
+use std::time::Instant;
+
+use time::OffsetDateTime;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use super::join_notices;
+use crate::error::Result;
+use crate::host;
+use crate::link::Link;
+use crate::snapshots::{slot, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
+
+/// Said with a restore whose Python state did not survive.
+const PYTHON_LOST: &str = "The Python state saved in this snapshot is gone: a saved Python state lives as long as \
+     the sandbox's container, which was restarted since (or the sandbox's code ended it). Files and packages were \
+     restored; Python starts with a fresh namespace.";
+
+pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(SnapshotDone, Option<String>)> {
+    let ctx = link.ctx().clone();
+    let store = &ctx.snapshots;
+    let id = link.paths.id;
+    match op {
+        SnapshotOp::Take { label } => {
+            store.check_room(id)?;
+            host::check_free_disk(&ctx.settings)?;
+            let snapshot = Uuid::new_v4();
+            let started = Instant::now();
+            let (python, notice) = link.snapshot_python(&slot(snapshot)).await?;
+            let parked = started.elapsed();
+            let info = SnapshotInfo {
+                snapshot_id: snapshot,
+                label,
+                created_at: OffsetDateTime::now_utc(),
+                python,
+                trees: Default::default(),
+                files: 0,
+                bytes: 0,
+            };
+            match store.save(&link.paths, info).await {
+                Ok(info) => {
+                    info!(
+                        sandbox = %id, %snapshot, python_ms = parked.as_millis() as u64,
+                        files_ms = (started.elapsed() - parked).as_millis() as u64,
+                        files = info.files, bytes = info.bytes, "snapshot saved"
+                    );
+                    Ok((SnapshotDone::Taken(info), notice))
+                }
+                Err(e) => {
+                    forget(link, snapshot, python).await;
+                    Err(e.into())
+                }
+            }
+        }
+        SnapshotOp::Restore { snapshot } => {
+            let info = store.find(id, snapshot)?;
+            let started = Instant::now();
+            let (python, notice) = link
+                .restore_python(&slot(snapshot), info.python == PythonState::Parked)
+                .await?;
+            let resumed = started.elapsed();
+            store.restore(&link.paths, &info).await?;
+            info!(
+                sandbox = %id, %snapshot, python_ms = resumed.as_millis() as u64,
+                files_ms = (started.elapsed() - resumed).as_millis() as u64, ?python, "snapshot restored"
+            );
+            let lost = (python == PythonState::Lost).then(|| PYTHON_LOST.to_string());
+            let restored = Restored {
+                snapshot_id: snapshot,
+                python,
+                packages: info.packages(),
+            };
+            Ok((SnapshotDone::Restored(restored), join_notices(notice, lost)))
+        }
+        SnapshotOp::Delete { snapshot } => {
+            let info = store.find(id, snapshot)?;
+            forget(link, snapshot, info.python).await;
+            store.remove(id, snapshot).await?;
+            Ok((SnapshotDone::Deleted, None))
+        }
+    }
+}
+
+/// Ends a snapshot's parked Python copy. One that cannot be reached is left
+/// to end with the container (its memory stays charged to the sandbox).
+async fn forget(link: &mut Link, snapshot: Uuid, python: PythonState) {
+    if python != PythonState::Parked {
+        return;
+    }
+    if let Err(e) = link.forget_python(&slot(snapshot)).await {
+        warn!(sandbox = %link.paths.id, %snapshot, error = %e, "could not end a snapshot's parked Python copy");
+    }
+}

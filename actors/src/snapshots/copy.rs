@@ -1,0 +1,544 @@
+//! Copies of a sandbox's folders on the host: saved into a snapshot, and
+//! brought back from one.
+//!
+//! The sandbox writes the folders these read (`save`) and write (`restore`)
+//! while the server, as root, walks them, so every name is looked up from
+//! its folder's descriptor without following links ([`crate::nofollow`]):
+//! a folder swapped for a link on the way cannot lead the copy elsewhere on
+//! the host. The snapshot's own folders are the server's (under the state
+//! folder), read and written by path.
+//!
+//! A save hard-links a file unchanged since the previous snapshot (same
+//! size, modification time and mode: rsync's quick check) instead of
+//! copying it, and a restore leaves alone a file that already matches, so
+//! both cost what changed rather than what is there.
+
+use std::collections::hash_map::DefaultHasher;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, FileTimes, Metadata};
+use std::hash::Hasher;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crate::nofollow::{self, EntryKind, Found};
+
+/// Folders deeper than this are refused (each level holds a descriptor).
+const MAX_DEPTH: usize = 128;
+/// A capped file system's own folder, which neither side copies.
+const LOST_FOUND: &str = "lost+found";
+
+/// What a save may still take; crossing it fails the save.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// What a save wrote: entries, bytes newly stored (hard links to the
+/// previous snapshot cost none), and the fingerprint of what it copied.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Saved {
+    pub files: u64,
+    pub bytes: u64,
+    pub fingerprint: Fingerprint,
+}
+
+/// What a folder holds, by each entry's path, kind, size, modification
+/// time, mode and link target: two folders with the same fingerprint are
+/// taken to hold the same files (the quick check again), so a snapshot
+/// shares a saved folder instead of saving it again, and a restore leaves
+/// alone a folder that already matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fingerprint(u64, u64);
+
+impl Fingerprint {
+    pub(crate) fn hex(&self) -> String {
+        format!("{:016x}{:016x}", self.0, self.1)
+    }
+}
+
+/// Hashes entries in the order a walk meets them (names sorted).
+struct Tally {
+    a: DefaultHasher,
+    b: DefaultHasher,
+    path: Vec<u8>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        let mut b = DefaultHasher::new();
+        b.write_u8(0xa5);
+        Self {
+            a: DefaultHasher::new(),
+            b,
+            path: Vec::new(),
+        }
+    }
+
+    fn entry(&mut self, name: &OsStr, st: &libc::stat, link: Option<&Path>) {
+        let kind = EntryKind::of_mode(st.st_mode) as u8;
+        let (size, time) = match kind {
+            k if k == EntryKind::File as u8 => (st.st_size as u64, (st.st_mtime, st.st_mtime_nsec)),
+            _ => (0, (0, 0)),
+        };
+        for h in [&mut self.a, &mut self.b] {
+            h.write(&self.path);
+            h.write_u8(b'/');
+            h.write(name.as_bytes());
+            h.write_u8(0);
+            h.write_u8(kind);
+            h.write_u64(size);
+            h.write_i64(time.0);
+            h.write_i64(time.1);
+            h.write_u32(st.st_mode & 0o777);
+            if let Some(link) = link {
+                h.write(link.as_os_str().as_bytes());
+                h.write_u8(0);
+            }
+        }
+    }
+
+    /// Names entries below `name` until [`Self::leave`].
+    fn enter(&mut self, name: &OsStr) -> usize {
+        let len = self.path.len();
+        self.path.push(b'/');
+        self.path.extend_from_slice(name.as_bytes());
+        len
+    }
+
+    fn leave(&mut self, len: usize) {
+        self.path.truncate(len);
+    }
+
+    fn finish(&self) -> Fingerprint {
+        Fingerprint(self.a.finish(), self.b.finish())
+    }
+}
+
+/// The names in a folder, sorted, so that walks meet entries in one order.
+fn sorted_names(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
+    let mut names = nofollow::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<io::Result<Vec<_>>>()?;
+    names.sort();
+    Ok(names)
+}
+
+/// The fingerprint of the folder `src` (the sandbox's) and its entry
+/// count, read without following links; past `budget.files` entries it
+/// fails as a save would.
+pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Result<(Fingerprint, u64), CopyError> {
+    fn walk(
+        dir: &OwnedFd,
+        tally: &mut Tally,
+        left: &mut u64,
+        depth: usize,
+        stop: &AtomicBool,
+    ) -> Result<(), CopyError> {
+        if depth > MAX_DEPTH {
+            return Err(io::Error::other("folders nested too deeply").into());
+        }
+        for name in sorted_names(dir)? {
+            if depth == 0 && name == LOST_FOUND {
+                continue;
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Err(CopyError::Stopped);
+            }
+            let Ok(found) = Found::open(dir, &name) else { continue };
+            if found.kind() == EntryKind::Other {
+                continue;
+            }
+            *left = left.checked_sub(1).ok_or(CopyError::TooLarge { bytes: 0, files: 0 })?;
+            match found.kind() {
+                EntryKind::Folder => {
+                    tally.entry(&name, &found.st, None);
+                    let inner = found.reopen(libc::O_RDONLY | libc::O_DIRECTORY)?;
+                    let len = tally.enter(&name);
+                    walk(&inner, tally, left, depth + 1, stop)?;
+                    tally.leave(len);
+                }
+                EntryKind::Link => tally.entry(&name, &found.st, Some(&found.read_link()?)),
+                EntryKind::File => tally.entry(&name, &found.st, None),
+                EntryKind::Other => {}
+            }
+        }
+        Ok(())
+    }
+    let root: OwnedFd = File::open(src)?.into();
+    let mut tally = Tally::new();
+    let mut left = budget.files;
+    walk(&root, &mut tally, &mut left, 0, stop).map_err(|e| match e {
+        CopyError::TooLarge { .. } => CopyError::TooLarge {
+            bytes: budget.bytes,
+            files: budget.files,
+        },
+        other => other,
+    })?;
+    Ok((tally.finish(), budget.files - left))
+}
+
+/// Why a copy stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("the files are larger than a snapshot may hold ({bytes} bytes, {files} files at most)")]
+    TooLarge { bytes: u64, files: u64 },
+    #[error("the copy ran past its deadline")]
+    Stopped,
+}
+
+struct Saving<'a> {
+    left: Budget,
+    limit: Budget,
+    files: u64,
+    bytes: u64,
+    tally: Tally,
+    stop: &'a AtomicBool,
+}
+
+/// Copies the folder `src` (the sandbox's) into the new folder `dst`,
+/// linking files unchanged since `previous` (the last snapshot's copy of
+/// the same folder). FIFOs, sockets and devices are left out.
+pub(crate) fn save(
+    src: &Path,
+    dst: &Path,
+    previous: Option<&Path>,
+    budget: Budget,
+    stop: &AtomicBool,
+) -> Result<Saved, CopyError> {
+    let root = File::open(src)?;
+    fs::DirBuilder::new().mode(0o700).create(dst)?;
+    let mut saving = Saving {
+        left: budget,
+        limit: budget,
+        files: 0,
+        bytes: 0,
+        tally: Tally::new(),
+        stop,
+    };
+    saving.folder(&root.into(), dst, previous, 0)?;
+    Ok(Saved {
+        files: saving.files,
+        bytes: saving.bytes,
+        fingerprint: saving.tally.finish(),
+    })
+}
+
+impl Saving<'_> {
+    fn folder(&mut self, src: &OwnedFd, dst: &Path, previous: Option<&Path>, depth: usize) -> Result<(), CopyError> {
+        if depth > MAX_DEPTH {
+            return Err(io::Error::other("folders nested too deeply").into());
+        }
+        for name in sorted_names(src)? {
+            if depth == 0 && name == LOST_FOUND {
+                continue;
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(CopyError::Stopped);
+            }
+            // Gone since it was listed: the sandbox's to remove.
+            let Ok(found) = Found::open(src, &name) else { continue };
+            let target = dst.join(&name);
+            let before = previous.map(|p| p.join(&name));
+            match found.kind() {
+                EntryKind::Folder => {
+                    self.spend(0)?;
+                    self.tally.entry(&name, &found.st, None);
+                    fs::DirBuilder::new().mode(0o700).create(&target)?;
+                    let inner = found.reopen(libc::O_RDONLY | libc::O_DIRECTORY)?;
+                    let len = self.tally.enter(&name);
+                    self.folder(&inner, &target, before.as_deref(), depth + 1)?;
+                    self.tally.leave(len);
+                    fs::set_permissions(&target, fs::Permissions::from_mode(found.st.st_mode & 0o777))?;
+                }
+                EntryKind::File => {
+                    let size = found.st.st_size as u64;
+                    self.spend(size)?;
+                    self.tally.entry(&name, &found.st, None);
+                    let unchanged = before
+                        .as_deref()
+                        .and_then(|b| fs::symlink_metadata(b).ok().map(|m| (b.to_path_buf(), m)))
+                        .filter(|(_, m)| m.is_file() && same_file(&found.st, m));
+                    if let Some((before, _)) = unchanged {
+                        fs::hard_link(before, &target)?;
+                        // Linked, not stored: give the bytes back.
+                        self.left.bytes += size;
+                        continue;
+                    }
+                    let from = File::from(found.reopen(libc::O_RDONLY)?);
+                    let mut to = fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(found.st.st_mode & 0o777)
+                        .open(&target)?;
+                    // The file may grow while it is read: never past the budget.
+                    let copied = io::copy(&mut from.take(self.left.bytes + size + 1), &mut to)?;
+                    if copied > size {
+                        self.left.bytes = self.left.bytes.saturating_sub(copied - size);
+                        if self.left.bytes == 0 {
+                            return Err(self.too_large());
+                        }
+                    }
+                    if let Some(modified) = modified(&found.st) {
+                        to.set_times(FileTimes::new().set_modified(modified))?;
+                    }
+                    self.bytes += copied;
+                }
+                EntryKind::Link => {
+                    self.spend(0)?;
+                    let link = found.read_link()?;
+                    self.tally.entry(&name, &found.st, Some(&link));
+                    std::os::unix::fs::symlink(link, &target)?;
+                }
+                EntryKind::Other => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn spend(&mut self, bytes: u64) -> Result<(), CopyError> {
+        if self.left.files == 0 || self.left.bytes < bytes {
+            return Err(self.too_large());
+        }
+        self.left.files -= 1;
+        self.left.bytes -= bytes;
+        self.files += 1;
+        Ok(())
+    }
+
+    fn too_large(&self) -> CopyError {
+        CopyError::TooLarge {
+            bytes: self.limit.bytes,
+            files: self.limit.files,
+        }
+    }
+}
+
+/// Makes the folder `dst` (the sandbox's) hold what the snapshot folder
+/// `src` holds: what is not in the snapshot is removed, what differs is
+/// replaced, what matches is left. New entries are given to `owner`.
+pub(crate) fn restore(src: &Path, dst: &Path, owner: u32, stop: &AtomicBool) -> Result<(), CopyError> {
+    let root: OwnedFd = File::open(dst)?.into();
+    let restoring = Restoring { owner, stop };
+    restoring.folder(src, &root, 0)
+}
+
+struct Restoring<'a> {
+    owner: u32,
+    stop: &'a AtomicBool,
+}
+
+impl Restoring<'_> {
+    fn folder(&self, src: &Path, dst: &OwnedFd, depth: usize) -> Result<(), CopyError> {
+        if depth > MAX_DEPTH {
+            return Err(io::Error::other("folders nested too deeply").into());
+        }
+        let mut wanted: Vec<(OsString, Metadata)> = Vec::new();
+        for entry in fs::read_dir(src)? {
+            let entry = entry?;
+            wanted.push((entry.file_name(), entry.metadata()?));
+        }
+        wanted.sort_by(|a, b| a.0.cmp(&b.0));
+        for entry in nofollow::read_dir(dst)? {
+            let name = entry?.file_name();
+            let keep = depth == 0 && name == LOST_FOUND;
+            if !keep && wanted.binary_search_by(|(n, _)| n.as_os_str().cmp(&name)).is_err() {
+                nofollow::remove_at(dst, &name, MAX_DEPTH)?;
+            }
+        }
+        for (name, meta) in &wanted {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(CopyError::Stopped);
+            }
+            let from = src.join(name);
+            let there = Found::open(dst, name).ok();
+            let mode = meta.mode() & 0o777;
+            if meta.is_dir() {
+                if !there.as_ref().is_some_and(|f| f.kind() == EntryKind::Folder) {
+                    self.clear(dst, name, there.is_some())?;
+                    nofollow::mkdir_at(dst, name, 0o700)?;
+                    self.give(dst, name)?;
+                }
+                let inner = nofollow::openat(dst, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                self.folder(&from, &inner, depth + 1)?;
+                fs::File::from(inner).set_permissions(fs::Permissions::from_mode(mode))?;
+            } else if meta.is_file() {
+                if there.as_ref().is_some_and(|f| {
+                    f.kind() == EntryKind::File && same_file(&f.st, meta) && f.st.st_mode & 0o777 == mode
+                }) {
+                    continue;
+                }
+                self.clear(dst, name, there.is_some())?;
+                let mut to = File::from(nofollow::create_file(dst, name, mode)?);
+                io::copy(&mut File::open(&from)?, &mut to)?;
+                to.set_permissions(fs::Permissions::from_mode(mode))?;
+                if let Ok(modified) = meta.modified() {
+                    to.set_times(FileTimes::new().set_modified(modified))?;
+                }
+                self.give(dst, name)?;
+            } else if meta.is_symlink() {
+                let target = fs::read_link(&from)?;
+                if there
+                    .as_ref()
+                    .is_some_and(|f| f.kind() == EntryKind::Link && f.read_link().ok().as_ref() == Some(&target))
+                {
+                    continue;
+                }
+                self.clear(dst, name, there.is_some())?;
+                nofollow::symlink_at(target.as_os_str(), dst, name)?;
+                self.give(dst, name)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn clear(&self, dst: &OwnedFd, name: &OsStr, present: bool) -> io::Result<()> {
+        match present {
+            true => nofollow::remove_at(dst, name, MAX_DEPTH),
+            false => Ok(()),
+        }
+    }
+
+    /// Gives a new entry to the sandbox's user. A server that is not root
+    /// cannot, and needs not: what it makes is then its own, as the folder is.
+    fn give(&self, dst: &OwnedFd, name: &OsStr) -> io::Result<()> {
+        match nofollow::chown_at(dst, name, self.owner) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// rsync's quick check: the same size and modification time.
+fn same_file(st: &libc::stat, other: &Metadata) -> bool {
+    st.st_size as u64 == other.size() && st.st_mtime == other.mtime() && st.st_mtime_nsec == other.mtime_nsec()
+}
+
+fn modified(st: &libc::stat) -> Option<SystemTime> {
+    let secs = u64::try_from(st.st_mtime).ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::new(secs, st.st_mtime_nsec as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget() -> Budget {
+        Budget {
+            bytes: 1 << 20,
+            files: 100,
+        }
+    }
+
+    fn tree(root: &Path) {
+        fs::create_dir_all(root.join("a/b")).unwrap();
+        fs::write(root.join("a/b/data.txt"), "hello").unwrap();
+        fs::write(root.join("top.txt"), "top").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+    }
+
+    #[test]
+    fn a_restore_brings_back_what_was_saved_however_it_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (live, snap) = (tmp.path().join("live"), tmp.path().join("snap"));
+        fs::create_dir(&live).unwrap();
+        tree(&live);
+        let stop = AtomicBool::new(false);
+        let saved = save(&live, &snap, None, budget(), &stop).unwrap();
+        assert_eq!(saved.bytes, 8);
+        // Changed, removed, added, and a folder swapped for a link to the host.
+        fs::write(live.join("top.txt"), "changed!").unwrap();
+        fs::remove_dir_all(live.join("a")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), live.join("a")).unwrap();
+        fs::write(live.join("new.txt"), "new").unwrap();
+        fs::remove_file(live.join("link")).unwrap();
+        fs::write(live.join("link"), "not a link").unwrap();
+        restore(&snap, &live, 0, &stop).unwrap();
+        assert_eq!(fs::read_to_string(live.join("top.txt")).unwrap(), "top");
+        assert_eq!(fs::read_to_string(live.join("a/b/data.txt")).unwrap(), "hello");
+        assert!(!live.join("new.txt").exists());
+        assert_eq!(fs::read_link(live.join("link")).unwrap(), Path::new("/etc/passwd"));
+        // The folder the link pointed at was never entered.
+        assert!(tmp.path().join("snap").exists() && tmp.path().join("live").exists());
+        assert!(!tmp.path().join("b").exists());
+    }
+
+    #[test]
+    fn a_save_links_what_the_previous_snapshot_holds_unchanged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let live = tmp.path().join("live");
+        fs::create_dir(&live).unwrap();
+        tree(&live);
+        let stop = AtomicBool::new(false);
+        save(&live, &tmp.path().join("one"), None, budget(), &stop).unwrap();
+        fs::write(live.join("top.txt"), "other").unwrap();
+        let second = save(
+            &live,
+            &tmp.path().join("two"),
+            Some(&tmp.path().join("one")),
+            budget(),
+            &stop,
+        )
+        .unwrap();
+        assert_eq!(second.bytes, 5, "only the changed file is stored again");
+        let inode = |p: &str| fs::metadata(tmp.path().join(p)).unwrap().ino();
+        assert_eq!(inode("one/a/b/data.txt"), inode("two/a/b/data.txt"));
+        assert_ne!(inode("one/top.txt"), inode("two/top.txt"));
+    }
+
+    #[test]
+    fn a_fingerprint_sees_any_change_and_matches_the_saved_copy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let live = tmp.path().join("live");
+        fs::create_dir(&live).unwrap();
+        tree(&live);
+        let stop = AtomicBool::new(false);
+        let (before, entries) = fingerprint(&live, budget(), &stop).unwrap();
+        assert_eq!(entries, 5);
+        let saved = save(&live, &tmp.path().join("snap"), None, budget(), &stop).unwrap();
+        assert_eq!(saved.fingerprint, before, "the save hashes what it copied");
+        assert_eq!(
+            fingerprint(&tmp.path().join("snap"), budget(), &stop).unwrap().0,
+            before
+        );
+        fs::write(live.join("a/b/data.txt"), "hellO").unwrap();
+        assert_ne!(
+            fingerprint(&live, budget(), &stop).unwrap().0,
+            before,
+            "same size, new time"
+        );
+        restore(&tmp.path().join("snap"), &live, 0, &stop).unwrap();
+        assert_eq!(
+            fingerprint(&live, budget(), &stop).unwrap().0,
+            before,
+            "a restore matches again"
+        );
+        fs::rename(live.join("top.txt"), live.join("tip.txt")).unwrap();
+        assert_ne!(fingerprint(&live, budget(), &stop).unwrap().0, before, "a rename");
+    }
+
+    #[test]
+    fn a_save_past_its_budget_fails() {
+        let tmp = tempfile::tempdir().unwrap();
+        let live = tmp.path().join("live");
+        fs::create_dir(&live).unwrap();
+        fs::write(live.join("big"), vec![0u8; 4096]).unwrap();
+        let stop = AtomicBool::new(false);
+        let small = Budget { bytes: 1000, files: 10 };
+        let err = save(&live, &tmp.path().join("s"), None, small, &stop).unwrap_err();
+        assert!(matches!(err, CopyError::TooLarge { .. }), "{err}");
+        let few = Budget {
+            bytes: 1 << 20,
+            files: 0,
+        };
+        let err = save(&live, &tmp.path().join("t"), None, few, &stop).unwrap_err();
+        assert!(matches!(err, CopyError::TooLarge { .. }), "{err}");
+    }
+}

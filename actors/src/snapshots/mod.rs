@@ -1,0 +1,482 @@
+//! Snapshots of a live sandbox: saved, listed, restored, dropped.
+//!
+//! A snapshot has two halves that live in different places:
+//! - the Python state: a parked copy-on-write fork of the sandbox's Python
+//!   worker, inside the container (`docker/agent.py`), so its memory is
+//!   charged to the sandbox's own limit and it ends with the container;
+//! - the files and packages: copies of `/app/results` and of the package
+//!   volume on the host ([`copy`]), each saved once per content in
+//!   `state_dir/snapshots/<sandbox>/trees/<fingerprint>/` and shared by every
+//!   snapshot that held the same; a snapshot itself is
+//!   `state_dir/snapshots/<sandbox>/<snapshot>/meta.json`, written last, so
+//!   a save that never finished leaves no snapshot, only a folder that the
+//!   next removal collects.
+//!
+//! The sandbox actor queues snapshot work with its other calls
+//! ([`crate::sandbox`]); this module holds the host side and its bounds.
+
+mod copy;
+
+use std::collections::HashSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use tracing::warn;
+use uuid::Uuid;
+
+pub use crate::agent::PythonState;
+use crate::config::Settings;
+use crate::runtime::{SandboxPaths, SANDBOX_UID};
+pub use copy::CopyError;
+use copy::{Budget, Saved};
+
+/// How long copying a snapshot's files (either way) may take.
+const COPY_DEADLINE: Duration = Duration::from_secs(300);
+/// A save's bound on a folder whose file system is not capped.
+const UNCAPPED_MB: u64 = 4096;
+const UNCAPPED_FILES: u64 = 1_000_000;
+/// The longest label a snapshot may carry, in characters.
+pub const MAX_LABEL: usize = 200;
+const META: &str = "meta.json";
+/// The folder of a sandbox's saved folders, beside its snapshots.
+const TREES: &str = "trees";
+
+/// A snapshot as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub snapshot_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// `parked`: the Python namespace was kept; `fresh`: no Python had run,
+    /// so a restore starts Python afresh.
+    pub python: PythonState,
+    /// Files, folders and links saved.
+    pub files: u64,
+    /// Bytes this snapshot added to the host's disk (files unchanged since
+    /// the snapshot before it, and folders unchanged since any snapshot the
+    /// sandbox keeps, are shared with those).
+    pub bytes: u64,
+    /// The saved folders it holds, by fingerprint.
+    pub trees: Trees,
+}
+
+impl SnapshotInfo {
+    /// Whether the packages were saved (only where the package volume is a
+    /// capped file system of the server's; see `sandbox.packages_mb`).
+    pub fn packages(&self) -> bool {
+        self.trees.packages.is_some()
+    }
+}
+
+/// The saved folders of a snapshot: `trees/<fingerprint>` beside the
+/// snapshots, shared by every snapshot whose folder had that fingerprint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trees {
+    pub results: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<String>,
+}
+
+impl Trees {
+    fn get(&self, folder: Folder) -> Option<&str> {
+        match folder {
+            Folder::Results => Some(&self.results).filter(|t| !t.is_empty()).map(String::as_str),
+            Folder::Packages => self.packages.as_deref(),
+        }
+    }
+
+    fn set(&mut self, folder: Folder, tree: String) {
+        match folder {
+            Folder::Results => self.results = tree,
+            Folder::Packages => self.packages = Some(tree),
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &str> {
+        [Folder::Results, Folder::Packages]
+            .into_iter()
+            .filter_map(|f| self.get(f))
+    }
+}
+
+/// The sandbox folders a snapshot saves.
+#[derive(Debug, Clone, Copy)]
+enum Folder {
+    Results,
+    Packages,
+}
+
+/// What a saved folder took on the host when it was made.
+#[derive(Debug, Serialize, Deserialize)]
+struct TreeSize {
+    bytes: u64,
+}
+
+/// What a restore brought back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Restored {
+    pub snapshot_id: Uuid,
+    /// `restored`, `fresh` (the snapshot held a fresh namespace) or `lost`
+    /// (its parked copy was gone: Python starts afresh).
+    pub python: PythonState,
+    pub packages: bool,
+}
+
+/// A sandbox's snapshots, counted for its listing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SnapshotTotals {
+    pub count: usize,
+    pub bytes: u64,
+}
+
+/// The snapshot work a sandbox actor queues.
+#[derive(Debug)]
+pub enum SnapshotOp {
+    Take { label: Option<String> },
+    Restore { snapshot: Uuid },
+    Delete { snapshot: Uuid },
+}
+
+impl std::fmt::Display for SnapshotOp {
+    /// As the sandbox's history shows it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotOp::Take { label: Some(label) } => write!(f, "snapshot {label:?}"),
+            SnapshotOp::Take { label: None } => write!(f, "snapshot"),
+            SnapshotOp::Restore { snapshot } => write!(f, "restore {snapshot}"),
+            SnapshotOp::Delete { snapshot } => write!(f, "delete snapshot {snapshot}"),
+        }
+    }
+}
+
+/// How a [`SnapshotOp`] ended.
+#[derive(Debug)]
+pub enum SnapshotDone {
+    Taken(SnapshotInfo),
+    Restored(Restored),
+    Deleted,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot {0} not found in this sandbox. Call list_snapshots to see the sandbox's snapshots.")]
+    NotFound(Uuid),
+    #[error(
+        "this sandbox already keeps {0} snapshots, the most it may; delete one with delete_snapshot, then try again"
+    )]
+    TooMany(usize),
+    #[error("snapshots are turned off on this server (sandbox.snapshots_per_sandbox = 0)")]
+    Disabled,
+    #[error("could not save the sandbox's files: {0}. No snapshot was kept; the sandbox is unchanged.")]
+    Save(#[source] CopyError),
+    #[error("could not restore the sandbox's files: {0}. They may be partly restored: restore again, or delete the sandbox.")]
+    Restore(#[source] CopyError),
+    #[error("the snapshot store: {0}")]
+    Store(#[source] io::Error),
+}
+
+/// The name under which the agent parks a snapshot's Python state.
+pub(crate) fn slot(snapshot: Uuid) -> String {
+    snapshot.simple().to_string()
+}
+
+/// The snapshots of this server's sandboxes, on the host.
+#[derive(Debug, Clone)]
+pub struct Snapshots {
+    /// `state_dir/snapshots`: one folder per sandbox, one inside per snapshot.
+    root: PathBuf,
+    limit: usize,
+    results: Budget,
+    packages: Budget,
+}
+
+fn budget(mb: u64, inodes: u64) -> Budget {
+    match mb {
+        0 => Budget {
+            bytes: UNCAPPED_MB << 20,
+            files: UNCAPPED_FILES,
+        },
+        mb => Budget {
+            bytes: mb << 20,
+            files: inodes,
+        },
+    }
+}
+
+impl Snapshots {
+    pub fn new(settings: &Settings) -> Self {
+        let s = &settings.sandbox;
+        Self {
+            root: settings.state_dir.join("snapshots"),
+            limit: s.snapshots_per_sandbox,
+            results: budget(s.results_mb, s.results_inodes),
+            packages: budget(s.packages_mb, s.packages_inodes),
+        }
+    }
+
+    fn dir(&self, sandbox: Uuid) -> PathBuf {
+        self.root.join(sandbox.to_string())
+    }
+
+    fn trees(&self, sandbox: Uuid) -> PathBuf {
+        self.dir(sandbox).join(TREES)
+    }
+
+    /// A sandbox's finished snapshots, oldest first.
+    pub fn list(&self, sandbox: Uuid) -> Vec<SnapshotInfo> {
+        let Ok(entries) = std::fs::read_dir(self.dir(sandbox)) else {
+            return vec![];
+        };
+        let mut found: Vec<SnapshotInfo> = entries
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join(META)).ok())
+            .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+            .collect();
+        found.sort_by_key(|s| (s.created_at, s.snapshot_id));
+        found
+    }
+
+    pub fn find(&self, sandbox: Uuid, snapshot: Uuid) -> Result<SnapshotInfo, SnapshotError> {
+        let bytes = std::fs::read(self.dir(sandbox).join(snapshot.to_string()).join(META))
+            .map_err(|_| SnapshotError::NotFound(snapshot))?;
+        serde_json::from_slice(&bytes).map_err(|e| SnapshotError::Store(e.into()))
+    }
+
+    /// The count of a sandbox's snapshots and the bytes of the saved
+    /// folders they hold (each counted once, however many share it).
+    pub fn totals(&self, sandbox: Uuid) -> SnapshotTotals {
+        let list = self.list(sandbox);
+        let trees: HashSet<&str> = list.iter().flat_map(|s| s.trees.all()).collect();
+        let bytes = trees
+            .into_iter()
+            .filter_map(|t| std::fs::read(self.trees(sandbox).join(format!("{t}.json"))).ok())
+            .filter_map(|b| serde_json::from_slice::<TreeSize>(&b).ok())
+            .map(|t| t.bytes)
+            .sum();
+        SnapshotTotals {
+            count: list.len(),
+            bytes,
+        }
+    }
+
+    /// Refuses a new snapshot when snapshots are off or the sandbox keeps
+    /// as many as it may.
+    pub(crate) fn check_room(&self, sandbox: Uuid) -> Result<(), SnapshotError> {
+        match self.limit {
+            0 => Err(SnapshotError::Disabled),
+            limit if self.list(sandbox).len() >= limit => Err(SnapshotError::TooMany(limit)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Saves the sandbox's files and packages as snapshot `info` (whose
+    /// sizes and folders it fills in). A save that fails leaves nothing
+    /// behind.
+    pub(crate) async fn save(
+        &self,
+        paths: &SandboxPaths,
+        mut info: SnapshotInfo,
+    ) -> Result<SnapshotInfo, SnapshotError> {
+        let store = self.clone();
+        let paths = paths.clone();
+        bounded(move |stop| {
+            let id = paths.id;
+            let latest = store.list(id).pop();
+            let mut folders = vec![(Folder::Results, paths.results.clone(), store.results)];
+            if let Some(packages) = &paths.packages {
+                folders.push((Folder::Packages, packages.clone(), store.packages));
+            }
+            let (mut files, mut bytes, mut trees) = (0, 0, Trees::default());
+            for (folder, live, budget) in folders {
+                let previous = latest.as_ref().and_then(|s| s.trees.get(folder));
+                let (tree, saved) = store
+                    .save_tree(id, info.snapshot_id, folder, &live, previous, budget, stop)
+                    .inspect_err(|_| store.collect_garbage(id))?;
+                trees.set(folder, tree);
+                files += saved.files;
+                bytes += saved.bytes;
+            }
+            (info.files, info.bytes, info.trees) = (files, bytes, trees);
+            let dir = store.dir(id).join(info.snapshot_id.to_string());
+            let written = serde_json::to_vec_pretty(&info)
+                .map_err(io::Error::from)
+                .and_then(|meta| {
+                    std::fs::create_dir(&dir)?;
+                    std::fs::write(dir.join("meta.tmp"), meta)?;
+                    std::fs::rename(dir.join("meta.tmp"), dir.join(META))
+                });
+            if let Err(e) = written {
+                let _ = std::fs::remove_dir_all(&dir);
+                store.collect_garbage(id);
+                return Err(SnapshotError::Store(e));
+            }
+            Ok(info)
+        })
+        .await
+        .map_err(|e| match e {
+            Bounded::Failed(e) => e,
+            Bounded::Late => SnapshotError::Save(CopyError::Stopped),
+        })
+    }
+
+    /// Saves one folder as a tree named by its fingerprint: a tree saved
+    /// before with the same fingerprint is shared instead (no copy, no
+    /// link); otherwise the folder is copied, linking what the `previous`
+    /// snapshot's tree holds unchanged.
+    #[allow(clippy::too_many_arguments)]
+    fn save_tree(
+        &self,
+        sandbox: Uuid,
+        snapshot: Uuid,
+        folder: Folder,
+        live: &Path,
+        previous: Option<&str>,
+        budget: Budget,
+        stop: &AtomicBool,
+    ) -> Result<(String, Saved), SnapshotError> {
+        let trees = self.trees(sandbox);
+        let (fingerprint, entries) = copy::fingerprint(live, budget, stop).map_err(SnapshotError::Save)?;
+        if trees.join(fingerprint.hex()).is_dir() {
+            let shared = Saved {
+                files: entries,
+                bytes: 0,
+                fingerprint,
+            };
+            return Ok((fingerprint.hex(), shared));
+        }
+        std::fs::create_dir_all(&trees).map_err(SnapshotError::Store)?;
+        let scratch = trees.join(format!("new-{snapshot}-{folder:?}"));
+        let previous = previous.map(|t| trees.join(t));
+        let saved = copy::save(live, &scratch, previous.as_deref(), budget, stop).map_err(SnapshotError::Save)?;
+        // What was copied may differ from what was first looked at (the
+        // sandbox writes as it likes): the tree is named for what it holds.
+        let name = saved.fingerprint.hex();
+        let size = serde_json::to_vec(&TreeSize { bytes: saved.bytes }).map_err(|e| SnapshotError::Store(e.into()))?;
+        let stored = match trees.join(&name).is_dir() {
+            true => std::fs::remove_dir_all(&scratch),
+            false => std::fs::write(trees.join(format!("{name}.json")), size)
+                .and_then(|()| std::fs::rename(&scratch, trees.join(&name))),
+        };
+        stored.map_err(SnapshotError::Store)?;
+        Ok((name, saved))
+    }
+
+    /// Removes the trees (and unfinished copies) no snapshot of the sandbox
+    /// holds.
+    fn collect_garbage(&self, sandbox: Uuid) {
+        let list = self.list(sandbox);
+        let held: HashSet<&str> = list.iter().flat_map(|s| s.trees.all()).collect();
+        let Ok(entries) = std::fs::read_dir(self.trees(sandbox)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let tree = name.strip_suffix(".json").unwrap_or(&name);
+            if !held.contains(tree) {
+                let path = entry.path();
+                let removed = match path.is_dir() {
+                    true => std::fs::remove_dir_all(&path),
+                    false => std::fs::remove_file(&path),
+                };
+                if let Err(e) = removed {
+                    warn!(path = %path.display(), error = %e, "could not remove a snapshot folder no snapshot holds");
+                }
+            }
+        }
+    }
+
+    /// Makes the sandbox's files (and packages, if saved) those of `info`;
+    /// a folder that already matches is left alone.
+    pub(crate) async fn restore(&self, paths: &SandboxPaths, info: &SnapshotInfo) -> Result<(), SnapshotError> {
+        let (store, paths, trees) = (self.clone(), paths.clone(), info.trees.clone());
+        bounded(move |stop| {
+            let mut folders = vec![(Folder::Results, &paths.results, store.results)];
+            if let Some(live) = &paths.packages {
+                folders.push((Folder::Packages, live, store.packages));
+            }
+            for (folder, live, budget) in folders {
+                let Some(tree) = trees.get(folder) else { continue };
+                let same = copy::fingerprint(live, budget, stop).is_ok_and(|(f, _)| f.hex() == tree);
+                if !same {
+                    copy::restore(&store.trees(paths.id).join(tree), live, SANDBOX_UID, stop)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| match e {
+            Bounded::Failed(e) => SnapshotError::Restore(e),
+            Bounded::Late => SnapshotError::Restore(CopyError::Stopped),
+        })
+    }
+
+    /// Drops a snapshot, and the saved folders no other snapshot shares.
+    pub(crate) async fn remove(&self, sandbox: Uuid, snapshot: Uuid) -> Result<(), SnapshotError> {
+        remove_dir(self.dir(sandbox).join(snapshot.to_string()))
+            .await
+            .map_err(SnapshotError::Store)?;
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.collect_garbage(sandbox))
+            .await
+            .map_err(|e| SnapshotError::Store(io::Error::other(e.to_string())))
+    }
+
+    /// Removes every snapshot of a sandbox (deleted, or gone while the
+    /// server was down).
+    pub(crate) async fn remove_all(&self, sandbox: Uuid) -> io::Result<()> {
+        remove_dir(self.dir(sandbox)).await
+    }
+
+    /// Removes the snapshots of sandboxes no record explains.
+    pub(crate) async fn remove_orphans(&self, known: &HashSet<Uuid>) {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let orphan = Uuid::parse_str(&entry.file_name().to_string_lossy()).is_ok_and(|id| !known.contains(&id));
+            if orphan {
+                if let Err(e) = remove_dir(entry.path()).await {
+                    warn!(dir = %entry.path().display(), error = %e, "could not remove snapshots no sandbox owns");
+                }
+            }
+        }
+    }
+}
+
+async fn remove_dir(dir: PathBuf) -> io::Result<()> {
+    match tokio::fs::remove_dir_all(&dir).await {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+enum Bounded<E> {
+    Failed(E),
+    /// Past [`COPY_DEADLINE`]: the copy was told to stop.
+    Late,
+}
+
+/// Runs a copy off the async threads; past the deadline it is told to stop
+/// (it checks between entries) and the caller hears so at once.
+async fn bounded<T: Send + 'static, E: Send + 'static>(
+    work: impl FnOnce(&AtomicBool) -> Result<T, E> + Send + 'static,
+) -> Result<T, Bounded<E>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let task = tokio::task::spawn_blocking(move || work(&flag));
+    match tokio::time::timeout(COPY_DEADLINE, task).await {
+        Ok(Ok(done)) => done.map_err(Bounded::Failed),
+        Ok(Err(join)) => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => {
+            stop.store(true, Ordering::Relaxed);
+            Err(Bounded::Late)
+        }
+    }
+}
