@@ -194,9 +194,11 @@ class Kernel:
         os.close(ready_w)
         # Answer only once the copy has left this session: the end of the
         # next run kills whatever is still in it.
+        # Within less than the agent waits for this answer, so the agent
+        # always hears it.
         ready = selectors.DefaultSelector()
         ready.register(ready_r, selectors.EVENT_READ)
-        left = ready.select(QUERY_DEADLINE) and os.read(ready_r, 1) == b"1"
+        left = ready.select(QUERY_DEADLINE / 2) and os.read(ready_r, 1) == b"1"
         ready.close()
         os.close(ready_r)
         if not left:
@@ -718,7 +720,11 @@ class Agent:
                 if op == "snapshot":
                     os.makedirs(PARKED, mode=0o700, exist_ok=True)
                     unpark(path)
-                    answer = {"python": self.worker.park(path)}
+                    try:
+                        answer = {"python": self.worker.park(path)}
+                    except OSError:
+                        unpark(path)  # a copy made too late is not left behind
+                        raise
                 elif op == "restore":
                     answer = {"python": self.worker.resume(path) if req.get("python") else self.fresh_worker()}
                 else:

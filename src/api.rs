@@ -77,9 +77,15 @@ impl IntoResponse for ApiError {
             SandboxError::Ended { .. } => StatusCode::GONE,
             SandboxError::Snapshot(e) => match e {
                 SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
-                SnapshotError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+                SnapshotError::TooMany(_) => StatusCode::CONFLICT,
                 SnapshotError::Disabled => StatusCode::FORBIDDEN,
                 SnapshotError::Save(CopyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+                SnapshotError::Save(CopyError::TooDeep) | SnapshotError::Restore(CopyError::TooDeep) => {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                }
+                SnapshotError::Save(CopyError::Stopped) | SnapshotError::Restore(CopyError::Stopped) => {
+                    StatusCode::GATEWAY_TIMEOUT
+                }
                 SnapshotError::Save(_) | SnapshotError::Restore(_) | SnapshotError::Store(_) => {
                     StatusCode::INTERNAL_SERVER_ERROR
                 }

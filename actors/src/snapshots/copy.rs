@@ -120,11 +120,17 @@ impl Tally {
     }
 }
 
-/// The names in a folder, sorted, so that walks meet entries in one order.
-fn sorted_names(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
-    let mut names = nofollow::read_dir(dir)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<io::Result<Vec<_>>>()?;
+/// The names in a folder, sorted, so that walks meet entries in one order;
+/// more than `max` of them is [`CopyError::TooLarge`] (whose bounds the
+/// caller fills in), so that a folder of millions of names is never held.
+fn sorted_names(dir: &OwnedFd, max: u64) -> Result<Vec<OsString>, CopyError> {
+    let mut names = Vec::new();
+    for entry in nofollow::read_dir(dir)? {
+        if names.len() as u64 >= max.saturating_add(1) {
+            return Err(CopyError::TooLarge { bytes: 0, files: 0 });
+        }
+        names.push(entry?.file_name());
+    }
     names.sort();
     Ok(names)
 }
@@ -141,9 +147,9 @@ pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Resu
         stop: &AtomicBool,
     ) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
-            return Err(io::Error::other("folders nested too deeply").into());
+            return Err(CopyError::TooDeep);
         }
-        for name in sorted_names(dir)? {
+        for name in sorted_names(dir, *left)? {
             if depth == 0 && name == LOST_FOUND {
                 continue;
             }
@@ -192,6 +198,8 @@ pub enum CopyError {
     TooLarge { bytes: u64, files: u64 },
     #[error("the copy ran past its deadline")]
     Stopped,
+    #[error("folders are nested deeper than {MAX_DEPTH} levels")]
+    TooDeep,
 }
 
 struct Saving<'a> {
@@ -234,9 +242,13 @@ pub(crate) fn save(
 impl Saving<'_> {
     fn folder(&mut self, src: &OwnedFd, dst: &Path, previous: Option<&Path>, depth: usize) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
-            return Err(io::Error::other("folders nested too deeply").into());
+            return Err(CopyError::TooDeep);
         }
-        for name in sorted_names(src)? {
+        let names = sorted_names(src, self.left.files).map_err(|e| match e {
+            CopyError::TooLarge { .. } => self.too_large(),
+            other => other,
+        })?;
+        for name in names {
             if depth == 0 && name == LOST_FOUND {
                 continue;
             }
@@ -254,6 +266,10 @@ impl Saving<'_> {
                     fs::DirBuilder::new().mode(0o700).create(&target)?;
                     let inner = found.reopen(libc::O_RDONLY | libc::O_DIRECTORY)?;
                     let len = self.tally.enter(&name);
+                    // The previous snapshot holds the sandbox's links as
+                    // links: only a real folder of it is looked into, so no
+                    // path below it can lead out of the store.
+                    let before = before.filter(|b| fs::symlink_metadata(b).is_ok_and(|m| m.is_dir()));
                     self.folder(&inner, &target, before.as_deref(), depth + 1)?;
                     self.tally.leave(len);
                     fs::set_permissions(&target, fs::Permissions::from_mode(found.st.st_mode & 0o777))?;
@@ -276,8 +292,11 @@ impl Saving<'_> {
                     let mut to = fs::OpenOptions::new()
                         .write(true)
                         .create_new(true)
-                        .mode(found.st.st_mode & 0o777)
+                        .mode(0o600)
                         .open(&target)?;
+                    // Not left to the server's umask: a mode that differs
+                    // from the sandbox's would never match it again.
+                    to.set_permissions(fs::Permissions::from_mode(found.st.st_mode & 0o777))?;
                     // The file may grow while it is read: never past the budget.
                     let copied = io::copy(&mut from.take(self.left.bytes + size + 1), &mut to)?;
                     if copied > size {
@@ -323,11 +342,14 @@ impl Saving<'_> {
 
 /// Makes the folder `dst` (the sandbox's) hold what the snapshot folder
 /// `src` holds: what is not in the snapshot is removed, what differs is
-/// replaced, what matches is left. New entries are given to `owner`.
+/// replaced, what matches is left. Everything to go is removed first, in the
+/// whole tree, so that a full disk has room for what comes back. New
+/// entries are given to `owner`.
 pub(crate) fn restore(src: &Path, dst: &Path, owner: u32, stop: &AtomicBool) -> Result<(), CopyError> {
     let root: OwnedFd = File::open(dst)?.into();
     let restoring = Restoring { owner, stop };
-    restoring.folder(src, &root, 0)
+    restoring.prune(src, &root, 0)?;
+    restoring.fill(src, &root, 0)
 }
 
 struct Restoring<'a> {
@@ -335,28 +357,57 @@ struct Restoring<'a> {
     stop: &'a AtomicBool,
 }
 
+/// A snapshot folder's entries, sorted by name.
+fn wanted(src: &Path) -> io::Result<Vec<(OsString, Metadata)>> {
+    let mut wanted = Vec::new();
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        wanted.push((entry.file_name(), entry.metadata()?));
+    }
+    wanted.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(wanted)
+}
+
 impl Restoring<'_> {
-    fn folder(&self, src: &Path, dst: &OwnedFd, depth: usize) -> Result<(), CopyError> {
+    fn check(&self, depth: usize) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
-            return Err(io::Error::other("folders nested too deeply").into());
+            return Err(CopyError::TooDeep);
         }
-        let mut wanted: Vec<(OsString, Metadata)> = Vec::new();
-        for entry in fs::read_dir(src)? {
-            let entry = entry?;
-            wanted.push((entry.file_name(), entry.metadata()?));
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(CopyError::Stopped);
         }
-        wanted.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(())
+    }
+
+    /// Removes from `dst` what is not in `src` or differs from it; a folder
+    /// that is a folder in both is pruned in turn.
+    fn prune(&self, src: &Path, dst: &OwnedFd, depth: usize) -> Result<(), CopyError> {
+        self.check(depth)?;
+        let wanted = wanted(src)?;
         for entry in nofollow::read_dir(dst)? {
             let name = entry?.file_name();
-            let keep = depth == 0 && name == LOST_FOUND;
-            if !keep && wanted.binary_search_by(|(n, _)| n.as_os_str().cmp(&name)).is_err() {
-                nofollow::remove_at(dst, &name, MAX_DEPTH)?;
+            if depth == 0 && name == LOST_FOUND {
+                continue;
+            }
+            let Ok(there) = Found::open(dst, &name) else { continue };
+            match wanted.binary_search_by(|(n, _)| n.as_os_str().cmp(&name)) {
+                Ok(i) if wanted[i].1.is_dir() && there.kind() == EntryKind::Folder => {
+                    let inner = nofollow::openat(dst, &name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                    self.prune(&src.join(&name), &inner, depth + 1)?;
+                }
+                Ok(i) if matches(&src.join(&name), &wanted[i].1, &there) => {}
+                _ => nofollow::remove_at(dst, &name, MAX_DEPTH)?,
             }
         }
-        for (name, meta) in &wanted {
-            if self.stop.load(Ordering::Relaxed) {
-                return Err(CopyError::Stopped);
-            }
+        Ok(())
+    }
+
+    /// Writes into `dst` what `src` holds and `dst` lacks (after
+    /// [`Self::prune`]; what the sandbox changed meanwhile is replaced too).
+    fn fill(&self, src: &Path, dst: &OwnedFd, depth: usize) -> Result<(), CopyError> {
+        self.check(depth)?;
+        for (name, meta) in &wanted(src)? {
+            self.check(depth)?;
             let from = src.join(name);
             let there = Found::open(dst, name).ok();
             let mode = meta.mode() & 0o777;
@@ -367,34 +418,27 @@ impl Restoring<'_> {
                     self.give(dst, name)?;
                 }
                 let inner = nofollow::openat(dst, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
-                self.folder(&from, &inner, depth + 1)?;
+                self.fill(&from, &inner, depth + 1)?;
                 fs::File::from(inner).set_permissions(fs::Permissions::from_mode(mode))?;
-            } else if meta.is_file() {
-                if there.as_ref().is_some_and(|f| {
-                    f.kind() == EntryKind::File && same_file(&f.st, meta) && f.st.st_mode & 0o777 == mode
-                }) {
-                    continue;
-                }
-                self.clear(dst, name, there.is_some())?;
-                let mut to = File::from(nofollow::create_file(dst, name, mode)?);
+                continue;
+            }
+            if there.as_ref().is_some_and(|f| matches(&from, meta, f)) {
+                continue;
+            }
+            self.clear(dst, name, there.is_some())?;
+            if meta.is_file() {
+                let mut to = File::from(nofollow::create_file(dst, name, 0o600)?);
                 io::copy(&mut File::open(&from)?, &mut to)?;
                 to.set_permissions(fs::Permissions::from_mode(mode))?;
                 if let Ok(modified) = meta.modified() {
                     to.set_times(FileTimes::new().set_modified(modified))?;
                 }
-                self.give(dst, name)?;
             } else if meta.is_symlink() {
-                let target = fs::read_link(&from)?;
-                if there
-                    .as_ref()
-                    .is_some_and(|f| f.kind() == EntryKind::Link && f.read_link().ok().as_ref() == Some(&target))
-                {
-                    continue;
-                }
-                self.clear(dst, name, there.is_some())?;
-                nofollow::symlink_at(target.as_os_str(), dst, name)?;
-                self.give(dst, name)?;
+                nofollow::symlink_at(fs::read_link(&from)?.as_os_str(), dst, name)?;
+            } else {
+                continue;
             }
+            self.give(dst, name)?;
         }
         Ok(())
     }
@@ -416,9 +460,26 @@ impl Restoring<'_> {
     }
 }
 
-/// rsync's quick check: the same size and modification time.
+/// Whether the sandbox's entry `there` already is the snapshot's file or
+/// link `from` (a folder is never "the same": it is pruned and filled).
+fn matches(from: &Path, meta: &Metadata, there: &Found) -> bool {
+    if meta.is_file() {
+        there.kind() == EntryKind::File && same_file(&there.st, meta)
+    } else if meta.is_symlink() {
+        there.kind() == EntryKind::Link
+            && matches!((fs::read_link(from), there.read_link()), (Ok(want), Ok(have)) if want == have)
+    } else {
+        false
+    }
+}
+
+/// rsync's quick check, and the mode: the same size, modification time and
+/// permissions.
 fn same_file(st: &libc::stat, other: &Metadata) -> bool {
-    st.st_size as u64 == other.size() && st.st_mtime == other.mtime() && st.st_mtime_nsec == other.mtime_nsec()
+    st.st_size as u64 == other.size()
+        && st.st_mtime == other.mtime()
+        && st.st_mtime_nsec == other.mtime_nsec()
+        && st.st_mode & 0o777 == other.mode() & 0o777
 }
 
 fn modified(st: &libc::stat) -> Option<SystemTime> {
@@ -522,6 +583,70 @@ mod tests {
         );
         fs::rename(live.join("top.txt"), live.join("tip.txt")).unwrap();
         assert_ne!(fingerprint(&live, budget(), &stop).unwrap().0, before, "a rename");
+    }
+
+    #[test]
+    fn a_link_saved_by_one_snapshot_never_leads_the_next_out_of_the_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (live, host) = (tmp.path().join("live"), tmp.path().join("host"));
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join("secret.txt"), "host secret").unwrap();
+        fs::create_dir(&live).unwrap();
+        std::os::unix::fs::symlink(&host, live.join("a")).unwrap();
+        let stop = AtomicBool::new(false);
+        save(&live, &tmp.path().join("one"), None, budget(), &stop).unwrap();
+        // Now a real folder, with a file of the host file's size and time.
+        fs::remove_file(live.join("a")).unwrap();
+        fs::create_dir(live.join("a")).unwrap();
+        fs::write(live.join("a/secret.txt"), "sandbox own").unwrap();
+        let when = fs::metadata(host.join("secret.txt")).unwrap().modified().unwrap();
+        File::options()
+            .write(true)
+            .open(live.join("a/secret.txt"))
+            .unwrap()
+            .set_times(FileTimes::new().set_modified(when))
+            .unwrap();
+        save(
+            &live,
+            &tmp.path().join("two"),
+            Some(&tmp.path().join("one")),
+            budget(),
+            &stop,
+        )
+        .unwrap();
+        let saved = tmp.path().join("two/a/secret.txt");
+        assert_eq!(fs::read_to_string(&saved).unwrap(), "sandbox own");
+        assert_ne!(
+            fs::metadata(&saved).unwrap().ino(),
+            fs::metadata(host.join("secret.txt")).unwrap().ino()
+        );
+    }
+
+    #[test]
+    fn a_save_keeps_modes_whatever_the_umask_and_sees_a_mode_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let live = tmp.path().join("live");
+        fs::create_dir(&live).unwrap();
+        fs::write(live.join("run.sh"), "echo").unwrap();
+        fs::set_permissions(live.join("run.sh"), fs::Permissions::from_mode(0o666)).unwrap();
+        let stop = AtomicBool::new(false);
+        save(&live, &tmp.path().join("one"), None, budget(), &stop).unwrap();
+        let mode = |p: &str| fs::metadata(tmp.path().join(p)).unwrap().mode() & 0o777;
+        assert_eq!(mode("one/run.sh"), 0o666);
+        fs::set_permissions(live.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        save(
+            &live,
+            &tmp.path().join("two"),
+            Some(&tmp.path().join("one")),
+            budget(),
+            &stop,
+        )
+        .unwrap();
+        assert_eq!(
+            mode("two/run.sh"),
+            0o755,
+            "a mode change is saved, not linked from before"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod copy;
 
 use std::collections::HashSet;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub const MAX_LABEL: usize = 200;
 const META: &str = "meta.json";
 /// The folder of a sandbox's saved folders, beside its snapshots.
 const TREES: &str = "trees";
+/// Beside them: the disk they take ([`Snapshots::measure`]).
+const USAGE: &str = "usage.json";
 
 /// A snapshot as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,9 +116,9 @@ enum Folder {
     Packages,
 }
 
-/// What a saved folder took on the host when it was made.
+/// What a sandbox's saved folders take on the host.
 #[derive(Debug, Serialize, Deserialize)]
-struct TreeSize {
+struct Usage {
     bytes: u64,
 }
 
@@ -252,16 +255,12 @@ impl Snapshots {
     /// The count of a sandbox's snapshots and the bytes of the saved
     /// folders they hold (each counted once, however many share it).
     pub fn totals(&self, sandbox: Uuid) -> SnapshotTotals {
-        let list = self.list(sandbox);
-        let trees: HashSet<&str> = list.iter().flat_map(|s| s.trees.all()).collect();
-        let bytes = trees
-            .into_iter()
-            .filter_map(|t| std::fs::read(self.trees(sandbox).join(format!("{t}.json"))).ok())
-            .filter_map(|b| serde_json::from_slice::<TreeSize>(&b).ok())
-            .map(|t| t.bytes)
-            .sum();
+        let bytes = std::fs::read(self.dir(sandbox).join(USAGE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Usage>(&b).ok())
+            .map_or(0, |u| u.bytes);
         SnapshotTotals {
-            count: list.len(),
+            count: self.list(sandbox).len(),
             bytes,
         }
     }
@@ -304,6 +303,11 @@ impl Snapshots {
                 bytes += saved.bytes;
             }
             (info.files, info.bytes, info.trees) = (files, bytes, trees);
+            if stop.load(Ordering::Relaxed) {
+                // Past the deadline: the caller hears that nothing was kept.
+                store.collect_garbage(id);
+                return Err(SnapshotError::Save(CopyError::Stopped));
+            }
             let dir = store.dir(id).join(info.snapshot_id.to_string());
             let written = serde_json::to_vec_pretty(&info)
                 .map_err(io::Error::from)
@@ -317,6 +321,7 @@ impl Snapshots {
                 store.collect_garbage(id);
                 return Err(SnapshotError::Store(e));
             }
+            store.measure(id);
             Ok(info)
         })
         .await
@@ -358,37 +363,75 @@ impl Snapshots {
         // What was copied may differ from what was first looked at (the
         // sandbox writes as it likes): the tree is named for what it holds.
         let name = saved.fingerprint.hex();
-        let size = serde_json::to_vec(&TreeSize { bytes: saved.bytes }).map_err(|e| SnapshotError::Store(e.into()))?;
         let stored = match trees.join(&name).is_dir() {
             true => std::fs::remove_dir_all(&scratch),
-            false => std::fs::write(trees.join(format!("{name}.json")), size)
-                .and_then(|()| std::fs::rename(&scratch, trees.join(&name))),
+            false => std::fs::rename(&scratch, trees.join(&name)),
         };
         stored.map_err(SnapshotError::Store)?;
         Ok((name, saved))
     }
 
     /// Removes the trees (and unfinished copies) no snapshot of the sandbox
-    /// holds.
+    /// holds, and the folders of snapshots that never finished. A
+    /// `meta.json` that cannot be read stops it: what that snapshot holds is
+    /// not known, so nothing is removed.
     fn collect_garbage(&self, sandbox: Uuid) {
-        let list = self.list(sandbox);
-        let held: HashSet<&str> = list.iter().flat_map(|s| s.trees.all()).collect();
-        let Ok(entries) = std::fs::read_dir(self.trees(sandbox)) else {
+        let Ok(entries) = std::fs::read_dir(self.dir(sandbox)) else {
             return;
         };
+        let mut held: HashSet<String> = HashSet::new();
+        let mut unfinished = Vec::new();
         for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let tree = name.strip_suffix(".json").unwrap_or(&name);
-            if !held.contains(tree) {
-                let path = entry.path();
-                let removed = match path.is_dir() {
-                    true => std::fs::remove_dir_all(&path),
-                    false => std::fs::remove_file(&path),
-                };
-                if let Err(e) = removed {
-                    warn!(path = %path.display(), error = %e, "could not remove a snapshot folder no snapshot holds");
+            let path = entry.path();
+            if entry.file_name() == TREES || !path.is_dir() {
+                continue;
+            }
+            match std::fs::read(path.join(META)) {
+                Ok(bytes) => match serde_json::from_slice::<SnapshotInfo>(&bytes) {
+                    Ok(info) => held.extend(info.trees.all().map(String::from)),
+                    Err(e) => {
+                        warn!(path = %path.display(), error = %e, "an unreadable snapshot record; its saved folders are kept");
+                        return;
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::NotFound => unfinished.push(path),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "an unreadable snapshot record; its saved folders are kept");
+                    return;
                 }
             }
+        }
+        let trees = std::fs::read_dir(self.trees(sandbox)).into_iter().flatten().flatten();
+        let unheld = trees
+            .filter(|e| !held.contains(e.file_name().to_string_lossy().as_ref()))
+            .map(|e| e.path());
+        for path in unfinished.into_iter().chain(unheld) {
+            if let Err(e) = std::fs::remove_dir_all(&path) {
+                warn!(path = %path.display(), error = %e, "could not remove a snapshot folder no snapshot holds");
+            }
+        }
+    }
+
+    /// Counts the bytes the sandbox's saved folders take on the host (a
+    /// file linked from several counted once) into `usage.json`, which
+    /// [`Self::totals`] reads. The folders are the server's own: walked by
+    /// path, links never followed.
+    fn measure(&self, sandbox: Uuid) {
+        fn walk(dir: &Path, seen: &mut HashSet<(u64, u64)>, bytes: &mut u64) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    walk(&entry.path(), seen, bytes);
+                } else if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
+                    *bytes += meta.len();
+                }
+            }
+        }
+        let (mut seen, mut bytes) = (HashSet::new(), 0);
+        walk(&self.trees(sandbox), &mut seen, &mut bytes);
+        let usage = serde_json::to_vec(&Usage { bytes }).expect("serialisable");
+        if let Err(e) = std::fs::write(self.dir(sandbox).join(USAGE), usage) {
+            warn!(sandbox = %sandbox, error = %e, "could not record the disk the snapshots take");
         }
     }
 
@@ -423,9 +466,12 @@ impl Snapshots {
             .await
             .map_err(SnapshotError::Store)?;
         let store = self.clone();
-        tokio::task::spawn_blocking(move || store.collect_garbage(sandbox))
-            .await
-            .map_err(|e| SnapshotError::Store(io::Error::other(e.to_string())))
+        tokio::task::spawn_blocking(move || {
+            store.collect_garbage(sandbox);
+            store.measure(sandbox);
+        })
+        .await
+        .map_err(|e| SnapshotError::Store(io::Error::other(e.to_string())))
     }
 
     /// Removes every snapshot of a sandbox (deleted, or gone while the
@@ -464,19 +510,26 @@ enum Bounded<E> {
 }
 
 /// Runs a copy off the async threads; past the deadline it is told to stop
-/// (it checks between entries) and the caller hears so at once.
+/// (it checks between entries).
 async fn bounded<T: Send + 'static, E: Send + 'static>(
     work: impl FnOnce(&AtomicBool) -> Result<T, E> + Send + 'static,
 ) -> Result<T, Bounded<E>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    let task = tokio::task::spawn_blocking(move || work(&flag));
-    match tokio::time::timeout(COPY_DEADLINE, task).await {
-        Ok(Ok(done)) => done.map_err(Bounded::Failed),
-        Ok(Err(join)) => std::panic::resume_unwind(join.into_panic()),
+    let mut task = tokio::task::spawn_blocking(move || work(&flag));
+    let joined = match tokio::time::timeout(COPY_DEADLINE, &mut task).await {
+        Ok(joined) => joined,
         Err(_) => {
+            // The copy stops at its next entry (a file in flight ends
+            // first): waited for, so the sandbox's next call never runs
+            // beside it.
             stop.store(true, Ordering::Relaxed);
-            Err(Bounded::Late)
+            let _ = task.await;
+            return Err(Bounded::Late);
         }
+    };
+    match joined {
+        Ok(done) => done.map_err(Bounded::Failed),
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
 }
