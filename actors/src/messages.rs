@@ -14,7 +14,7 @@ use crate::history::CallRecord;
 use crate::link::{Link, Ran};
 use crate::records::InstallRecord;
 use crate::results::{InstallStatus, SandboxInfo, Uploaded};
-use crate::snapshots::{SnapshotDone, SnapshotOp};
+use crate::snapshots::{SnapshotDone, SnapshotOp, SnapshotTotals};
 use crate::uploads::UploadSource;
 
 /// A run of Python code or of a shell command.
@@ -93,6 +93,8 @@ pub struct Finished {
     /// The venv's packages, listed again after the job changed them (a
     /// snapshot restored).
     pub(crate) packages: Option<Vec<Package>>,
+    /// The sandbox's snapshots, counted again after a snapshot job.
+    pub(crate) snapshots: Option<SnapshotTotals>,
 }
 
 impl Finished {
@@ -111,6 +113,7 @@ impl Finished {
             notice: None,
             still_stopped: false,
             packages: None,
+            snapshots: None,
         }
     }
 }

@@ -178,8 +178,10 @@ impl SandboxActor {
                         };
                         let result = result.map(|(done, n)| (done, join_notices(notice, n)));
                         let call = outcome_record(started, CallKind::Snapshot, &what, &result, "done");
+                        let snapshots = Some(link.ctx().snapshots.totals(link.paths.id));
                         let finished = Finished {
                             packages,
+                            snapshots,
                             ..Finished::job(link, Some(call))
                         };
                         let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));

@@ -35,6 +35,7 @@ use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
 use crate::results::{InstallStatus, InstallStatusKind, SandboxInfo};
 use crate::runtime::ContainerState;
+use crate::snapshots::SnapshotTotals;
 use crate::status::SandboxStatus;
 use deletion::{begin_deletion, Deletion};
 use jobs::Job;
@@ -74,6 +75,10 @@ pub struct SandboxState {
     history: History,
     /// When the last call ended (or the actor started): idle expiry counts from it.
     last_used: OffsetDateTime,
+    /// The snapshots it keeps, as its listing shows them: read from the
+    /// store when the actor starts and after each snapshot job, so that
+    /// listings and metrics read no files.
+    snapshots: SnapshotTotals,
 }
 
 impl Actor for SandboxActor {
@@ -124,6 +129,7 @@ impl Actor for SandboxActor {
         if stopped && !record.deleting {
             queue.push_back(Job::Revive);
         }
+        let snapshots = ctx.snapshots.totals(record.id);
         Ok(SandboxState {
             ctx,
             record,
@@ -138,6 +144,7 @@ impl Actor for SandboxActor {
             checking_venv: Arc::default(),
             history: History::default(),
             last_used: OffsetDateTime::now_utc(),
+            snapshots,
         })
     }
 
@@ -488,6 +495,9 @@ impl SandboxActor {
                 packages_changed = true;
             }
         }
+        if let Some(totals) = f.snapshots {
+            state.snapshots = totals;
+        }
         if let Some(p) = f.packages {
             state.record.packages = p;
             packages_changed = true;
@@ -522,7 +532,7 @@ fn info(state: &SandboxState) -> SandboxInfo {
         expires_at: expires_at(state),
         installed_packages: r.packages.clone(),
         disk: state.ctx.disks.usage(r.id),
-        snapshots: state.ctx.snapshots.totals(r.id),
+        snapshots: state.snapshots,
     }
 }
 

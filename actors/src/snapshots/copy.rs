@@ -491,6 +491,19 @@ fn modified(st: &libc::stat) -> Option<SystemTime> {
 mod tests {
     use super::*;
 
+    /// Saves `live` as `tmp/name`, linking from `tmp/previous`.
+    fn save_as(tmp: &Path, live: &Path, name: &str, previous: Option<&str>) -> Saved {
+        let previous = previous.map(|p| tmp.join(p));
+        save(
+            live,
+            &tmp.join(name),
+            previous.as_deref(),
+            budget(),
+            &AtomicBool::new(false),
+        )
+        .unwrap()
+    }
+
     fn budget() -> Budget {
         Budget {
             bytes: 1 << 20,
@@ -537,17 +550,9 @@ mod tests {
         let live = tmp.path().join("live");
         fs::create_dir(&live).unwrap();
         tree(&live);
-        let stop = AtomicBool::new(false);
-        save(&live, &tmp.path().join("one"), None, budget(), &stop).unwrap();
+        save_as(tmp.path(), &live, "one", None);
         fs::write(live.join("top.txt"), "other").unwrap();
-        let second = save(
-            &live,
-            &tmp.path().join("two"),
-            Some(&tmp.path().join("one")),
-            budget(),
-            &stop,
-        )
-        .unwrap();
+        let second = save_as(tmp.path(), &live, "two", Some("one"));
         assert_eq!(second.bytes, 5, "only the changed file is stored again");
         let inode = |p: &str| fs::metadata(tmp.path().join(p)).unwrap().ino();
         assert_eq!(inode("one/a/b/data.txt"), inode("two/a/b/data.txt"));
@@ -593,8 +598,7 @@ mod tests {
         fs::write(host.join("secret.txt"), "host secret").unwrap();
         fs::create_dir(&live).unwrap();
         std::os::unix::fs::symlink(&host, live.join("a")).unwrap();
-        let stop = AtomicBool::new(false);
-        save(&live, &tmp.path().join("one"), None, budget(), &stop).unwrap();
+        save_as(tmp.path(), &live, "one", None);
         // Now a real folder, with a file of the host file's size and time.
         fs::remove_file(live.join("a")).unwrap();
         fs::create_dir(live.join("a")).unwrap();
@@ -606,14 +610,7 @@ mod tests {
             .unwrap()
             .set_times(FileTimes::new().set_modified(when))
             .unwrap();
-        save(
-            &live,
-            &tmp.path().join("two"),
-            Some(&tmp.path().join("one")),
-            budget(),
-            &stop,
-        )
-        .unwrap();
+        save_as(tmp.path(), &live, "two", Some("one"));
         let saved = tmp.path().join("two/a/secret.txt");
         assert_eq!(fs::read_to_string(&saved).unwrap(), "sandbox own");
         assert_ne!(
@@ -629,19 +626,11 @@ mod tests {
         fs::create_dir(&live).unwrap();
         fs::write(live.join("run.sh"), "echo").unwrap();
         fs::set_permissions(live.join("run.sh"), fs::Permissions::from_mode(0o666)).unwrap();
-        let stop = AtomicBool::new(false);
-        save(&live, &tmp.path().join("one"), None, budget(), &stop).unwrap();
+        save_as(tmp.path(), &live, "one", None);
         let mode = |p: &str| fs::metadata(tmp.path().join(p)).unwrap().mode() & 0o777;
         assert_eq!(mode("one/run.sh"), 0o666);
         fs::set_permissions(live.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
-        save(
-            &live,
-            &tmp.path().join("two"),
-            Some(&tmp.path().join("one")),
-            budget(),
-            &stop,
-        )
-        .unwrap();
+        save_as(tmp.path(), &live, "two", Some("one"));
         assert_eq!(
             mode("two/run.sh"),
             0o755,

@@ -116,6 +116,16 @@ enum Folder {
     Packages,
 }
 
+impl Folder {
+    /// The sandbox's folders a snapshot saves and restores, with their
+    /// host paths: the results, and the packages where they are a capped
+    /// disk of the server's.
+    fn of(paths: &SandboxPaths) -> impl Iterator<Item = (Folder, &Path)> {
+        let packages = paths.packages.as_deref().map(|p| (Folder::Packages, p));
+        std::iter::once((Folder::Results, paths.results.as_path())).chain(packages)
+    }
+}
+
 /// What a sandbox's saved folders take on the host.
 #[derive(Debug, Serialize, Deserialize)]
 struct Usage {
@@ -232,6 +242,13 @@ impl Snapshots {
         self.dir(sandbox).join(TREES)
     }
 
+    fn budget(&self, folder: Folder) -> Budget {
+        match folder {
+            Folder::Results => self.results,
+            Folder::Packages => self.packages,
+        }
+    }
+
     /// A sandbox's finished snapshots, oldest first.
     pub fn list(&self, sandbox: Uuid) -> Vec<SnapshotInfo> {
         let Ok(entries) = std::fs::read_dir(self.dir(sandbox)) else {
@@ -288,15 +305,11 @@ impl Snapshots {
         bounded(move |stop| {
             let id = paths.id;
             let latest = store.list(id).pop();
-            let mut folders = vec![(Folder::Results, paths.results.clone(), store.results)];
-            if let Some(packages) = &paths.packages {
-                folders.push((Folder::Packages, packages.clone(), store.packages));
-            }
             let (mut files, mut bytes, mut trees) = (0, 0, Trees::default());
-            for (folder, live, budget) in folders {
+            for (folder, live) in Folder::of(&paths) {
                 let previous = latest.as_ref().and_then(|s| s.trees.get(folder));
                 let (tree, saved) = store
-                    .save_tree(id, info.snapshot_id, folder, &live, previous, budget, stop)
+                    .save_tree(id, info.snapshot_id, folder, live, previous, stop)
                     .inspect_err(|_| store.collect_garbage(id))?;
                 trees.set(folder, tree);
                 files += saved.files;
@@ -335,7 +348,6 @@ impl Snapshots {
     /// before with the same fingerprint is shared instead (no copy, no
     /// link); otherwise the folder is copied, linking what the `previous`
     /// snapshot's tree holds unchanged.
-    #[allow(clippy::too_many_arguments)]
     fn save_tree(
         &self,
         sandbox: Uuid,
@@ -343,10 +355,10 @@ impl Snapshots {
         folder: Folder,
         live: &Path,
         previous: Option<&str>,
-        budget: Budget,
         stop: &AtomicBool,
     ) -> Result<(String, Saved), SnapshotError> {
         let trees = self.trees(sandbox);
+        let budget = self.budget(folder);
         let (fingerprint, entries) = copy::fingerprint(live, budget, stop).map_err(SnapshotError::Save)?;
         if trees.join(fingerprint.hex()).is_dir() {
             let shared = Saved {
@@ -440,13 +452,9 @@ impl Snapshots {
     pub(crate) async fn restore(&self, paths: &SandboxPaths, info: &SnapshotInfo) -> Result<(), SnapshotError> {
         let (store, paths, trees) = (self.clone(), paths.clone(), info.trees.clone());
         bounded(move |stop| {
-            let mut folders = vec![(Folder::Results, &paths.results, store.results)];
-            if let Some(live) = &paths.packages {
-                folders.push((Folder::Packages, live, store.packages));
-            }
-            for (folder, live, budget) in folders {
+            for (folder, live) in Folder::of(&paths) {
                 let Some(tree) = trees.get(folder) else { continue };
-                let same = copy::fingerprint(live, budget, stop).is_ok_and(|(f, _)| f.hex() == tree);
+                let same = copy::fingerprint(live, store.budget(folder), stop).is_ok_and(|(f, _)| f.hex() == tree);
                 if !same {
                     copy::restore(&store.trees(paths.id).join(tree), live, SANDBOX_UID, stop)?;
                 }
