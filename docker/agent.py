@@ -224,7 +224,7 @@ class Kernel:
         while True:
             conn, _ = listener.accept()
             with conn:
-                conn.settimeout(5)
+                conn.settimeout(QUERY_DEADLINE)
                 try:
                     msg, fds, _flags, _addr = socket.recv_fds(conn, 4096, 2)
                     op = json.loads(msg.decode()).get("op")
