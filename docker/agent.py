@@ -14,6 +14,13 @@ JSON-line requests one at a time:
                                               (the worker again from that copy: "restored";
                                                "lost" when the copy is gone; "fresh" without python)
   {"id": N, "op": "forget", "slot": hex32}     (ends that copy)
+  {"id": N, "op": "dump", "slot": hex32, "from": hex32|null, "timeout": s}
+                                              (writes the namespace, or that of the copy parked
+                                               under "from", to the fork file of "slot": "carried",
+                                               "partial" (names listed in "skipped"), "fresh", "lost")
+  {"id": N, "op": "load", "slot": hex32, "timeout": s}
+                                              (the namespace from the fork file of "slot", which
+                                               the server placed; the file is removed)
   {"id": N, "op": "interrupt"}          (cancels the request in flight)
   {"id": N, "op": "ping"}
 
@@ -52,6 +59,17 @@ PRIVATE = ".mcp-sandbox"
 SPOOL = os.environ.get("MCP_AGENT_SPOOL", "/tmp/.mcp-agent")
 # The sockets of the worker's parked copies (snapshots of the Python state).
 PARKED = os.path.join(SPOOL, "parked")
+# The files a namespace is carried in to a fork (see `dump_namespace`), under
+# the results folder so that the server, on the host, can move them.
+FORKS = os.path.join(RESULTS, PRIVATE, "fork")
+# cloudpickle, outside the venv (the sandbox's to rewrite); MCP_AGENT_LIB is
+# for the protocol tests on the host. Without it the stdlib's pickle carries
+# what it can (not functions or classes defined by the sandbox's code).
+AGENT_LIB = os.environ.get("MCP_AGENT_LIB", "/opt/mcp-agent/lib")
+FORK_MAGIC = b"MCPFORK1"
+# The most names a dump or load lists as not carried, and their reasons' length.
+MAX_SKIPPED = 100
+MAX_REASON = 200
 # The sandbox's virtual environment, which its code may rewrite: the agent
 # runs on the image's interpreter, and only the worker (user code) on the
 # venv's. MCP_AGENT_WORKER_PYTHON and MCP_AGENT_SITE (the folders whose
@@ -66,6 +84,11 @@ GRACE = 2.0
 QUERY_DEADLINE = 5.0
 PROGRESS_EVERY = 1.0
 PROGRESS_CHUNK = 16 * 1024
+
+
+def is_slot(slot):
+    """A snapshot's or fork's name in the agent's folders: 32 hex digits."""
+    return isinstance(slot, str) and len(slot) == 32 and all(c in "0123456789abcdef" for c in slot)
 
 
 def reported(path):
@@ -129,6 +152,9 @@ class Kernel:
             if "park" in req:
                 replies.write(json.dumps({"parked": self.park(req["park"], (reply_fd, request_fd))}) + "\n")
                 continue
+            if "dump" in req or "load" in req:
+                replies.write(json.dumps(self.carry(req)) + "\n")
+                continue
             out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(out, 1)
@@ -163,6 +189,20 @@ class Kernel:
             os.dup2(self.devnull, 1)
             os.dup2(self.devnull, 2)
             replies.write(json.dumps({"exit_code": exit_code}) + "\n")
+
+    def carry(self, req):
+        """Writes the namespace to, or reads it from, a fork file; an
+        interrupt (the agent's deadline) ends either."""
+        self.running = True
+        try:
+            if "dump" in req:
+                return {"answer": dump_namespace(self.namespace, req["dump"])}
+            return {"answer": load_namespace(self.namespace, req["load"])}
+        except BaseException as e:  # noqa: BLE001 - reported to the server
+            return {"error": reason(e)}
+        finally:
+            self.running = False
+            reap_children()
 
     def park(self, path, channel):
         """Leaves a copy of this process listening at `path`, in a session of
@@ -250,6 +290,112 @@ class Kernel:
                     conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
                 except OSError:
                     pass
+
+
+def reason(e):
+    """Why a name was not carried, or a dump or load failed: short."""
+    return f"{type(e).__name__}: {e}"[:MAX_REASON]
+
+
+def pickler():
+    """cloudpickle (which carries functions and classes by value) where the
+    image has it, otherwise the stdlib's pickle."""
+    sys.path.insert(0, AGENT_LIB)
+    try:
+        import cloudpickle
+
+        return cloudpickle
+    except ImportError:
+        import pickle
+
+        return pickle
+    finally:
+        try:
+            sys.path.remove(AGENT_LIB)
+        except ValueError:
+            pass
+
+
+def carried_names(namespace):
+    """The names a fork carries: all but the interpreter's own (dunders)."""
+    return [n for n in namespace if not (n.startswith("__") and n.endswith("__"))]
+
+
+class Discard:
+    """A file that keeps nothing: a trial pickling's sink."""
+
+    def write(self, data):
+        return len(data)
+
+
+def dump_namespace(namespace, path):
+    """Writes the namespace to `path` as one pickle, so that two names that
+    share an object still share it in the fork. When it does not pickle
+    whole, each name is tried on its own first and those that do not pickle
+    (open sockets, threads, generators...) are left out and listed. The
+    file: a magic, then the pickle of a dict of names."""
+    module = pickler()
+    names = carried_names(namespace)
+    skipped = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(FORK_MAGIC)
+            try:
+                module.dump({n: namespace[n] for n in names}, f, protocol=5)
+            except (KeyboardInterrupt, MemoryError, OSError):
+                raise
+            except Exception:  # noqa: BLE001 - some name does not pickle: find which
+                for name in names:
+                    try:
+                        module.dump(namespace[name], Discard(), protocol=5)
+                    except (KeyboardInterrupt, MemoryError, OSError):
+                        raise
+                    except Exception as e:  # noqa: BLE001 - listed for the caller
+                        skipped.append([name, reason(e)])
+                left_out = {name for name, _ in skipped}
+                f.seek(len(FORK_MAGIC))
+                f.truncate()
+                module.dump({n: namespace[n] for n in names if n not in left_out}, f, protocol=5)
+            size = f.tell()
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    return {
+        "python": "partial" if skipped else "carried",
+        "names": len(names) - len(skipped),
+        "skipped": skipped[:MAX_SKIPPED],
+        "bytes": size,
+    }
+
+
+def load_namespace(namespace, path):
+    """Reads a file `dump_namespace` wrote into the namespace, and removes it."""
+    import pickle
+
+    pickler()  # loads cloudpickle, whose functions the pickle names
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            if f.read(len(FORK_MAGIC)) != FORK_MAGIC:
+                raise ValueError("not a fork file")
+            names = pickle.load(f)
+        if not isinstance(names, dict):
+            raise ValueError("not a fork file")
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a module missing in the fork, say
+        return {"python": "lost", "names": 0, "skipped": [["*", reason(e)]]}
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    namespace.update(names)
+    return {"python": "carried", "names": len(names), "skipped": []}
 
 
 def worker_main(reply_fd, request_fd):
@@ -572,8 +718,12 @@ class Watcher:
         return found[:MAX_FILES]
 
 
+WORKER_JOBS = ("exec", "dump", "load")
+
+
 class Job:
-    """One request in flight: a Python exec in the worker or a process run."""
+    """One request in flight: a Python exec in the worker, a process run, or
+    a dump or load of the namespace."""
 
     def __init__(self, req, conn, seq):
         self.req = req
@@ -590,6 +740,8 @@ class Job:
         self.timed_out = False
         self.cancelled = False
         self.proc = None
+        # The worker an exec, dump or load runs in.
+        self.worker = None
         self.out = os.path.join(SPOOL, f"{seq}.out")
         self.err = os.path.join(SPOOL, f"{seq}.err")
         self.sent = [0, 0]
@@ -712,7 +864,7 @@ class Agent:
                 self.send(conn, {"id": rid, "type": "error", "error": "busy"})
                 return
             slot = req.get("slot")
-            if not (isinstance(slot, str) and len(slot) == 32 and all(c in "0123456789abcdef" for c in slot)):
+            if not is_slot(slot):
                 self.send(conn, {"id": rid, "type": "error", "error": "malformed request"})
                 return
             path = os.path.join(PARKED, slot + ".sock")
@@ -734,6 +886,22 @@ class Agent:
                 self.send(conn, {"id": rid, "type": "error", "error": f"could not {op}: {e}"})
                 return
             self.send(conn, {"id": rid, "type": "result", **answer})
+        elif op in ("dump", "load"):
+            if self.job is not None:
+                self.send(conn, {"id": rid, "type": "error", "error": "busy"})
+                return
+            slots = [req.get("slot")] + ([req["from"]] if op == "dump" and req.get("from") is not None else [])
+            if not all(is_slot(s) for s in slots):
+                self.send(conn, {"id": rid, "type": "error", "error": "malformed request"})
+                return
+            try:
+                answer = self.start_carry(req, conn)
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                self.job = None
+                self.send(conn, {"id": rid, "type": "error", "error": f"could not {op}: {e}"})
+                return
+            if answer is not None:
+                self.send(conn, {"id": rid, "type": "result", **answer})
         elif op in ("exec", "run"):
             if self.job is not None:
                 self.send(conn, {"id": rid, "type": "error", "error": "busy"})
@@ -761,6 +929,36 @@ class Agent:
         self.reset_worker()
         return "fresh"
 
+    def start_carry(self, req, conn):
+        """Starts a dump or load of the namespace as a job of the worker (a
+        dump from a snapshot: of a worker resumed from its parked copy, for
+        the time of the dump). Answers at once, without a job, when there is
+        nothing to carry."""
+        path = os.path.join(FORKS, req["slot"] + ".pickle")
+        worker = self.worker
+        if req["op"] == "dump":
+            os.makedirs(FORKS, mode=0o700, exist_ok=True)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            if req.get("from") is not None:
+                worker = Worker()
+                if worker.resume(os.path.join(PARKED, req["from"] + ".sock")) != "restored":
+                    worker.close()
+                    return {"python": "lost", "names": 0, "skipped": []}
+            elif not worker.alive():
+                return {"python": "fresh", "names": 0, "skipped": []}
+        else:
+            worker.ensure()
+        self.seq += 1
+        job = Job(req, conn, self.seq)
+        job.worker = worker
+        self.sel.register(worker.replies, selectors.EVENT_READ, "worker")
+        worker.requests.write((json.dumps({req["op"]: path}) + "\n").encode())
+        self.job = job
+        return None
+
     def start_job(self, req, conn):
         self.seq += 1
         job = Job(req, conn, self.seq)
@@ -768,6 +966,7 @@ class Agent:
             self.watcher.begin()
         if job.kind == "exec":
             self.worker.ensure()
+            job.worker = self.worker
             self.sel.register(self.worker.replies, selectors.EVENT_READ, "worker")
             msg = {"code": req["code"], "stdout": job.out, "stderr": job.err}
             self.worker.requests.write((json.dumps(msg) + "\n").encode())
@@ -789,9 +988,9 @@ class Agent:
         if job.grace_deadline is not None:
             return
         job.grace_deadline = time.monotonic() + GRACE
-        if job.kind == "exec":
+        if job.kind in WORKER_JOBS:
             try:
-                os.kill(self.worker.proc.pid, signal.SIGINT)
+                os.kill(job.worker.proc.pid, signal.SIGINT)
             except (OSError, AttributeError):
                 pass
         else:
@@ -805,15 +1004,15 @@ class Agent:
         if job.kind == "run" and job.proc.poll() is not None:
             self.finish(job, job.proc.returncode)
             return
-        if job.kind == "exec" and self.worker.proc.poll() is not None:
+        if job.kind in WORKER_JOBS and job.worker.proc.poll() is not None:
             self.finish(job, None)
             return
         if job.grace_deadline is None and now >= job.deadline:
             job.timed_out = True
             self.stop_job(job)
         elif job.grace_deadline is not None and now >= job.grace_deadline:
-            if job.kind == "exec":
-                kill_session(self.worker.proc.pid, include_leader=True)
+            if job.kind in WORKER_JOBS:
+                kill_session(job.worker.proc.pid, include_leader=True)
             else:
                 kill_session(job.proc.pid, include_leader=True)
         if job.progress and now >= job.next_progress:
@@ -835,13 +1034,48 @@ class Agent:
             self.send(job.conn, {"id": job.id, "type": "progress", "stdout": chunks[0], "stderr": chunks[1]})
 
     def worker_replied(self):
-        line = self.worker.replies.readline()
+        job = self.job
+        line = job.worker.replies.readline()
         if not line:
-            self.finish(self.job, None)
+            self.finish(job, None)
+        elif job.kind == "exec":
+            self.finish(job, json.loads(line)["exit_code"])
+        else:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                reply = {"error": "the worker's answer was malformed"}
+            self.finish(job, reply if isinstance(reply, dict) else {"error": "the worker's answer was malformed"})
+
+    def finish_carry(self, job, reply):
+        """Ends a dump or load: `reply` is the worker's, None when it died.
+        A worker resumed for a dump goes; the sandbox's own worker goes only
+        if it died (its namespace is gone then). A dump or load that failed
+        answers "lost", with why, as the name "*"."""
+        try:
+            self.sel.unregister(job.worker.replies)
+        except (KeyError, ValueError):
+            pass
+        if job.worker is not self.worker or reply is None:
+            job.worker.close()
+        self.job = None
+        if reply is None or "answer" not in reply:
+            if job.timed_out:
+                why = f"timed out after {job.timeout:g} s"
+            elif reply is None:
+                why = "the Python worker died" + ("; variables and imports were lost" if job.worker is self.worker else "")
+            else:
+                why = str(reply.get("error"))[:MAX_REASON]
+            # Not an error of the protocol: the fork goes on without the state.
+            lost = {"python": "lost", "names": 0, "skipped": [["*", f"could not {job.kind} the namespace: {why}"]]}
+            self.send(job.conn, {"id": job.id, "type": "result", **lost})
             return
-        self.finish(self.job, json.loads(line)["exit_code"])
+        self.send(job.conn, {"id": job.id, "type": "result", **reply["answer"]})
 
     def finish(self, job, exit_code):
+        if job.kind in ("dump", "load"):
+            self.finish_carry(job, exit_code)
+            return
         state_lost = False
         note = ""
         if job.kind == "exec":

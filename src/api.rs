@@ -21,7 +21,7 @@ use crate::http_error::{error, refusal};
 use crate::http_state::AppState;
 use crate::ops::parse_id;
 use crate::results::{
-    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
+    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::signer::unix_now;
@@ -43,6 +43,7 @@ pub fn routes() -> Router<AppState> {
             "/api/sandboxes/{id}/snapshots/{snapshot}/restore",
             post(restore_snapshot),
         )
+        .route("/api/sandboxes/{id}/forks", post(fork))
 }
 
 /// The routes whose bodies are files (`[uploads] max_upload_mb`, not the
@@ -232,6 +233,27 @@ async fn snapshot(
         StatusCode::CREATED,
         Json(app.ops.snapshot(&caller, &id, body.label).await?),
     ))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    count: Option<u64>,
+    snapshot_id: Option<String>,
+}
+
+async fn fork(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
+    let body: ForkBody = optional_json(&body)?;
+    let forked = app
+        .ops
+        .fork(&caller, &id, body.count, body.snapshot_id.as_deref())
+        .await?;
+    Ok((StatusCode::CREATED, Json(forked)))
 }
 
 async fn list_snapshots(

@@ -249,6 +249,19 @@ impl Limits {
         check_keyed(&self.creations, &tenant.to_string())
     }
 
+    /// `n` creations at once (a fork), all or none: `Err(None)` when `n`
+    /// is more than `creations_per_minute` allows at all.
+    pub fn check_creations(&self, tenant: &str, n: usize) -> Result<(), Option<RetryAfter>> {
+        let n = u32::try_from(n).ok().and_then(NonZeroU32::new).ok_or(None)?;
+        match self.creations.check_key_n(&tenant.to_string(), n) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(Some(RetryAfter(
+                not_until.wait_time_from(DefaultClock::default().now()),
+            ))),
+            Err(_) => Err(None),
+        }
+    }
+
     pub fn max_sandboxes(&self, tenant: &str) -> usize {
         if Caller::is_guest_owner(tenant) {
             return self.guest.max_sandboxes;

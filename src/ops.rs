@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_actors::{CreateOptions, Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work};
+use sandbox_actors::{CreateOptions, Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work, MAX_FORKS};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -21,7 +21,7 @@ use crate::limits::Limits;
 use crate::links::Links;
 use crate::metrics::Metrics;
 use crate::results::{
-    CommandResult, CreatedSandbox, DeleteResult, InstallResult, PythonResult, ResetResult, RestoreResult,
+    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, PythonResult, ResetResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::tasks::Tasks;
@@ -422,6 +422,42 @@ impl Ops {
                 snapshots: snapshots.into_iter().map(Into::into).collect(),
                 limit: self.sandboxes.snapshot_limit(),
             })
+        })
+        .await
+    }
+
+    /// Makes `count` new sandboxes from a sandbox as it is, or from one of
+    /// its snapshots; counted as that many creations.
+    pub async fn fork(
+        &self,
+        caller: &Caller,
+        raw_id: &str,
+        count: Option<u64>,
+        raw_snapshot: Option<&str>,
+    ) -> Result<ForkResult> {
+        self.on_sandbox("fork_sandbox", raw_id, |id| async move {
+            let count = in_range("count", count, 1, MAX_FORKS)?;
+            let from = raw_snapshot.map(parse_snapshot_id).transpose()?;
+            let owner = &caller.owner;
+            if let Err(wait) = self.limits.check_creations(owner, count) {
+                return Err(SandboxError::Quota(match wait {
+                    Some(wait) => format!(
+                        "a fork of {count} would pass the sandboxes you may create per minute; wait {} s, or fork fewer",
+                        wait.seconds()
+                    ),
+                    None => format!("a fork of {count} is more sandboxes than you may create in a minute; fork fewer"),
+                }));
+            }
+            let quota = Quota {
+                per_owner: self.limits.max_sandboxes(owner),
+                total: self.limits.max_sandboxes_total(),
+            };
+            let started = std::time::Instant::now();
+            let forked = self
+                .sandboxes
+                .fork(caller.scope(), id, count, from, quota, self.create_options(caller))
+                .await?;
+            Ok(ForkResult::new(id, from, forked, started.elapsed()))
         })
         .await
     }

@@ -2,10 +2,11 @@
 //! (its `outputSchema`), which the MCP tools send as they are
 //! ([`crate::mcp_results`]) and the REST API as JSON.
 
-use sandbox_actors::snapshots::{PythonState, SnapshotInfo};
-use sandbox_actors::{DiskUse, InstallStatusKind, Package, Ran, SandboxInfo};
+use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
+use sandbox_actors::{DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};
 use schemars::JsonSchema;
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::inline_images::ImageNote;
 use crate::links::Links;
@@ -241,6 +242,104 @@ pub struct RestoreResult {
     pub duration_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+}
+
+/// One new sandbox of a fork.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ForkEntry {
+    pub sandbox_id: String,
+    pub name: String,
+    /// `carried`: every Python variable, function and import came along;
+    /// `partial`: some did not (see `not_carried`); `fresh`: no Python had
+    /// run in the source, so none runs here either; `lost`: none came (see
+    /// `not_carried`), Python starts afresh.
+    pub python: String,
+    /// How many Python names the fork holds.
+    pub python_names: u64,
+    /// Names that could not be carried (open files, sockets, threads,
+    /// generators, ...), with why; `*` stands for the whole namespace.
+    pub not_carried: Vec<NotCarried>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct NotCarried {
+    pub name: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ForkResult {
+    pub success: bool,
+    /// The sandbox forked.
+    pub sandbox_id: String,
+    /// The snapshot forked, when the fork started from one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// The new sandboxes, each the caller's own like any other.
+    pub forks: Vec<ForkEntry>,
+    /// Files, folders and links each fork received in /app/results (and
+    /// among its packages).
+    pub files: u64,
+    pub packages_copied: bool,
+    pub message: String,
+    pub duration_ms: f64,
+    /// Something that happened to the source sandbox since your last call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
+}
+
+impl ForkResult {
+    pub fn new(source: Uuid, from: Option<Uuid>, forked: Forked, took: std::time::Duration) -> Self {
+        let n = forked.forks.len();
+        let whole = forked
+            .forks
+            .iter()
+            .all(|f| matches!(f.python.python, CarriedState::Carried | CarriedState::Fresh));
+        let what = match forked.packages {
+            true => "the files in /app/results and the installed packages",
+            false => "the files in /app/results",
+        };
+        let python = match whole {
+            true => "Python variables, functions and imports came along",
+            false => "some Python state did not come along (see python and not_carried)",
+        };
+        let forks = forked
+            .forks
+            .into_iter()
+            .map(|f| ForkEntry {
+                sandbox_id: f.info.sandbox_id.to_string(),
+                name: f.info.name,
+                python: match f.python.python {
+                    CarriedState::Carried => "carried",
+                    CarriedState::Partial => "partial",
+                    CarriedState::Fresh => "fresh",
+                    CarriedState::Lost => "lost",
+                }
+                .into(),
+                python_names: f.python.names,
+                not_carried: f
+                    .python
+                    .skipped
+                    .into_iter()
+                    .map(|(name, reason)| NotCarried { name, reason })
+                    .collect(),
+            })
+            .collect();
+        Self {
+            success: true,
+            sandbox_id: source.to_string(),
+            snapshot_id: from.map(|s| s.to_string()),
+            forks,
+            files: forked.files,
+            packages_copied: forked.packages,
+            message: format!(
+                "Made {n} new sandbox{} with copies of {what}; {python}. Use their sandbox_id like any other.",
+                if n == 1 { "" } else { "es" }
+            ),
+            duration_ms: took.as_secs_f64() * 1000.0,
+            notice: forked.notice,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, JsonSchema)]

@@ -28,7 +28,7 @@ use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
 use crate::mcp_results::{failure, success};
 use crate::ops::{Ops, INSTALL_WAIT};
 use crate::results::{
-    CommandResult, CreatedSandbox, DeleteResult, InstallResult, ListedSandbox, PythonResult, ResetResult,
+    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, ResetResult,
     RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 
@@ -62,6 +62,22 @@ pub struct SnapshotRefParams {
     pub sandbox_id: String,
     /// The snapshot_id returned by snapshot_sandbox or list_snapshots.
     pub snapshot_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ForkParams {
+    /// The sandbox_id of the sandbox to copy.
+    pub sandbox_id: String,
+    /// How many new sandboxes to make (1 to 16; default 1). Each counts
+    /// against your sandbox quota.
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub count: Option<u64>,
+    /// Copy this snapshot of the sandbox (from snapshot_sandbox or
+    /// list_snapshots) instead of the sandbox as it is now.
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub snapshot_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -513,6 +529,28 @@ impl SandboxServer {
     }
 
     #[tool(
+        description = "Copy a sandbox into new sandboxes: each fork starts with the files in /app/results, the \
+            installed packages and the Python variables, functions and imports of the sandbox as it is now (or \
+            of one of its snapshots), then goes its own way. Use it to try several approaches from one \
+            warmed-up state. Python objects that cannot be copied (open sockets, threads, generators, ...) are \
+            listed per fork in not_carried. The source is not changed; each fork counts against your sandbox \
+            quota.",
+        output_schema = schema_for_output::<ForkResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn fork_sandbox(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<ForkParams>,
+    ) -> CallToolResult {
+        reply(
+            self.ops
+                .fork(&self.caller(&ctx), &p.sandbox_id, p.count, p.snapshot_id.as_deref())
+                .await,
+        )
+    }
+
+    #[tool(
         description = "Delete a snapshot of a sandbox, freeing its memory and disk. The sandbox itself is unchanged.",
         output_schema = schema_for_output::<SnapshotDeleted>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
@@ -669,7 +707,8 @@ impl ServerHandler for SandboxServer {
              install_package_in_sandbox -> check_package_installation_status -> execute_python_code. \
              Files written to /app/results come back as download links, images also inline; list_files, \
              read_file and write_file work on them, and reset_python starts Python over. snapshot_sandbox \
-             saves variables, files and packages; restore_snapshot goes back to them."
+             saves variables, files and packages; restore_snapshot goes back to them; fork_sandbox copies a \
+             sandbox into new ones."
                 .into(),
         );
         info

@@ -303,10 +303,11 @@ async fn sandbox_page(
 <table id="files"><thead><tr><th>Path</th><th>Size</th><th>Modified</th><th>Preview</th></tr></thead><tbody></tbody></table>
 </section>
 <section class="card">
-<h2>Snapshots</h2>
+<h2>Snapshots and forks</h2>
 <form id="snapshot-form" class="row">
 <input name="label" id="snapshot-label" placeholder="Label (optional)" maxlength="200">
 <button type="submit">Take snapshot</button>
+<button type="button" id="fork" class="secondary">Fork sandbox</button>
 <span id="snapshot-status"></span>
 </form>
 <table id="snapshots"><thead><tr><th>Label</th><th>Taken</th><th>Python</th><th>Files</th><th>Disk</th><th></th></tr></thead><tbody></tbody></table>

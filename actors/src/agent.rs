@@ -10,6 +10,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -92,6 +93,17 @@ enum Request<'a> {
         id: u64,
         slot: &'a str,
     },
+    Dump {
+        id: u64,
+        slot: &'a str,
+        from: Option<&'a str>,
+        timeout: f64,
+    },
+    Load {
+        id: u64,
+        slot: &'a str,
+        timeout: f64,
+    },
     Ping {
         id: u64,
     },
@@ -172,6 +184,50 @@ pub enum PythonState {
     /// code ended it): the worker starts fresh.
     Lost,
 }
+
+/// How much of a Python namespace a fork carried: the answer to `dump` and
+/// `load`, as the agent gives it (bounded before anyone sees it).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Carried {
+    pub python: CarriedState,
+    /// The names carried.
+    pub names: u64,
+    /// The names that were not, each with why (`[name, reason]`).
+    #[serde(default)]
+    pub skipped: Vec<(String, String)>,
+}
+
+/// What became of a namespace carried into a fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CarriedState {
+    /// Every name.
+    Carried,
+    /// No Python had run: the fork starts with a fresh namespace too.
+    Fresh,
+    /// Some names (listed) were not carried.
+    Partial,
+    /// None: the snapshot's parked copy was gone, or nothing loaded.
+    Lost,
+}
+
+impl Carried {
+    /// At most this many names are listed as not carried, each name and
+    /// reason at most [`MAX_SKIPPED_TEXT`] bytes: the agent says what it likes.
+    pub const MAX_SKIPPED: usize = 100;
+
+    fn bounded(mut self) -> Self {
+        self.skipped.truncate(Self::MAX_SKIPPED);
+        for (name, reason) in &mut self.skipped {
+            *name = bounded(std::mem::take(name), MAX_SKIPPED_TEXT);
+            *reason = bounded(std::mem::take(reason), MAX_SKIPPED_TEXT);
+        }
+        self
+    }
+}
+
+/// The longest name or reason a [`Carried`] lists.
+const MAX_SKIPPED_TEXT: usize = 200;
 
 /// The answer to `forget`.
 #[derive(Debug, Deserialize)]
@@ -450,6 +506,29 @@ impl AgentClient {
         let id = self.take_id();
         self.send(&Request::Forget { id, slot }).await?;
         self.answer::<Forgotten>(id).await.map(drop)
+    }
+
+    /// Writes the Python namespace (that of the copy parked under `from`,
+    /// when given) to the fork file of `slot`, within `timeout`.
+    pub async fn dump(&mut self, slot: &str, from: Option<&str>, timeout: Duration) -> Result<Carried, AgentError> {
+        let id = self.take_id();
+        let timeout = timeout.as_secs_f64();
+        self.send(&Request::Dump {
+            id,
+            slot,
+            from,
+            timeout,
+        })
+        .await?;
+        Ok(self.answer::<Carried>(id).await?.bounded())
+    }
+
+    /// Reads the fork file of `slot` into the Python namespace, within `timeout`.
+    pub async fn load(&mut self, slot: &str, timeout: Duration) -> Result<Carried, AgentError> {
+        let id = self.take_id();
+        let timeout = timeout.as_secs_f64();
+        self.send(&Request::Load { id, slot, timeout }).await?;
+        Ok(self.answer::<Carried>(id).await?.bounded())
     }
 
     /// Asks the agent whether it is there (callers bound the wait).

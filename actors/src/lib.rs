@@ -6,13 +6,15 @@
 //! # Layout
 //!
 //! - `service`: [`Sandboxes`], the face the front end calls; it finds a
-//!   sandbox's actor and sends it a message.
+//!   sandbox's actor and sends it a message; `service/fork.rs`: forks,
+//!   which make new sandboxes from one.
 //! - `supervisor`: parent and registry of the sandbox actors.
 //! - `sandbox/`: the sandbox actor: its state and upkeep (`mod.rs`), the jobs
 //!   it queues and the tasks that run them (`jobs.rs`), snapshot work
 //!   (`snapshot.rs`), deletion (`deletion.rs`).
 //! - `snapshots/`: the host side of snapshots: their store and bounds
-//!   (`mod.rs`) and the link-proof copies of a sandbox's folders (`copy.rs`).
+//!   (`mod.rs`), the link-proof copies of a sandbox's folders (`copy.rs`),
+//!   and what a fork carries into new sandboxes (`fork.rs`).
 //! - `install`: the install-task actor.
 //! - `messages`: what the actors send each other; `results`: what they
 //!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
@@ -81,5 +83,5 @@ pub use runtime::disk::{DiskUsage, DiskUse};
 pub use runtime::Usage;
 pub use sandbox::MAX_INSTALL_RECORDS;
 pub use scope::Scope;
-pub use service::{CreateOptions, Quota, Sandboxes, Stats};
+pub use service::{CreateOptions, Fork, Forked, Quota, Sandboxes, Stats, MAX_FORKS};
 pub use status::SandboxStatus;

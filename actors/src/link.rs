@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::agent::{AgentClient, AgentError, Progress, PythonState, RunOutput, Work};
+use crate::agent::{AgentClient, AgentError, Carried, Progress, PythonState, RunOutput, Work};
 use crate::context::{Context, Counters};
 use crate::error::{AgentFailure, Result, SandboxError};
 use crate::runtime::{ContainerState, SandboxPaths};
@@ -31,6 +31,9 @@ const BUSY_WAIT: Duration = Duration::from_secs(10);
 /// the package listing): a well-behaved agent answers in milliseconds.
 pub const AGENT_CONNECT: Duration = Duration::from_secs(5);
 pub const AGENT_QUERY: Duration = Duration::from_secs(10);
+/// How long the agent may take to write a Python namespace to a fork file,
+/// or to read one (a namespace of gigabytes takes seconds).
+pub const CARRY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Set once when a sandbox is deleted or expires: the link's work ends at
 /// once, with the reason, and no recovery brings the container back.
@@ -204,7 +207,9 @@ impl Link {
     /// worker, and files, packages and the container stay. Answers with what
     /// had to be done to reach the agent, for the caller.
     pub async fn reset_python(&mut self) -> Result<Option<String>> {
-        let ((), notice) = self.ask_agent("reset Python", |c| Box::pin(c.reset())).await?;
+        let ((), notice) = self
+            .ask_agent("reset Python", AGENT_QUERY, |c| Box::pin(c.reset()))
+            .await?;
         Ok(notice)
     }
 
@@ -212,7 +217,7 @@ impl Link {
     /// state); says whether there was a namespace to keep.
     pub async fn snapshot_python(&mut self, slot: &str) -> Result<(PythonState, Option<String>)> {
         let slot = slot.to_string();
-        self.ask_agent("save the Python state", move |c| {
+        self.ask_agent("save the Python state", AGENT_QUERY, move |c| {
             let slot = slot.clone();
             Box::pin(async move { c.snapshot(&slot).await })
         })
@@ -223,7 +228,7 @@ impl Link {
     /// under `slot` (or a fresh one, when `python` is false).
     pub async fn restore_python(&mut self, slot: &str, python: bool) -> Result<(PythonState, Option<String>)> {
         let slot = slot.to_string();
-        self.ask_agent("restore the Python state", move |c| {
+        self.ask_agent("restore the Python state", AGENT_QUERY, move |c| {
             let slot = slot.clone();
             Box::pin(async move { c.restore(&slot, python).await })
         })
@@ -233,7 +238,7 @@ impl Link {
     /// Ends the copy of the worker parked under `slot`.
     pub async fn forget_python(&mut self, slot: &str) -> Result<()> {
         let slot = slot.to_string();
-        self.ask_agent("drop a saved Python state", move |c| {
+        self.ask_agent("drop a saved Python state", AGENT_QUERY, move |c| {
             let slot = slot.clone();
             Box::pin(async move { c.forget(&slot).await })
         })
@@ -241,14 +246,47 @@ impl Link {
         .map(drop)
     }
 
-    /// A short request to the agent, answered within [`AGENT_QUERY`]: sent
-    /// again, as a run is, only when it provably never reached the agent;
-    /// an agent that misses the deadline has its container restarted.
+    /// Writes the Python namespace (or that of the copy parked under
+    /// `from`) to the fork file of `slot`, for [`crate::snapshots`] to carry
+    /// into forks; says how much of it was written.
+    pub async fn dump_python(&mut self, slot: &str, from: Option<&str>) -> Result<(Carried, Option<String>)> {
+        let (slot, from) = (slot.to_string(), from.map(str::to_string));
+        self.ask_agent(
+            "write the Python state for a fork",
+            CARRY_TIMEOUT + WATCHDOG_SLACK,
+            move |c| {
+                let (slot, from) = (slot.clone(), from.clone());
+                Box::pin(async move { c.dump(&slot, from.as_deref(), CARRY_TIMEOUT).await })
+            },
+        )
+        .await
+    }
+
+    /// Reads the fork file of `slot`, placed in this sandbox's results, into
+    /// its Python namespace.
+    pub async fn load_python(&mut self, slot: &str) -> Result<(Carried, Option<String>)> {
+        let slot = slot.to_string();
+        self.ask_agent(
+            "read the Python state of a fork",
+            CARRY_TIMEOUT + WATCHDOG_SLACK,
+            move |c| {
+                let slot = slot.clone();
+                Box::pin(async move { c.load(&slot, CARRY_TIMEOUT).await })
+            },
+        )
+        .await
+    }
+
+    /// A request to the agent, answered within `deadline` ([`AGENT_QUERY`]
+    /// for the short ones): sent again, as a run is, only when it provably
+    /// never reached the agent; an agent that misses the deadline has its
+    /// container restarted.
     /// `what` names the request in errors. Answers with what had to be done
     /// to reach the agent, for the caller.
     async fn ask_agent<T>(
         &mut self,
         what: &'static str,
+        deadline: Duration,
         op: impl for<'c> Fn(&'c mut AgentClient) -> BoxFuture<'c, Result<T, AgentError>>,
     ) -> Result<(T, Option<String>)> {
         let mut notices: Vec<String> = Vec::new();
@@ -261,7 +299,7 @@ impl Link {
             }
             let client = self.client.as_mut().expect("connected");
             let answer = tokio::select! {
-                r = tokio::time::timeout(AGENT_QUERY, op(client)) => r,
+                r = tokio::time::timeout(deadline, op(client)) => r,
                 _ = retired.cancelled() => {
                     self.drop_client();
                     return Err(self.retirement.error(self.paths.id));
@@ -280,7 +318,7 @@ impl Link {
                     })
                 }
                 Ok(Err(e)) => return Err(self.agent_failed(e)),
-                Err(_elapsed) => return Err(self.missed_deadline(what, AGENT_QUERY).await),
+                Err(_elapsed) => return Err(self.missed_deadline(what, deadline).await),
             }
         }
     }

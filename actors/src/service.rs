@@ -46,6 +46,10 @@ use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
 use crate::uploads::{self, UploadSource};
 
+mod fork;
+
+pub use fork::{Fork, Forked, MAX_FORKS};
+
 /// How long a question to a sandbox's actor may take (it answers from its
 /// own state; an install status may ask the agent, within its own deadline).
 const QUERY_DEADLINE: Duration = Duration::from_secs(5);
@@ -240,6 +244,7 @@ impl Sandboxes {
         let known_ids = known.keys().copied().collect();
         self.ctx.disks.remove_orphans(&known_ids).await;
         self.ctx.snapshots.remove_orphans(&known_ids).await;
+        self.ctx.snapshots.remove_exports().await;
         let s = &self.ctx.settings;
         for dir in [s.agents_dir(), s.state_dir.join("egress"), s.results_dir.clone()] {
             let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -435,6 +440,27 @@ impl Sandboxes {
         })
     }
 
+    /// The work of creating a sandbox for `owner`, which lives `lifetime`
+    /// (or less, when `sandbox.max_lifetime_seconds` says so).
+    fn creation(&self, owner: &str, name: String, egress: EgressPolicy, lifetime: Option<Duration>) -> Creation {
+        let configured = self.ctx.settings.sandbox.max_lifetime_seconds;
+        let configured = (configured > 0).then(|| Duration::from_secs(configured));
+        let lifetime = match (configured, lifetime) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Creation {
+            ctx: self.ctx.clone(),
+            pool: self.pool.clone(),
+            supervisor: self.supervisor.clone(),
+            registry: self.registry.clone(),
+            owner: owner.to_string(),
+            name,
+            egress,
+            lifetime,
+        }
+    }
+
     /// Creates a sandbox for `owner`. The work runs in a task of its own: if
     /// the caller goes away before it ends, the new sandbox is removed, so
     /// nothing is left that nobody asked for.
@@ -456,24 +482,10 @@ impl Sandboxes {
             // its details would cost one message per sandbox per creation.
             None => format!("Sandbox {}", self.count(owner) + 1),
         };
-        let configured = self.ctx.settings.sandbox.max_lifetime_seconds;
-        let configured = (configured > 0).then(|| Duration::from_secs(configured));
-        let lifetime = match (configured, options.lifetime) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         host::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota)?;
-        let creation = Creation {
-            ctx: self.ctx.clone(),
-            pool: self.pool.clone(),
-            supervisor: self.supervisor.clone(),
-            registry: self.registry.clone(),
-            owner: owner.to_string(),
-            name,
-            egress: options.egress.unwrap_or(self.ctx.egress.default_policy()),
-            lifetime,
-        };
+        let egress = options.egress.unwrap_or(self.ctx.egress.default_policy());
+        let creation = self.creation(owner, name, egress, options.lifetime);
         let (mut tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let _reservation = reservation;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use sandbox_actors::agent::{AgentClient, AgentError, PythonState, SOCKET_NAME};
+use sandbox_actors::agent::{AgentClient, AgentError, CarriedState, PythonState, SOCKET_NAME};
 use sandbox_actors::{Package, Work};
 use tokio::sync::mpsc;
 
@@ -308,6 +308,86 @@ async fn a_parked_copy_of_the_worker_restores_its_namespace_any_number_of_times(
     let r = exec(&mut c, "print(x)").await;
     assert!(r.stderr.contains("NameError"), "a fresh namespace: {r:?}");
     assert!(c.snapshot("../../etc/passwd").await.is_err(), "a slot is 32 hex digits");
+}
+
+/// The fork file of `slot` under an agent's results folder.
+fn fork_file(results: &Path, slot: &str) -> PathBuf {
+    results.join(".mcp-sandbox/fork").join(format!("{slot}.pickle"))
+}
+
+#[tokio::test]
+async fn a_namespace_is_carried_to_another_agent_and_what_does_not_pickle_is_named() {
+    let (source, fork) = (Agent::start().await, Agent::start().await);
+    let mut c = source.client().await;
+    let slot = "00000000000000000000000000000001";
+    let carried = c.dump(slot, None, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(carried.python, CarriedState::Fresh, "no worker yet: {carried:?}");
+
+    exec(&mut c, "x = {'a': [1, 2]}\ny = x\ng = (i for i in range(3))").await;
+    let carried = c.dump(slot, None, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(carried.python, CarriedState::Partial, "{carried:?}");
+    assert_eq!(carried.names, 2, "{carried:?}");
+    assert_eq!(carried.skipped.len(), 1, "{carried:?}");
+    assert_eq!(carried.skipped[0].0, "g");
+    assert!(carried.skipped[0].1.contains("generator"), "{carried:?}");
+    let written = fork_file(&source.results, slot);
+    assert!(written.is_file());
+
+    // A snapshot's parked copy dumps its own namespace, not the worker's.
+    let parked = "00000000000000000000000000000002";
+    assert_eq!(c.snapshot(parked).await.unwrap(), PythonState::Parked);
+    exec(&mut c, "x = 'later'").await;
+    let other = "00000000000000000000000000000003";
+    let from_snapshot = c.dump(other, Some(parked), Duration::from_secs(30)).await.unwrap();
+    assert_eq!(from_snapshot.python, CarriedState::Partial, "{from_snapshot:?}");
+    assert_eq!(
+        exec(&mut c, "print(x)").await.stdout,
+        "later\n",
+        "the worker is untouched"
+    );
+
+    let mut f = fork.client().await;
+    for (slot, expected) in [(slot, "{'a': [1, 2]} True\n"), (other, "{'a': [1, 2]} True\n")] {
+        let target = fork_file(&fork.results, slot);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::rename(fork_file(&source.results, slot), &target).unwrap();
+        let loaded = f.load(slot, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(loaded.python, CarriedState::Carried, "{loaded:?}");
+        assert_eq!(exec(&mut f, "print(x, x is y)").await.stdout, expected);
+        assert!(!target.exists(), "a loaded file is removed");
+    }
+    let missing = f.load(slot, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(missing.python, CarriedState::Lost, "{missing:?}");
+    assert!(
+        c.dump("../../etc/passwd", None, Duration::from_secs(5)).await.is_err(),
+        "a slot is 32 hex digits"
+    );
+}
+
+#[tokio::test]
+async fn a_dump_past_its_deadline_ends_and_the_namespace_stays() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    exec(
+        &mut c,
+        "x = 1\nclass Slow:\n    def __reduce__(self):\n        import time; time.sleep(60)\ns = Slow()",
+    )
+    .await;
+    let started = Instant::now();
+    let slot = "00000000000000000000000000000004";
+    let carried = c.dump(slot, None, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(carried.python, CarriedState::Lost, "{carried:?}");
+    assert!(carried.skipped[0].1.contains("timed out"), "{carried:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    assert!(
+        !fork_file(&agent.results, slot).exists(),
+        "nothing half-written is left"
+    );
+    assert_eq!(
+        exec(&mut c, "print(x)").await.stdout,
+        "1\n",
+        "the worker and its state stay"
+    );
 }
 
 #[tokio::test]

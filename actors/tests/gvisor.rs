@@ -1,5 +1,5 @@
-//! A sandbox under runsc runs code on gVisor's kernel, and restores a
-//! snapshot of its Python state, against the real engine. A test binary of its own, so that it runs alone: under the load
+//! A sandbox under runsc runs code on gVisor's kernel, restores a snapshot
+//! of its Python state and forks, against the real engine. A test binary of its own, so that it runs alone: under the load
 //! of other tests' sandboxes, gVisor's ptrace platform has been seen to end
 //! a sandbox (exit code 2), which the server then restarts, losing the test's
 //! Python state.
@@ -8,7 +8,7 @@ mod common;
 
 use common::{Harness, OWNER};
 use sandbox_actors::config::EgressPolicy;
-use sandbox_actors::snapshots::PythonState;
+use sandbox_actors::snapshots::{CarriedState, PythonState};
 
 /// How a scenario ended: its assertions all held, or gVisor's platform
 /// ended the container under it (the server restarted it and said so).
@@ -53,6 +53,22 @@ async fn scenario(h: &Harness) -> Attempt {
     assert_eq!(restored.python, PythonState::Restored);
     let r = step!(h.py(id, "print(x * 2)").await);
     assert_eq!(r.output.stdout, "42\n", "a snapshot restores under gVisor: {r:?}");
+    // A fork carries the namespace by serialisation under gVisor too.
+    let forked = h
+        .sb()
+        .fork(OWNER, id, 1, None, sandbox_actors::Quota::UNLIMITED, Default::default())
+        .await
+        .unwrap();
+    let fork = &forked.forks[0];
+    assert_eq!(fork.python.python, CarriedState::Carried, "{fork:?}");
+    let r = h.py(fork.info.sandbox_id, "print(x * 2)").await;
+    h.sb().delete(OWNER, fork.info.sandbox_id).await.unwrap();
+    if ended(&r.notice).is_none() {
+        assert_eq!(
+            r.output.stdout, "42\n",
+            "a fork holds the namespace under gVisor: {r:?}"
+        );
+    }
     let made = step!(h.py(id, "open('g.txt', 'w').write('1')").await).output;
     assert_eq!(
         made.files,

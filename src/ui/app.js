@@ -198,8 +198,22 @@ function sandboxPage(root) {
         el('td', {}, bytes(s.disk_bytes)),
         el('td', { class: 'actions' },
           act('Restore', 'secondary', 'POST', `${path}/restore`, (r) => said(`restored: Python ${r.python}${r.notice ? ` (${r.notice})` : ''}`)),
+          el('button', {
+            class: 'secondary',
+            'data-action': 'fork',
+            onclick: (ev) => busy(ev.target.parentElement, () => fork({ snapshot_id: s.snapshot_id })),
+          }, 'Fork'),
           act('Delete', 'danger', 'DELETE', path, () => said('snapshot deleted'))));
     }));
+  }
+
+  /** Makes a fork (of the sandbox, or of one of its snapshots) and links to it. */
+  async function fork(body) {
+    const r = await api('POST', `${base}/forks`, body);
+    const [f] = r.forks;
+    document.getElementById('snapshot-status').replaceChildren(
+      'forked: ', el('a', { href: `/ui/sandboxes/${encodeURIComponent(f.sandbox_id)}`, id: 'fork-link' }, f.name),
+      ` (Python ${f.python}${f.not_carried.length ? `; not carried: ${f.not_carried.map((n) => n.name).join(', ')}` : ''})`);
   }
 
   const refresh = () => Promise.all([loadInfo(), loadFiles(), loadSnapshots()]).catch(showError);
@@ -261,6 +275,10 @@ function sandboxPage(root) {
       upload.reset();
       await refresh();
     });
+  });
+
+  document.getElementById('fork').addEventListener('click', (ev) => {
+    busy(ev.target.parentElement, () => fork({}));
   });
 
   const snapshot = document.getElementById('snapshot-form');

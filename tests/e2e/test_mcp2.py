@@ -31,6 +31,7 @@ TOOLS = {
     "restore_snapshot",
     "list_snapshots",
     "delete_snapshot",
+    "fork_sandbox",
 }
 
 
@@ -99,6 +100,10 @@ def test_tools_are_listed_with_schemas_and_annotations(server):
             assert tools["snapshot_sandbox"].annotations.destructive_hint is False
             assert tools["restore_snapshot"].annotations.destructive_hint is True
             assert tools["delete_snapshot"].annotations.destructive_hint is True
+            fork = tools["fork_sandbox"]
+            assert fork.annotations.destructive_hint is False and fork.annotations.idempotent_hint is False
+            assert set(fork.input_schema["properties"]) == {"sandbox_id", "count", "snapshot_id"}
+            assert fork.input_schema["required"] == ["sandbox_id"]
             assert set(tools["execute_python_code"].input_schema["required"]) == {"sandbox_id", "code"}
             assert set(tools["upload_file_to_sandbox"].input_schema["properties"]) == {"sandbox_id", "local_file_path", "dest_path"}
             empty = await c.call_tool("list_sandboxes", {})

@@ -109,6 +109,8 @@ def test_tenants_cannot_touch_each_other(server):
                 ("list_snapshots", {}),
                 ("restore_snapshot", {"snapshot_id": snap}),
                 ("delete_snapshot", {"snapshot_id": snap}),
+                ("fork_sandbox", {}),
+                ("fork_sandbox", {"snapshot_id": snap}),
                 ("delete_sandbox", {}),
             ]:
                 r = await b.call_tool(tool, {"sandbox_id": sid, **args})
@@ -133,7 +135,8 @@ def test_tenants_cannot_touch_each_other(server):
             assert get(f"{server.url}{other}?token={token}")[0] == 403, "a token is bound to its path"
             time.sleep(4.5)
             assert get(link)[0] == 403, "links expire"
-            assert (await ok(a, "list_sandboxes"))["sandboxes"][0]["sandbox_id"] == sid, "alice is unaffected"
+            assert (await ok(b, "list_sandboxes"))["sandboxes"] == [], "bob forked nothing"
+            assert [s["sandbox_id"] for s in (await ok(a, "list_sandboxes"))["sandboxes"]] == [sid], "alice is unaffected"
             assert (await ok(a, "read_file", sandbox_id=sid, path="secret.txt"))["content"] == "alice-data"
             assert [s["snapshot_id"] for s in (await ok(a, "list_snapshots", sandbox_id=sid))["snapshots"]] == [snap]
             await ok(a, "delete_sandbox", sandbox_id=sid)

@@ -229,6 +229,13 @@ def test_a_sandbox_from_creation_to_deletion(server, browser):
     page.fill("#code", "print(kept)")
     page.click("#python-form button")
     expect(page.locator("#python-stdout")).to_contain_text("before")
+    # A fork of the snapshot, linked, holds its Python state; it is deleted from the API.
+    snap.locator('button[data-action="fork"]').click()
+    expect(page.locator("#snapshot-status")).to_contain_text("(Python carried)")
+    fork_id = page.locator("#fork-link").get_attribute("href").rsplit("/", 1)[1]
+    ran = api(server, "POST", f"/api/sandboxes/{fork_id}/python", ALICE, {"code": "print(kept)"})[1]
+    assert ran["stdout"] == "before\n", ran
+    assert api(server, "DELETE", f"/api/sandboxes/{fork_id}", ALICE)[0] == 200
     snap.locator('button[data-action="delete"]').click()
     expect(page.locator("#snapshots tbody tr")).to_have_count(0)
 
@@ -255,7 +262,7 @@ def test_tenants_see_only_their_own_and_admins_see_all(server, browser):
         page.goto(f"{server.url}/ui/sandboxes/{alice_id}")
         expect(page.locator("#error")).to_contain_text("not found")
         assert "alice private" not in page.content()
-        for method, path in [("GET", ""), ("GET", "/files"), ("DELETE", ""), ("POST", "/restart")]:
+        for method, path in [("GET", ""), ("GET", "/files"), ("DELETE", ""), ("POST", "/restart"), ("POST", "/forks")]:
             assert api(server, method, f"/api/sandboxes/{alice_id}{path}", BOB)[0] == 404
         context.close()
 

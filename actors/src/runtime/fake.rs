@@ -11,6 +11,7 @@
 //! test says what the sandbox does in a word: `sleep 3`, `set x 1`, `oom`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,6 +49,9 @@ pub enum Behaviour {
 /// it stops, restarts or is removed, which closes its agent's connections).
 struct Container {
     sandbox: Uuid,
+    /// The sandbox's results folder on the host, where a fork's namespace
+    /// is written and read (`dump`, `load`).
+    results: PathBuf,
     volume: String,
     state: ContainerState,
     life: CancellationToken,
@@ -293,6 +297,7 @@ impl ContainerRuntime for FakeRuntime {
         let volume = volume.map_or_else(|| format!("fake-volume-{}", state.next), str::to_string);
         let mut c = Container {
             sandbox: paths.id,
+            results: paths.results.clone(),
             volume: volume.clone(),
             state: ContainerState::Missing,
             life: CancellationToken::new(),
@@ -460,6 +465,7 @@ impl ContainerRuntime for FakeRuntime {
             Agent {
                 runtime: self.clone(),
                 sandbox: c.sandbox,
+                results: c.results.clone(),
                 container: id.clone(),
                 life: c.life.clone(),
                 paused: c.paused.subscribe(),
@@ -476,6 +482,7 @@ impl ContainerRuntime for FakeRuntime {
 struct Agent {
     runtime: FakeRuntime,
     sandbox: Uuid,
+    results: PathBuf,
     container: String,
     life: CancellationToken,
     paused: watch::Receiver<bool>,
@@ -483,6 +490,48 @@ struct Agent {
 }
 
 impl Agent {
+    /// The fork file of `slot`, as the real agent names it.
+    fn fork_file(&self, slot: &Value) -> PathBuf {
+        let slot = slot.as_str().unwrap_or_default();
+        self.results.join(".mcp-sandbox/fork").join(format!("{slot}.pickle"))
+    }
+
+    /// Writes the namespace (or a parked copy's) to the fork file, as JSON.
+    fn dump(&self, req: &Value) -> Value {
+        let worker = self.worker.lock().expect("worker lock");
+        let vars = match req["from"].as_str() {
+            Some(from) => match worker.parked.get(from) {
+                Some(vars) => vars.clone(),
+                None => return json!({"python": "lost", "names": 0, "skipped": []}),
+            },
+            None => worker.vars.clone(),
+        };
+        let path = self.fork_file(&req["slot"]);
+        let written = std::fs::create_dir_all(path.parent().expect("a folder"))
+            .and_then(|()| std::fs::write(&path, serde_json::to_vec(&vars).expect("serialisable")));
+        match written {
+            Ok(()) => json!({"python": "carried", "names": vars.len(), "skipped": []}),
+            Err(e) => json!({"python": "lost", "names": 0, "skipped": [["*", e.to_string()]]}),
+        }
+    }
+
+    /// Reads the fork file into the namespace and removes it.
+    fn load(&self, req: &Value) -> Value {
+        let path = self.fork_file(&req["slot"]);
+        let read = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| serde_json::from_slice::<HashMap<String, String>>(&bytes).map_err(|e| e.to_string()));
+        let _ = std::fs::remove_file(&path);
+        match read {
+            Ok(vars) => {
+                let names = vars.len();
+                self.worker.lock().expect("worker lock").vars.extend(vars);
+                json!({"python": "carried", "names": names, "skipped": []})
+            }
+            Err(e) => json!({"python": "lost", "names": 0, "skipped": [["*", e]]}),
+        }
+    }
+
     async fn serve(mut self, stream: UnixStream) {
         let (r, mut w) = stream.into_split();
         let (tx, mut requests) = mpsc::channel::<Value>(16);
@@ -576,6 +625,8 @@ impl Agent {
                         .remove(req["slot"].as_str().unwrap_or_default());
                     ok(json!({"forgotten": true}))
                 }
+                "dump" => ok(self.dump(&req)),
+                "load" => ok(self.load(&req)),
                 "interrupt" => continue,
                 op @ ("exec" | "run") => {
                     let busy = std::mem::replace(&mut self.worker.lock().expect("worker lock").busy, true);

@@ -17,7 +17,7 @@ use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran};
 use crate::messages::{Finished, RunRequest, SandboxMsg};
 use crate::results::Uploaded;
-use crate::snapshots::{SnapshotDone, SnapshotOp};
+use crate::snapshots::{Restored, SnapshotDone, SnapshotOp};
 use crate::uploads::{self, UploadSource};
 
 pub(super) enum Job {
@@ -171,9 +171,10 @@ impl SandboxActor {
                         let what = op.to_string();
                         let result = snapshot::carry_out(&mut link, op).await;
                         let packages = match &result {
-                            Ok((SnapshotDone::Restored(r), _)) if r.packages => {
-                                Link::packages(link.ctx(), link.paths.id).await.ok()
-                            }
+                            Ok((
+                                SnapshotDone::Restored(Restored { packages: true, .. }) | SnapshotDone::Seeded(_),
+                                _,
+                            )) => Link::packages(link.ctx(), link.paths.id).await.ok(),
                             _ => None,
                         };
                         let result = result.map(|(done, n)| (done, join_notices(notice, n)));

@@ -12,7 +12,9 @@ use super::join_notices;
 use crate::error::Result;
 use crate::host;
 use crate::link::Link;
-use crate::snapshots::{slot, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
+use crate::snapshots::{
+    merge, slot, Carried, CarriedState, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp,
+};
 
 /// Said with a restore whose Python state did not survive.
 const PYTHON_LOST: &str = "The Python state saved in this snapshot is gone: a saved Python state lives as long as \
@@ -75,12 +77,49 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
             };
             Ok((SnapshotDone::Restored(restored), join_notices(notice, lost)))
         }
+        SnapshotOp::Export { fork, from } => {
+            host::check_free_disk(&ctx.settings)?;
+            let from = from.map(|s| store.find(id, s)).transpose()?;
+            let started = Instant::now();
+            let (python, notice) = match &from {
+                Some(s) if s.python != PythonState::Parked => (fresh(), None),
+                _ => {
+                    let parked = from.as_ref().map(|s| slot(s.snapshot_id));
+                    link.dump_python(&slot(fork), parked.as_deref()).await?
+                }
+            };
+            let dumped = started.elapsed();
+            let export = store.export(&link.paths, from.as_ref(), fork, python).await?;
+            info!(
+                sandbox = %id, %fork, python_ms = dumped.as_millis() as u64,
+                files_ms = (started.elapsed() - dumped).as_millis() as u64,
+                python = ?export.python.python, files = export.files, bytes = export.bytes, "fork exported"
+            );
+            Ok((SnapshotDone::Exported(export), notice))
+        }
+        SnapshotOp::Seed { export } => {
+            let placed = store.seed(&link.paths, &export).await?;
+            if !placed {
+                return Ok((SnapshotDone::Seeded(export.python.clone()), None));
+            }
+            let (read, notice) = link.load_python(&slot(export.fork)).await?;
+            Ok((SnapshotDone::Seeded(merge(&export.python, read)), notice))
+        }
         SnapshotOp::Delete { snapshot } => {
             let info = store.find(id, snapshot)?;
             forget(link, snapshot, info.python).await;
             store.remove(id, snapshot).await?;
             Ok((SnapshotDone::Deleted, None))
         }
+    }
+}
+
+/// The Python state of a fork of a sandbox (or snapshot) where no Python ran.
+fn fresh() -> Carried {
+    Carried {
+        python: CarriedState::Fresh,
+        names: 0,
+        skipped: vec![],
     }
 }
 

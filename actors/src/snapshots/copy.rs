@@ -487,6 +487,64 @@ fn modified(st: &libc::stat) -> Option<SystemTime> {
     Some(SystemTime::UNIX_EPOCH + Duration::new(secs, st.st_mtime_nsec as u32))
 }
 
+/// Moves the regular file `rel` beneath the folder `root` (the sandbox's)
+/// to the new file `dst` (the server's): read through a descriptor of the
+/// inode that was checked, at most `max` bytes, then unlinked from the
+/// sandbox. A link or anything else than a file on the way fails it.
+pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Result<u64, CopyError> {
+    let (name, folders) = rel.split_last().expect("a file's name");
+    let parent = open_folder(root, folders)?;
+    let found = Found::open(&parent, OsStr::new(name))?;
+    if found.kind() != EntryKind::File {
+        return Err(io::Error::other(format!("{name} is not a regular file")).into());
+    }
+    let mut src = File::from(found.reopen(libc::O_RDONLY)?).take(max + 1);
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dst)?;
+    let copied = io::copy(&mut src, &mut out)?;
+    if copied > max {
+        drop(out);
+        let _ = fs::remove_file(dst);
+        return Err(CopyError::TooLarge { bytes: max, files: 1 });
+    }
+    nofollow::remove_at(&parent, OsStr::new(name), 0)?;
+    Ok(copied)
+}
+
+/// Copies the server's file `src` to the new file `rel` beneath the folder
+/// `root` (a sandbox's), making the folders on the way; what it makes is
+/// given to `owner`. A link on the way, or anything already at `rel`, fails it.
+pub(crate) fn place_file(src: &Path, root: &Path, rel: &[&str], owner: u32) -> Result<(), CopyError> {
+    let (name, folders) = rel.split_last().expect("a file's name");
+    let mut dir: OwnedFd = File::open(root)?.into();
+    for folder in folders {
+        let folder = OsStr::new(folder);
+        match nofollow::mkdir_at(&dir, folder, 0o700) {
+            Ok(()) => nofollow::chown_at(&dir, folder, owner)?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e.into()),
+        }
+        dir = nofollow::openat(&dir, folder, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    }
+    let out = File::from(nofollow::create_file(&dir, OsStr::new(name), 0o600)?);
+    std::os::unix::fs::fchown(&out, Some(owner), Some(owner))?;
+    io::copy(&mut File::open(src)?, &mut &out)?;
+    Ok(())
+}
+
+/// The folder `rel` beneath `root`, each name looked up without following links.
+fn open_folder(root: &Path, rel: &[&str]) -> Result<OwnedFd, CopyError> {
+    let found = nofollow::walk(File::open(root)?.into(), rel)
+        .map_err(|stopped| io::Error::other(format!("{}: {:?}", rel[..stopped.at].join("/"), stopped.why)))?;
+    if found.kind() != EntryKind::Folder {
+        return Err(io::Error::other(format!("{} is not a folder", rel.join("/"))).into());
+    }
+    Ok(found.reopen(libc::O_RDONLY | libc::O_DIRECTORY)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@
 //! ([`crate::sandbox`]); this module holds the host side and its bounds.
 
 mod copy;
+mod fork;
 
 use std::collections::HashSet;
 use std::io;
@@ -30,11 +31,13 @@ use time::OffsetDateTime;
 use tracing::warn;
 use uuid::Uuid;
 
-pub use crate::agent::PythonState;
+pub use crate::agent::{Carried, CarriedState, PythonState};
 use crate::config::Settings;
 use crate::runtime::{SandboxPaths, SANDBOX_UID};
 pub use copy::CopyError;
 use copy::{Budget, Saved};
+pub(crate) use fork::merge;
+pub use fork::Export;
 
 /// How long copying a snapshot's files (either way) may take.
 const COPY_DEADLINE: Duration = Duration::from_secs(300);
@@ -152,9 +155,24 @@ pub struct SnapshotTotals {
 /// The snapshot work a sandbox actor queues.
 #[derive(Debug)]
 pub enum SnapshotOp {
-    Take { label: Option<String> },
-    Restore { snapshot: Uuid },
-    Delete { snapshot: Uuid },
+    Take {
+        label: Option<String>,
+    },
+    Restore {
+        snapshot: Uuid,
+    },
+    Delete {
+        snapshot: Uuid,
+    },
+    /// Copies what fork `fork` carries: the sandbox as it is, or snapshot `from`.
+    Export {
+        fork: Uuid,
+        from: Option<Uuid>,
+    },
+    /// Makes a new sandbox (a fork) hold what `export` carries.
+    Seed {
+        export: Arc<Export>,
+    },
 }
 
 impl std::fmt::Display for SnapshotOp {
@@ -165,6 +183,11 @@ impl std::fmt::Display for SnapshotOp {
             SnapshotOp::Take { label: None } => write!(f, "snapshot"),
             SnapshotOp::Restore { snapshot } => write!(f, "restore {snapshot}"),
             SnapshotOp::Delete { snapshot } => write!(f, "delete snapshot {snapshot}"),
+            SnapshotOp::Export {
+                from: Some(snapshot), ..
+            } => write!(f, "fork from snapshot {snapshot}"),
+            SnapshotOp::Export { from: None, .. } => write!(f, "fork"),
+            SnapshotOp::Seed { export } => write!(f, "seeded by fork {}", export.fork),
         }
     }
 }
@@ -175,6 +198,9 @@ pub enum SnapshotDone {
     Taken(SnapshotInfo),
     Restored(Restored),
     Deleted,
+    Exported(Export),
+    /// How much of the Python namespace the new sandbox holds.
+    Seeded(Carried),
 }
 
 #[derive(Debug, thiserror::Error)]

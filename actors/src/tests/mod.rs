@@ -4,6 +4,7 @@
 //! real engine are in `actors/tests/`.
 
 mod actor;
+mod fork;
 mod link;
 mod pool;
 mod registry;

@@ -1,0 +1,152 @@
+//! Forks on the fake runtime: what the new sandboxes start with, from a
+//! live sandbox and from a snapshot, the bounds, tenancy and cleanup.
+
+use std::fs;
+
+use uuid::Uuid;
+
+use super::{until, Server, OWNER};
+use crate::snapshots::CarriedState;
+use crate::{Forked, Quota, SandboxError};
+
+const FOR_ALL: Quota = Quota::UNLIMITED;
+
+async fn fork(s: &Server, id: Uuid, count: usize, from: Option<Uuid>) -> crate::Result<Forked> {
+    s.sb().fork(OWNER, id, count, from, FOR_ALL, Default::default()).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn forks_start_with_the_variables_and_files_then_go_their_own_way() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let results = |id: Uuid| s.settings.results_dir.join(id.to_string());
+    s.run(id, "set x 1").await.unwrap();
+    fs::write(results(id).join("data.csv"), "a,b\n1,2\n").unwrap();
+
+    let forked = fork(&s, id, 2, None).await.unwrap();
+    assert_eq!(forked.forks.len(), 2);
+    let ids: Vec<Uuid> = forked.forks.iter().map(|f| f.info.sandbox_id).collect();
+    assert_ne!(ids[0], ids[1]);
+    for f in &forked.forks {
+        assert_eq!(f.python.python, CarriedState::Carried, "{f:?}");
+        assert_eq!(f.info.owner, OWNER);
+        assert!(f.info.name.ends_with(&format!(
+            "fork {}",
+            1 + ids.iter().position(|i| *i == f.info.sandbox_id).unwrap()
+        )));
+        let fork = f.info.sandbox_id;
+        assert_eq!(s.stdout(fork, "get x").await.trim(), "1");
+        assert_eq!(
+            fs::read_to_string(results(fork).join("data.csv")).unwrap(),
+            "a,b\n1,2\n"
+        );
+        assert!(
+            !results(fork)
+                .join(".mcp-sandbox/fork")
+                .read_dir()
+                .unwrap()
+                .any(|_| true),
+            "the namespace's file is gone once read"
+        );
+    }
+    // Each goes its own way; the source is untouched.
+    s.run(ids[0], "set x 2").await.unwrap();
+    assert_eq!(s.stdout(ids[1], "get x").await.trim(), "1");
+    assert_eq!(s.stdout(id, "get x").await.trim(), "1");
+    assert!(
+        !results(id).join(".mcp-sandbox/fork").read_dir().unwrap().any(|_| true),
+        "nothing of the fork is left in the source"
+    );
+    let forks = s.settings.state_dir.join("forks");
+    until("the export is removed", || {
+        forks.read_dir().map_or(true, |mut d| d.next().is_none())
+    })
+    .await;
+    assert_eq!(s.sb().list(OWNER).await.len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_from_a_snapshot_starts_where_the_snapshot_was() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let results = |id: Uuid| s.settings.results_dir.join(id.to_string());
+    s.run(id, "set x 1").await.unwrap();
+    fs::write(results(id).join("kept.txt"), "kept").unwrap();
+    let (snap, _) = s.sb().snapshot(OWNER, id, None).await.unwrap();
+    s.run(id, "set x 2").await.unwrap();
+    fs::write(results(id).join("later.txt"), "later").unwrap();
+
+    let forked = fork(&s, id, 1, Some(snap.snapshot_id)).await.unwrap();
+    let fork = forked.forks[0].info.sandbox_id;
+    assert_eq!(forked.forks[0].python.python, CarriedState::Carried);
+    assert_eq!(s.stdout(fork, "get x").await.trim(), "1");
+    assert!(results(fork).join("kept.txt").exists());
+    assert!(!results(fork).join("later.txt").exists());
+    assert_eq!(s.stdout(id, "get x").await.trim(), "2", "the source is untouched");
+
+    let err = fork_err(&s, id, 1, Some(Uuid::new_v4())).await;
+    assert!(err.to_string().contains("not found"), "{err}");
+}
+
+async fn fork_err(s: &Server, id: Uuid, count: usize, from: Option<Uuid>) -> SandboxError {
+    fork(s, id, count, from).await.map(drop).unwrap_err()
+}
+
+#[tokio::test(start_paused = true)]
+async fn forks_count_against_the_quota_all_or_none() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let quota = Quota {
+        per_owner: 3,
+        total: 100,
+    };
+    let err = s
+        .sb()
+        .fork(OWNER, id, 3, None, quota, Default::default())
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(err, SandboxError::Quota(_)), "{err}");
+    assert!(err.to_string().contains("a fork of 3 needs room for 3"), "{err}");
+    assert_eq!(s.sb().list(OWNER).await.len(), 1, "no fork was made");
+    s.sb()
+        .fork(OWNER, id, 2, None, quota, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(s.sb().list(OWNER).await.len(), 3);
+
+    for count in [0, crate::MAX_FORKS + 1] {
+        let err = fork_err(&s, id, count, None).await;
+        assert!(matches!(err, SandboxError::InvalidArgument(_)), "{err}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_tenant_cannot_fork_a_sandbox_or_its_snapshots() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let (snap, _) = s.sb().snapshot(OWNER, id, None).await.unwrap();
+    for from in [None, Some(snap.snapshot_id)] {
+        let err = s
+            .sb()
+            .fork("someone-else", id, 1, from, FOR_ALL, Default::default())
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert!(matches!(err, SandboxError::NotFound(_)), "{err}");
+    }
+    assert!(s.sb().list("someone-else").await.is_empty());
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_that_fails_midway_leaves_no_sandbox() {
+    let s = Server::with(|c| c.pool.min = 0).await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    s.fake.fail_creates(1);
+    let err = fork_err(&s, id, 3, None).await;
+    assert!(err.to_string().contains("refused"), "{err}");
+    until("the forks made are removed", || s.fake.containers().len() == 1).await;
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+}
