@@ -17,28 +17,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::mcp::{McpClient, Server};
 use common::{arg, header, row, Series};
 use serde_json::{json, Value};
-
-async fn call(c: &McpClient, tool: &str, args: Value) -> (Value, Duration) {
-    let t = Instant::now();
-    let v = c.tool(tool, args).await.unwrap_or_else(|e| panic!("{tool}: {e}"));
-    (v, t.elapsed())
-}
-
-async fn py(c: &McpClient, sid: &str, code: &str) -> Value {
-    let (v, _) = call(
-        c,
-        "execute_python_code",
-        json!({"sandbox_id": sid, "code": code, "timeout_seconds": 300}),
-    )
-    .await;
-    assert_eq!(v["exit_code"], 0, "{code}: {v}");
-    v
-}
 
 async fn memory_mb(http: &reqwest::Client, base: &str, sid: &str) -> f64 {
     let v: Value = http
@@ -85,23 +68,15 @@ async fn main() {
     let mut series = vec![];
     let mut costs = vec![];
     for &size in &sizes {
-        let (created, _) = call(&c, "create_sandbox", json!({"name": format!("snap-{size}")})).await;
+        let (created, _) = c.timed("create_sandbox", json!({"name": format!("snap-{size}")})).await;
         let sid = created["sandbox_id"].as_str().unwrap().to_string();
-        let numpy_args = json!({"sandbox_id": sid, "package_name": "numpy"});
-        let (mut installed, _) = call(&c, "install_package_in_sandbox", numpy_args.clone()).await;
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while installed["status"] == "installing" && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            installed = call(&c, "check_package_installation_status", numpy_args.clone())
-                .await
-                .0;
-        }
-        let numpy = py(
-            &c,
-            &sid,
-            "try:\n import numpy\n print('yes')\nexcept ImportError:\n print('no')",
-        )
-        .await["stdout"]
+        let installed = c.install(&sid, "numpy").await;
+        let numpy = c
+            .py(
+                &sid,
+                "try:\n import numpy\n print('yes')\nexcept ImportError:\n print('no')",
+            )
+            .await["stdout"]
             == "yes\n";
         let fill = if numpy {
             format!(
@@ -116,17 +91,17 @@ async fn main() {
             "{size} MB namespace of {kind} arrays (numpy install: {})",
             installed["status"]
         );
-        py(&c, &sid, &fill).await;
-        py(
-            &c,
-            &sid,
+        c.py(&sid, &fill).await;
+        c.py(&sid,
             &format!(
                 "import os\nos.makedirs('data', exist_ok=True)\nfor i in range({files_mb}):\n    open(f'data/{{i}}.bin', 'wb').write(os.urandom(1 << 20))"
             ),
         )
         .await;
         let before = memory_mb(&http, &server.base, &sid).await;
-        let (first, first_t) = call(&c, "snapshot_sandbox", json!({"sandbox_id": sid, "label": "first"})).await;
+        let (first, first_t) = c
+            .timed("snapshot_sandbox", json!({"sandbox_id": sid, "label": "first"}))
+            .await;
         // The first copy's writeback (and the last sandbox's removal) is
         // flushed before the timed rounds, so they measure snapshots alone.
         let _ = std::process::Command::new("sync").status();
@@ -134,13 +109,12 @@ async fn main() {
         let mut disk = vec![];
         let mut kept: Vec<String> = vec![first["snapshot_id"].as_str().unwrap().into()];
         for round in 0..n {
-            py(
-                &c,
+            c.py(
                 &sid,
                 &format!("state[0][0] = {round}\nopen('data/changed.bin', 'wb').write(os.urandom(1 << 20))"),
             )
             .await;
-            let (snap, t) = call(&c, "snapshot_sandbox", json!({"sandbox_id": sid})).await;
+            let (snap, t) = c.timed("snapshot_sandbox", json!({"sandbox_id": sid})).await;
             snaps.push(t);
             disk.push(snap["disk_bytes"].as_u64().unwrap_or(0));
             let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
@@ -149,35 +123,29 @@ async fn main() {
             } else {
                 "for a in state: a[:] = bytes(len(a))"
             };
-            py(
-                &c,
+            c.py(
                 &sid,
                 &format!("{mangle}\nimport glob\nfor p in glob.glob('data/*.bin')[:-5]: os.remove(p)"),
             )
             .await;
-            let (restored, t) = call(
-                &c,
-                "restore_snapshot",
-                json!({"sandbox_id": sid, "snapshot_id": snap_id}),
-            )
-            .await;
+            let (restored, t) = c
+                .timed("restore_snapshot", json!({"sandbox_id": sid, "snapshot_id": snap_id}))
+                .await;
             assert_eq!(restored["python"], "restored", "{restored}");
             restores.push(t);
-            let check = py(
-                &c,
-                &sid,
-                &format!("print(state[0][0] == {round}, len(os.listdir('data')))"),
-            )
-            .await;
+            let check = c
+                .py(&sid, &format!("print(state[0][0] == {round}, len(os.listdir('data')))"))
+                .await;
             assert_eq!(check["stdout"], format!("True {}\n", files_mb + 1), "round {round}");
             kept.push(snap_id);
             if kept.len() >= 3 {
                 let old = kept.remove(1);
-                call(&c, "delete_snapshot", json!({"sandbox_id": sid, "snapshot_id": old})).await;
+                c.timed("delete_snapshot", json!({"sandbox_id": sid, "snapshot_id": old}))
+                    .await;
             }
-            let (_, t) = call(&c, "reset_python", json!({"sandbox_id": sid})).await;
+            let (_, t) = c.timed("reset_python", json!({"sandbox_id": sid})).await;
             resets.push(t);
-            py(&c, &sid, &format!("import os\n{fill}")).await;
+            c.py(&sid, &format!("import os\n{fill}")).await;
         }
         let after = memory_mb(&http, &server.base, &sid).await;
         series.push(Series::new(
@@ -194,7 +162,7 @@ async fn main() {
             disk[disk.len() / 2] as f64 / f64::from(1 << 20),
             first["files"].as_u64().unwrap_or(0) as f64,
         ));
-        call(&c, "delete_sandbox", json!({"sandbox_id": sid})).await;
+        c.timed("delete_sandbox", json!({"sandbox_id": sid})).await;
     }
     println!();
     header();

@@ -316,6 +316,17 @@ def pickler():
             pass
 
 
+def clear_forks():
+    """Removes fork files left behind (by a server or agent that stopped
+    mid-fork): each holds a whole namespace, on the sandbox's disk. Not at
+    the agent's start: a new fork's file may be placed before it starts."""
+    try:
+        for name in os.listdir(FORKS):
+            os.unlink(os.path.join(FORKS, name))
+    except OSError:
+        pass
+
+
 def carried_names(namespace):
     """The names a fork carries: all but the interpreter's own (dunders)."""
     return [n for n in namespace if not (n.startswith("__") and n.endswith("__"))]
@@ -742,6 +753,8 @@ class Job:
         self.proc = None
         # The worker an exec, dump or load runs in.
         self.worker = None
+        # The fork file of a dump or load.
+        self.carry_path = None
         self.out = os.path.join(SPOOL, f"{seq}.out")
         self.err = os.path.join(SPOOL, f"{seq}.err")
         self.sent = [0, 0]
@@ -930,32 +943,53 @@ class Agent:
         return "fresh"
 
     def start_carry(self, req, conn):
-        """Starts a dump or load of the namespace as a job of the worker (a
-        dump from a snapshot: of a worker resumed from its parked copy, for
-        the time of the dump). Answers at once, without a job, when there is
+        """Starts a dump or load of the namespace as a job. A dump runs in a
+        worker of its own, resumed from a parked copy (the snapshot's, or
+        one made for it now), so that a dump that has to be killed never
+        takes the sandbox's worker with it; a load runs in the sandbox's
+        worker (a new fork's). Answers at once, without a job, when there is
         nothing to carry."""
         path = os.path.join(FORKS, req["slot"] + ".pickle")
         worker = self.worker
         if req["op"] == "dump":
+            clear_forks()
             os.makedirs(FORKS, mode=0o700, exist_ok=True)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            worker = Worker()
             if req.get("from") is not None:
-                worker = Worker()
-                if worker.resume(os.path.join(PARKED, req["from"] + ".sock")) != "restored":
-                    worker.close()
-                    return {"python": "lost", "names": 0, "skipped": []}
-            elif not worker.alive():
+                resumed = worker.resume(os.path.join(PARKED, req["from"] + ".sock"))
+            elif not self.worker.alive():
                 return {"python": "fresh", "names": 0, "skipped": []}
+            else:
+                # A copy parked for the time of the resume: the one it forks
+                # lives on, reparented, after the copy is ended.
+                os.makedirs(PARKED, mode=0o700, exist_ok=True)
+                parked = os.path.join(PARKED, req["slot"] + ".sock")
+                try:
+                    self.worker.park(parked)
+                    resumed = worker.resume(parked)
+                finally:
+                    unpark(parked)
+            if resumed != "restored":
+                worker.close()
+                why = "the snapshot's saved Python state is gone (the sandbox was restarted since)"
+                return {"python": "lost", "names": 0, "skipped": [["*", why]]}
         else:
             worker.ensure()
         self.seq += 1
         job = Job(req, conn, self.seq)
         job.worker = worker
-        self.sel.register(worker.replies, selectors.EVENT_READ, "worker")
-        worker.requests.write((json.dumps({req["op"]: path}) + "\n").encode())
+        job.carry_path = path
+        try:
+            self.sel.register(worker.replies, selectors.EVENT_READ, "worker")
+            worker.requests.write((json.dumps({req["op"]: path}) + "\n").encode())
+        except BaseException:
+            try:
+                self.sel.unregister(worker.replies)
+            except (KeyError, ValueError):
+                pass
+            if worker is not self.worker:
+                worker.close()
+            raise
         self.job = job
         return None
 
@@ -1049,9 +1083,9 @@ class Agent:
 
     def finish_carry(self, job, reply):
         """Ends a dump or load: `reply` is the worker's, None when it died.
-        A worker resumed for a dump goes; the sandbox's own worker goes only
-        if it died (its namespace is gone then). A dump or load that failed
-        answers "lost", with why, as the name "*"."""
+        A dump's own worker goes; the sandbox's worker (a load's) goes only
+        if it died. A dump or load that failed answers "lost", with why, as
+        the name "*", and its file is removed."""
         try:
             self.sel.unregister(job.worker.replies)
         except (KeyError, ValueError):
@@ -1059,18 +1093,27 @@ class Agent:
         if job.worker is not self.worker or reply is None:
             job.worker.close()
         self.job = None
-        if reply is None or "answer" not in reply:
+        answer = reply.get("answer") if reply is not None else None
+        if not isinstance(answer, dict):
+            # What a failed or killed dump or load leaves is of no use.
+            try:
+                os.unlink(job.carry_path)
+            except OSError:
+                pass
             if job.timed_out:
                 why = f"timed out after {job.timeout:g} s"
             elif reply is None:
-                why = "the Python worker died" + ("; variables and imports were lost" if job.worker is self.worker else "")
+                why = "the Python worker died"
             else:
                 why = str(reply.get("error"))[:MAX_REASON]
             # Not an error of the protocol: the fork goes on without the state.
             lost = {"python": "lost", "names": 0, "skipped": [["*", f"could not {job.kind} the namespace: {why}"]]}
             self.send(job.conn, {"id": job.id, "type": "result", **lost})
             return
-        self.send(job.conn, {"id": job.id, "type": "result", **reply["answer"]})
+        # The worker ran the sandbox's code (a __reduce__) while it answered:
+        # only the fields of an answer go back, under the job's own id.
+        fields = {k: answer.get(k) for k in ("python", "names", "skipped")}
+        self.send(job.conn, {**fields, "id": job.id, "type": "result"})
 
     def finish(self, job, exit_code):
         if job.kind in ("dump", "load"):

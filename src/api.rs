@@ -80,16 +80,16 @@ impl IntoResponse for ApiError {
                 SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
                 SnapshotError::TooMany(_) => StatusCode::CONFLICT,
                 SnapshotError::Disabled => StatusCode::FORBIDDEN,
-                SnapshotError::Save(CopyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
-                SnapshotError::Save(CopyError::TooDeep) | SnapshotError::Restore(CopyError::TooDeep) => {
-                    StatusCode::UNPROCESSABLE_ENTITY
-                }
-                SnapshotError::Save(CopyError::Stopped) | SnapshotError::Restore(CopyError::Stopped) => {
-                    StatusCode::GATEWAY_TIMEOUT
-                }
-                SnapshotError::Save(_) | SnapshotError::Restore(_) | SnapshotError::Store(_) => {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                }
+                SnapshotError::Save(copy)
+                | SnapshotError::Restore(copy)
+                | SnapshotError::Export(copy)
+                | SnapshotError::Seed(copy) => match copy {
+                    CopyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                    CopyError::TooDeep => StatusCode::UNPROCESSABLE_ENTITY,
+                    CopyError::Stopped => StatusCode::GATEWAY_TIMEOUT,
+                    CopyError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                },
+                SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
             SandboxError::Disk(_) | SandboxError::Store(_) | SandboxError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR

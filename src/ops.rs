@@ -455,7 +455,7 @@ impl Ops {
             let started = std::time::Instant::now();
             let forked = self
                 .sandboxes
-                .fork(caller.scope(), id, count, from, quota, self.create_options(caller))
+                .fork(owner, id, count, from, quota, self.create_options(caller))
                 .await?;
             Ok(ForkResult::new(id, from, forked, started.elapsed()))
         })

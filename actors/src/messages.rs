@@ -95,6 +95,8 @@ pub struct Finished {
     pub(crate) packages: Option<Vec<Package>>,
     /// The sandbox's snapshots, counted again after a snapshot job.
     pub(crate) snapshots: Option<SnapshotTotals>,
+    /// A fork's seeding ended well: its record loses its mark.
+    pub(crate) seeded: bool,
 }
 
 impl Finished {
@@ -114,6 +116,7 @@ impl Finished {
             still_stopped: false,
             packages: None,
             snapshots: None,
+            seeded: false,
         }
     }
 }

@@ -81,6 +81,11 @@ pub struct SandboxRecord {
     /// per-sandbox policies: the server's policy applies).
     #[serde(default)]
     pub egress: Option<EgressPolicy>,
+    /// A fork not yet seeded from its source (the fork's id): a server that
+    /// stopped meanwhile removes it at its next start, as the fork it was
+    /// made for never answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeding: Option<Uuid>,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -169,6 +174,30 @@ impl RecordStore {
             let range = installs_of(id);
             txn.open_table(INSTALLS)?
                 .retain_in::<&str, _>(range.start.as_str()..range.end.as_str(), |_, _| false)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Marks forks seeded (read and written in one commit, so nothing
+    /// written meanwhile, a deletion say, is undone).
+    pub async fn mark_seeded(&self, ids: Vec<Uuid>) -> Result<()> {
+        let db = self.db.clone();
+        blocking(move || {
+            let txn = db.begin_write()?;
+            let mut table = txn.open_table(SANDBOXES)?;
+            for id in ids {
+                let key = id.to_string();
+                let record = table
+                    .get(key.as_str())?
+                    .map(|v| serde_json::from_slice::<SandboxRecord>(v.value()));
+                if let Some(Ok(mut record)) = record {
+                    record.seeding = None;
+                    table.insert(key.as_str(), to_json(&record)?.as_slice())?;
+                }
+            }
+            drop(table);
             txn.commit()?;
             Ok(())
         })
@@ -295,6 +324,7 @@ mod tests {
             packages: vec![],
             deleting: false,
             egress: None,
+            seeding: None,
         }
     }
 

@@ -82,17 +82,18 @@ impl Quota {
 
 type Pending = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
 
-/// A place held for a sandbox being created.
+/// Places held for sandboxes being created.
 struct Reservation {
     pending: Pending,
     owner: String,
+    places: usize,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut pending = self.pending.lock().expect("pending lock");
         if let Some(n) = pending.get_mut(&self.owner) {
-            *n -= 1;
+            *n -= self.places;
             if *n == 0 {
                 pending.remove(&self.owner);
             }
@@ -208,8 +209,11 @@ impl Sandboxes {
         // with a removal the previous server began, say) never stops the
         // start: it is logged, and a deleted sandbox's actor retries.
         for mut record in self.ctx.store.all().await? {
-            if record.deleting || record.expires_at.is_some_and(|t| t <= now) {
-                info!(sandbox = %record.id, deleting = record.deleting, "removing a deleted or expired sandbox");
+            if record.deleting || record.seeding.is_some() || record.expires_at.is_some_and(|t| t <= now) {
+                info!(
+                    sandbox = %record.id, deleting = record.deleting, unfinished_fork = ?record.seeding,
+                    "removing a deleted or expired sandbox, or a fork that never answered"
+                );
                 match remove_everything(&self.ctx, &record).await {
                     Ok(()) => continue,
                     Err(e) => {
@@ -415,28 +419,35 @@ impl Sandboxes {
     }
 
     /// Counts `owner`'s sandboxes (and those being created) against `quota`
-    /// and holds a place until the returned guard is dropped, so concurrent
-    /// creations cannot exceed it.
-    fn reserve(&self, owner: &str, quota: Quota) -> Result<Reservation> {
+    /// and holds `places` more until the returned guard is dropped, so
+    /// concurrent creations cannot exceed it.
+    fn reserve(&self, owner: &str, quota: Quota, places: usize) -> Result<Reservation> {
         let mut pending = self.pending.lock().expect("pending lock");
         let registry = self.registry.read().expect("registry lock");
         let mine = registry.values().filter(|e| e.owner == owner).count() + pending.get(owner).copied().unwrap_or(0);
         let total = registry.len() + pending.values().sum::<usize>();
-        if mine >= quota.per_owner {
-            return Err(SandboxError::Quota(format!(
-                "you already have {mine} sandboxes, the most allowed: reuse one (list_sandboxes) or delete one with delete_sandbox, then create again"
-            )));
+        if mine + places > quota.per_owner {
+            let most = quota.per_owner;
+            return Err(SandboxError::Quota(match places {
+                1 => format!(
+                    "you already have {mine} sandboxes, the most allowed: reuse one (list_sandboxes) or delete one with delete_sandbox, then create again"
+                ),
+                _ => format!(
+                    "you have {mine} sandboxes and may have {most}, so {places} more do not fit: make fewer, or delete some with delete_sandbox"
+                ),
+            }));
         }
-        if total >= quota.total {
+        if total + places > quota.total {
             return Err(SandboxError::Quota(format!(
                 "the server holds its maximum of {} sandboxes; try again later",
                 quota.total
             )));
         }
-        *pending.entry(owner.to_string()).or_default() += 1;
+        *pending.entry(owner.to_string()).or_default() += places;
         Ok(Reservation {
             pending: self.pending.clone(),
             owner: owner.to_string(),
+            places,
         })
     }
 
@@ -458,6 +469,7 @@ impl Sandboxes {
             name,
             egress,
             lifetime,
+            seeding: None,
         }
     }
 
@@ -483,7 +495,7 @@ impl Sandboxes {
             None => format!("Sandbox {}", self.count(owner) + 1),
         };
         host::check_free_disk(&self.ctx.settings)?;
-        let reservation = self.reserve(owner, quota)?;
+        let reservation = self.reserve(owner, quota, 1)?;
         let egress = options.egress.unwrap_or(self.ctx.egress.default_policy());
         let creation = self.creation(owner, name, egress, options.lifetime);
         let (mut tx, rx) = tokio::sync::oneshot::channel();
@@ -866,6 +878,8 @@ struct Creation {
     egress: EgressPolicy,
     /// The sandbox is deleted this long after creation.
     lifetime: Option<Duration>,
+    /// The fork it is made for, which still has to seed it.
+    seeding: Option<Uuid>,
 }
 
 impl Creation {
@@ -906,6 +920,7 @@ impl Creation {
             packages: vec![],
             deleting: false,
             egress: Some(egress),
+            seeding: self.seeding,
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             let _ = remove_everything(&self.ctx, &record).await;

@@ -261,6 +261,34 @@ impl McpClient {
             .ok_or_else(|| format!("create_sandbox answered {created}"))
     }
 
+    /// Calls a tool that must work, and times it.
+    pub async fn timed(&self, name: &str, args: Value) -> (Value, Duration) {
+        let t = std::time::Instant::now();
+        let v = self.tool(name, args).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        (v, t.elapsed())
+    }
+
+    /// Runs Python code that must exit 0 (timeout 300 s); its result.
+    pub async fn py(&self, sid: &str, code: &str) -> Value {
+        let args = json!({"sandbox_id": sid, "code": code, "timeout_seconds": 300});
+        let (v, _) = self.timed("execute_python_code", args).await;
+        assert_eq!(v["exit_code"], 0, "{code}: {v}");
+        v
+    }
+
+    /// Installs a package and waits (up to 300 s) for the install to end;
+    /// its last status.
+    pub async fn install(&self, sid: &str, package: &str) -> Value {
+        let args = json!({"sandbox_id": sid, "package_name": package});
+        let (mut status, _) = self.timed("install_package_in_sandbox", args.clone()).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        while status["status"] == "installing" && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            status = self.timed("check_package_installation_status", args.clone()).await.0;
+        }
+        status
+    }
+
     /// Calls a tool; the whole result (`content` and `structuredContent`).
     pub async fn try_call(&self, name: &str, args: Value) -> Result<Value, CallError> {
         let mut v = self

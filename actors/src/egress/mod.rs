@@ -127,7 +127,12 @@ impl Egress {
 
     /// The policy a sandbox is under (the server's for one not attached).
     pub fn policy(&self, id: Uuid) -> EgressPolicy {
-        self.get(id).map_or(self.default, |a| a.policy())
+        self.attached_policy(id).unwrap_or(self.default)
+    }
+
+    /// The policy of an attached sandbox; none for one not (or no longer) attached.
+    pub fn attached_policy(&self, id: Uuid) -> Option<EgressPolicy> {
+        self.get(id).map(|a| a.policy())
     }
 
     fn get(&self, id: Uuid) -> Option<Arc<Attached>> {

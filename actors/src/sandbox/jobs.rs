@@ -180,9 +180,11 @@ impl SandboxActor {
                         let result = result.map(|(done, n)| (done, join_notices(notice, n)));
                         let call = outcome_record(started, CallKind::Snapshot, &what, &result, "done");
                         let snapshots = Some(link.ctx().snapshots.totals(link.paths.id));
+                        let seeded = matches!(result, Ok((SnapshotDone::Seeded(_), _)));
                         let finished = Finished {
                             packages,
                             snapshots,
+                            seeded,
                             ..Finished::job(link, Some(call))
                         };
                         let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));

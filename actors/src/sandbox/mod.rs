@@ -466,7 +466,7 @@ impl SandboxActor {
         if state.deletion.is_some() {
             return Ok(());
         }
-        let mut packages_changed = false;
+        let mut record_changed = false;
         if let Some((install, packages)) = f.install {
             let counters = &state.ctx.counters;
             let ended = match install.status {
@@ -492,7 +492,7 @@ impl SandboxActor {
             state.ctx.store.put_install(state.record.id, install, vec![]).await?;
             if let Some(p) = packages {
                 state.record.packages = p;
-                packages_changed = true;
+                record_changed = true;
             }
         }
         if let Some(totals) = f.snapshots {
@@ -500,9 +500,13 @@ impl SandboxActor {
         }
         if let Some(p) = f.packages {
             state.record.packages = p;
-            packages_changed = true;
+            record_changed = true;
         }
-        if container_changed || packages_changed {
+        if f.seeded {
+            state.record.seeding = None;
+            record_changed = true;
+        }
+        if container_changed || record_changed {
             state.ctx.store.put(state.record.clone()).await?;
         }
         Ok(())

@@ -5,15 +5,17 @@
 //! The source's actor writes what the forks carry (its agent serialises
 //! the namespace, the host copies the folders: [`crate::snapshots`]), in
 //! turn with its other calls; the new sandboxes are then created as any
-//! other (quota, pool, the source's egress policy, never a wider one) and
-//! each actor seeds its sandbox from the copy, in turn with its calls.
-//! A fork is all or nothing: one that fails midway, or whose caller hung
-//! up, removes the sandboxes it made.
+//! other (quota, pool) under the source's egress policy, and each actor
+//! seeds its sandbox from the copy, in turn with its calls. A fork is all
+//! or nothing: one that fails midway, or whose caller hung up, removes the
+//! sandboxes it made, and so does the next start of a server that stopped
+//! midway (their records are marked until they are seeded).
 
 use std::sync::Arc;
 
 use futures_util::future::join_all;
 use ractor::ActorRef;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 use uuid::Uuid;
 
@@ -50,11 +52,13 @@ pub struct Forked {
 }
 
 impl Sandboxes {
-    /// Makes `count` new sandboxes from sandbox `id` as it is now, or from
-    /// its snapshot `from`, for the sandbox's owner within `quota`.
-    pub async fn fork<'a>(
+    /// Makes `count` new sandboxes for `owner` from its sandbox `id` as it
+    /// is now, or from its snapshot `from`, within `quota`. `options` are
+    /// those a creation by the caller would have: a fork runs under the
+    /// source's egress policy, and is refused if that is not the caller's.
+    pub async fn fork(
         &self,
-        scope: impl Into<Scope<'a>>,
+        owner: &str,
         id: Uuid,
         count: usize,
         from: Option<Uuid>,
@@ -66,19 +70,21 @@ impl Sandboxes {
                 "count is {count}; a fork makes 1 to {MAX_FORKS} sandboxes"
             )));
         }
-        let scope = scope.into();
+        // Only the owner's own sandboxes (an administrator's too): the
+        // forks count against the caller's quota and live by its lifetime.
+        let scope = Scope::from(owner);
         let source = self.actor(scope, id)?;
-        let SandboxInfo { owner, name, .. } = self.query(scope, id, SandboxMsg::Info).await?;
+        let SandboxInfo { name, .. } = self.query(scope, id, SandboxMsg::Info).await?;
+        let egress = self.ctx.egress.attached_policy(id).ok_or(SandboxError::NotFound(id))?;
+        let allowed = options.egress.unwrap_or(self.ctx.egress.default_policy());
+        if egress != allowed {
+            return Err(SandboxError::InvalidArgument(format!(
+                "this sandbox runs under the network policy {egress:?}, and your sandboxes now get {allowed:?}: \
+                 a fork would run its code under another policy. Create a new sandbox instead."
+            )));
+        }
         host::check_free_disk(&self.ctx.settings)?;
-        let reservations = (0..count)
-            .map(|_| self.reserve(&owner, quota))
-            .collect::<Result<Vec<_>>>()
-            .map_err(|e| match e {
-                SandboxError::Quota(why) => SandboxError::Quota(format!(
-                    "{why} (a fork of {count} needs room for {count} new sandboxes)"
-                )),
-                other => other,
-            })?;
+        let reservation = self.reserve(owner, quota, count)?;
         let fork = Uuid::new_v4();
         let op = SnapshotOp::Export { fork, from };
         let (export, notice) = match answer(
@@ -89,25 +95,40 @@ impl Sandboxes {
             (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
             (other, _) => return Err(unexpected(other)),
         };
-        // The forks get the source's egress policy: nothing the source
-        // wrote runs with more network than the source has.
-        let egress = self.ctx.egress.policy(id);
         let creations: Vec<Creation> = (1..=count)
             .map(|i| {
                 let name = format!("{} fork {i}", name.chars().take(MAX_NAME - 10).collect::<String>());
-                self.creation(&owner, name, egress, options.lifetime)
+                Creation {
+                    seeding: Some(fork),
+                    ..self.creation(owner, name, egress, options.lifetime)
+                }
             })
             .collect();
         let (files, packages) = (export.files, export.packages);
+        // Cancelled when this call is dropped (the caller hung up): claims
+        // still waiting for the pool give up, and no fork is seeded.
+        let gone = CancellationToken::new();
+        let _hung_up = gone.clone().drop_guard();
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let store = self.ctx.store.clone();
         tokio::spawn(async move {
-            let _reservations = reservations;
-            let made = make(&creations, export).await;
+            let _reservation = reservation;
+            let made = match make(&creations, export, &gone).await {
+                Ok(forks) => {
+                    let ids = forks.iter().map(|(f, _)| f.info.sandbox_id).collect();
+                    match store.mark_seeded(ids).await {
+                        Ok(()) => Ok(forks),
+                        Err(e) => {
+                            abandon(&creations, forks).await;
+                            Err(e)
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            };
             if let Err(Ok(forks)) = tx.send(made) {
                 info!(%fork, "the caller of a fork went away; removing the sandboxes it made");
-                for (f, actor) in forks {
-                    creations[0].abandon(f.info.sandbox_id, actor).await;
-                }
+                abandon(&creations, forks).await;
             }
         });
         let forks = rx
@@ -124,13 +145,22 @@ impl Sandboxes {
 }
 
 /// Creates the forks and seeds each from `export`, all at once; if any
-/// fails, removes those made and answers the first error.
-async fn make(creations: &[Creation], export: Arc<Export>) -> Result<Vec<(Fork, ActorRef<SandboxMsg>)>> {
+/// fails, or `gone` is cancelled, removes those made and answers the first error.
+async fn make(
+    creations: &[Creation],
+    export: Arc<Export>,
+    gone: &CancellationToken,
+) -> Result<Vec<(Fork, ActorRef<SandboxMsg>)>> {
     let made = join_all(creations.iter().map(|c| {
         let export = export.clone();
         async move {
-            let (info, actor) = c.run(std::future::pending()).await?;
-            let python = seed(&actor, info.sandbox_id, export).await;
+            let (info, actor) = c.run(gone.cancelled()).await?;
+            let python = match gone.is_cancelled() {
+                true => Err(SandboxError::Internal(
+                    "the caller went away before its fork was ready".into(),
+                )),
+                false => seed(&actor, info.sandbox_id, export).await,
+            };
             Ok::<_, SandboxError>((info, actor, python))
         }
     }))
@@ -152,11 +182,15 @@ async fn make(creations: &[Creation], export: Arc<Export>) -> Result<Vec<(Fork, 
     match failed {
         None => Ok(forks),
         Some(e) => {
-            for (fork, actor) in forks {
-                creations[0].abandon(fork.info.sandbox_id, actor).await;
-            }
+            abandon(creations, forks).await;
             Err(e)
         }
+    }
+}
+
+async fn abandon(creations: &[Creation], forks: Vec<(Fork, ActorRef<SandboxMsg>)>) {
+    for (fork, actor) in forks {
+        creations[0].abandon(fork.info.sandbox_id, actor).await;
     }
 }
 

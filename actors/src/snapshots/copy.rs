@@ -489,14 +489,28 @@ fn modified(st: &libc::stat) -> Option<SystemTime> {
 
 /// Moves the regular file `rel` beneath the folder `root` (the sandbox's)
 /// to the new file `dst` (the server's): read through a descriptor of the
-/// inode that was checked, at most `max` bytes, then unlinked from the
-/// sandbox. A link or anything else than a file on the way fails it.
+/// inode that was checked, at most `max` bytes. Whatever has that name is
+/// then unlinked from the sandbox, taken or not (a file left there would
+/// hold its disk). A link or anything else than a file on the way fails it.
 pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Result<u64, CopyError> {
     let (name, folders) = rel.split_last().expect("a file's name");
     let parent = open_folder(root, folders)?;
-    let found = Found::open(&parent, OsStr::new(name))?;
+    let name = OsStr::new(name);
+    let taken = copy_out(&parent, name, dst, max);
+    let removed = nofollow::remove_at(&parent, name, 0);
+    if taken.is_err() {
+        let _ = fs::remove_file(dst);
+    }
+    let copied = taken?;
+    removed?;
+    Ok(copied)
+}
+
+/// Copies the regular file `name` in `dir` to the new file `dst`, at most `max` bytes.
+fn copy_out(dir: &OwnedFd, name: &OsStr, dst: &Path, max: u64) -> Result<u64, CopyError> {
+    let found = Found::open(dir, name)?;
     if found.kind() != EntryKind::File {
-        return Err(io::Error::other(format!("{name} is not a regular file")).into());
+        return Err(io::Error::other(format!("{} is not a regular file", name.to_string_lossy())).into());
     }
     let mut src = File::from(found.reopen(libc::O_RDONLY)?).take(max + 1);
     let mut out = fs::OpenOptions::new()
@@ -504,14 +518,10 @@ pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Resu
         .create_new(true)
         .mode(0o600)
         .open(dst)?;
-    let copied = io::copy(&mut src, &mut out)?;
-    if copied > max {
-        drop(out);
-        let _ = fs::remove_file(dst);
-        return Err(CopyError::TooLarge { bytes: max, files: 1 });
+    match io::copy(&mut src, &mut out)? {
+        copied if copied > max => Err(CopyError::TooLarge { bytes: max, files: 1 }),
+        copied => Ok(copied),
     }
-    nofollow::remove_at(&parent, OsStr::new(name), 0)?;
-    Ok(copied)
 }
 
 /// Copies the server's file `src` to the new file `rel` beneath the folder
@@ -548,6 +558,7 @@ fn open_folder(root: &Path, rel: &[&str]) -> Result<OwnedFd, CopyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     /// Saves `live` as `tmp/name`, linking from `tmp/previous`.
     fn save_as(tmp: &Path, live: &Path, name: &str, previous: Option<&str>) -> Saved {
@@ -567,6 +578,91 @@ mod tests {
             bytes: 1 << 20,
             files: 100,
         }
+    }
+
+    const FORK_FILE: [&str; 3] = [".mcp-sandbox", "fork", "f.pickle"];
+
+    /// A sandbox folder, a host folder beside it that holds a host file at
+    /// `.mcp-sandbox/fork/f.pickle` (what a link would lead to), and the
+    /// server's folder.
+    fn fork_folders(tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let (sandbox, host, server) = (tmp.join("sandbox"), tmp.join("host"), tmp.join("server"));
+        fs::create_dir_all(host.join(".mcp-sandbox/fork")).unwrap();
+        fs::write(host.join(".mcp-sandbox/fork/f.pickle"), "host secret").unwrap();
+        fs::create_dir_all(&sandbox).unwrap();
+        fs::create_dir_all(&server).unwrap();
+        (sandbox, host, server)
+    }
+
+    #[test]
+    fn a_fork_file_is_taken_out_of_the_sandbox_and_placed_in_another() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (sandbox, _, server) = fork_folders(tmp.path());
+        fs::create_dir_all(sandbox.join(".mcp-sandbox/fork")).unwrap();
+        fs::write(sandbox.join(".mcp-sandbox/fork/f.pickle"), "namespace").unwrap();
+        assert_eq!(take_file(&sandbox, &FORK_FILE, &server.join("p"), 100).unwrap(), 9);
+        assert!(
+            !sandbox.join(".mcp-sandbox/fork/f.pickle").exists(),
+            "moved, not copied"
+        );
+        let other = tmp.path().join("other");
+        fs::create_dir(&other).unwrap();
+        place_file(&server.join("p"), &other, &FORK_FILE, 4242).unwrap();
+        let placed = other.join(".mcp-sandbox/fork/f.pickle");
+        assert_eq!(fs::read_to_string(&placed).unwrap(), "namespace");
+        assert_eq!(fs::metadata(&placed).unwrap().uid(), 4242);
+        assert_eq!(fs::metadata(other.join(".mcp-sandbox")).unwrap().uid(), 4242);
+        assert!(
+            place_file(&server.join("p"), &other, &FORK_FILE, 4242).is_err(),
+            "never over what is there"
+        );
+    }
+
+    #[test]
+    fn a_fork_file_too_large_is_refused_and_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (sandbox, _, server) = fork_folders(tmp.path());
+        fs::create_dir_all(sandbox.join(".mcp-sandbox/fork")).unwrap();
+        fs::write(sandbox.join(".mcp-sandbox/fork/f.pickle"), "0123456789").unwrap();
+        let err = take_file(&sandbox, &FORK_FILE, &server.join("p"), 5).unwrap_err();
+        assert!(matches!(err, CopyError::TooLarge { .. }), "{err}");
+        assert!(!server.join("p").exists());
+        assert!(
+            !sandbox.join(".mcp-sandbox/fork/f.pickle").exists(),
+            "its disk is freed"
+        );
+    }
+
+    #[test]
+    fn links_planted_on_a_fork_files_way_never_lead_to_the_host() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (sandbox, host, server) = fork_folders(tmp.path());
+        // The folder on the way is a link to the host.
+        std::os::unix::fs::symlink(host.join(".mcp-sandbox"), sandbox.join(".mcp-sandbox")).unwrap();
+        assert!(take_file(&sandbox, &FORK_FILE, &server.join("p"), 100).is_err());
+        assert!(place_file(&host.join(".mcp-sandbox/fork/f.pickle"), &sandbox, &FORK_FILE, 1).is_err());
+        // The file itself is a link to the host's file.
+        fs::remove_file(sandbox.join(".mcp-sandbox")).unwrap();
+        fs::create_dir_all(sandbox.join(".mcp-sandbox/fork")).unwrap();
+        std::os::unix::fs::symlink(
+            host.join(".mcp-sandbox/fork/f.pickle"),
+            sandbox.join(".mcp-sandbox/fork/f.pickle"),
+        )
+        .unwrap();
+        assert!(take_file(&sandbox, &FORK_FILE, &server.join("p"), 100).is_err());
+        assert!(!server.join("p").exists(), "nothing of the host was read");
+        let other = tmp.path().join("other");
+        fs::create_dir_all(other.join(".mcp-sandbox")).unwrap();
+        std::os::unix::fs::symlink(host.join(".mcp-sandbox/fork"), other.join(".mcp-sandbox/fork")).unwrap();
+        fs::write(server.join("q"), "namespace").unwrap();
+        assert!(place_file(&server.join("q"), &other, &["x", "f.pickle"], 1).is_ok());
+        assert!(place_file(&server.join("q"), &other, &FORK_FILE, 1).is_err());
+        assert_eq!(
+            fs::read_to_string(host.join(".mcp-sandbox/fork/f.pickle")).unwrap(),
+            "host secret",
+            "the host's file is untouched"
+        );
+        assert_eq!(fs::read_dir(host.join(".mcp-sandbox/fork")).unwrap().count(), 1);
     }
 
     fn tree(root: &Path) {

@@ -131,7 +131,7 @@ impl Snapshots {
                     store.budget(folder),
                     stop,
                 )
-                .map_err(SnapshotError::Save)?;
+                .map_err(SnapshotError::Export)?;
                 export.files += saved.files;
                 export.bytes += saved.bytes;
                 export.packages |= matches!(folder, Folder::Packages);
@@ -141,7 +141,7 @@ impl Snapshots {
         .await
         .map_err(|e| match e {
             Bounded::Failed(e) => e,
-            Bounded::Late => SnapshotError::Save(CopyError::Stopped),
+            Bounded::Late => SnapshotError::Export(CopyError::Stopped),
         })
     }
 
@@ -166,8 +166,8 @@ impl Snapshots {
         })
         .await
         .map_err(|e| match e {
-            Bounded::Failed(e) => SnapshotError::Restore(e),
-            Bounded::Late => SnapshotError::Restore(CopyError::Stopped),
+            Bounded::Failed(e) => SnapshotError::Seed(e),
+            Bounded::Late => SnapshotError::Seed(CopyError::Stopped),
         })
     }
 
@@ -180,10 +180,11 @@ impl Snapshots {
 }
 
 /// How much of a namespace reached a fork: what the source wrote, less what
-/// the fork could not read.
+/// the fork could not read (listed first: when the list is cut, why the
+/// fork has nothing is kept).
 pub(crate) fn merge(written: &Carried, read: Carried) -> Carried {
-    let mut skipped = written.skipped.clone();
-    skipped.extend(read.skipped);
+    let mut skipped = read.skipped;
+    skipped.extend(written.skipped.iter().cloned());
     skipped.truncate(Carried::MAX_SKIPPED);
     let python = match (written.python, read.python) {
         (_, CarriedState::Lost) => CarriedState::Lost,

@@ -107,7 +107,7 @@ async fn forks_count_against_the_quota_all_or_none() {
         .map(drop)
         .unwrap_err();
     assert!(matches!(err, SandboxError::Quota(_)), "{err}");
-    assert!(err.to_string().contains("a fork of 3 needs room for 3"), "{err}");
+    assert!(err.to_string().contains("may have 3, so 3 more do not fit"), "{err}");
     assert_eq!(s.sb().list(OWNER).await.len(), 1, "no fork was made");
     s.sb()
         .fork(OWNER, id, 2, None, quota, Default::default())
@@ -148,5 +148,66 @@ async fn a_fork_that_fails_midway_leaves_no_sandbox() {
     let err = fork_err(&s, id, 3, None).await;
     assert!(err.to_string().contains("refused"), "{err}");
     until("the forks made are removed", || s.fake.containers().len() == 1).await;
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_whose_caller_hangs_up_leaves_no_sandbox() {
+    let s = Server::with(|c| c.pool.min = 0).await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    s.fake.set_create_delay(std::time::Duration::from_secs(5));
+    let hung_up = tokio::time::timeout(std::time::Duration::from_secs(2), fork(&s, id, 3, None)).await;
+    assert!(hung_up.is_err(), "the caller gave up first");
+    until("the forks made are removed", || s.fake.containers().len() == 1).await;
+    super::pass(std::time::Duration::from_secs(30)).await;
+    assert_eq!(s.fake.containers().len(), 1);
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_never_seeded_is_removed_when_the_server_starts_again() {
+    let mut s = Server::start().await;
+    let id = s.create().await;
+    let forked = fork(&s, id, 1, None).await.unwrap();
+    let done = forked.forks[0].info.sandbox_id;
+    let unseeded = s.create().await;
+    // As a server killed mid-fork leaves it: a record still marked.
+    s.sandboxes.take().unwrap().shutdown().await;
+    let store = crate::records::RecordStore::open(&s.settings.state_dir.join("records.redb")).unwrap();
+    let mut record = store
+        .all()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == unseeded)
+        .unwrap();
+    record.seeding = Some(Uuid::new_v4());
+    store.put(record).await.unwrap();
+    drop(store);
+    s.sandboxes = Some(super::open(&s.settings, &s.fake).await.unwrap());
+    let mut left: Vec<Uuid> = s.sb().list(OWNER).await.into_iter().map(|i| i.sandbox_id).collect();
+    left.sort();
+    let mut expected = vec![id, done];
+    expected.sort();
+    assert_eq!(left, expected, "the seeded fork stays, the unseeded one goes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_never_runs_under_another_network_policy() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let other = crate::CreateOptions {
+        egress: Some(crate::EgressPolicy::Allowlist),
+        ..Default::default()
+    };
+    assert_ne!(s.settings.sandbox.network, crate::EgressPolicy::Allowlist);
+    let err = s
+        .sb()
+        .fork(OWNER, id, 1, None, FOR_ALL, other)
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.to_string().contains("network policy"), "{err}");
     assert_eq!(s.sb().list(OWNER).await.len(), 1);
 }
