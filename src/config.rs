@@ -498,6 +498,64 @@ mod tests {
         }
     }
 
+    /// Every key of every section, read off the pretty `Debug` of the
+    /// defaults: each section is a struct whose fields are its keys (none
+    /// is renamed for TOML), so a key added in code shows up here.
+    fn every_key() -> Vec<(String, String)> {
+        let text = format!("{:#?}", Config::default());
+        let mut section = String::new();
+        let mut keys = vec![];
+        for line in text.lines() {
+            let indent = line.len() - line.trim_start().len();
+            let Some((name, _)) = line.trim_start().split_once(": ") else {
+                continue;
+            };
+            match indent {
+                4 => section = name.to_string(),
+                8 => keys.push((section.clone(), name.to_string())),
+                _ => {}
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn every_key_is_in_the_shipped_config_and_on_the_configuration_page() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let shipped = std::fs::read_to_string(root.join("config.toml")).unwrap();
+        let page = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+        let keys = every_key();
+        assert!(keys.len() > 50, "keys read off the defaults: {keys:?}");
+        let mut missing = vec![];
+        for (section, key) in &keys {
+            // In its section of config.toml, set or commented out (an
+            // array of tables as `[[section.key]]`).
+            let in_shipped = shipped
+                .split("\n[")
+                .find(|s| s.starts_with(&format!("{section}]")))
+                .is_some_and(|body| {
+                    body.lines().any(|l| {
+                        let l = l.trim_start_matches(['#', ' ']);
+                        l.starts_with(&format!("[[{section}.{key}]]"))
+                            || l.strip_prefix(key.as_str())
+                                .is_some_and(|rest| rest.trim_start().starts_with('='))
+                    })
+                });
+            // On the page: `section.key`, or `key` in a row that names the section.
+            let in_page = page.contains(&format!("`{section}.{key}`"))
+                || page
+                    .lines()
+                    .any(|l| l.starts_with(&format!("| `{section}.")) && l.contains(&format!("`{key}`")));
+            if !in_shipped {
+                missing.push(format!("{section}.{key} is not in config.toml"));
+            }
+            if !in_page {
+                missing.push(format!("{section}.{key} is not in docs/configuration.md"));
+            }
+        }
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+
     #[test]
     fn the_shipped_config_states_the_defaults() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
