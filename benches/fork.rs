@@ -22,10 +22,23 @@ use serde_json::json;
 
 /// Times cloudpickle's dump and load of `state` inside the sandbox, as the
 /// agent does them: to a file on the results disk and back.
-const SERIALISE: &str = "import sys, time, os\nsys.path.insert(0, '/opt/mcp-agent/lib')\nimport cloudpickle, pickle\n\
-t = time.perf_counter()\nwith open('/app/results/bench.pickle', 'wb') as f: cloudpickle.dump({'state': state}, f, protocol=5)\n\
-d = time.perf_counter() - t\nt = time.perf_counter()\nwith open('/app/results/bench.pickle', 'rb') as f: pickle.load(f)\n\
-l = time.perf_counter() - t\nos.remove('/app/results/bench.pickle')\nprint(d, l)";
+/// (In a function of its own, deleted after: the namespace the forks carry
+/// stays as it was.)
+const SERIALISE: &str = r#"def _measure(state):
+    import sys, time, os
+    sys.path.insert(0, '/opt/mcp-agent/lib')
+    import cloudpickle, pickle
+    t = time.perf_counter()
+    with open('/app/results/bench.pickle', 'wb') as f:
+        cloudpickle.dump({'state': state}, f, protocol=5)
+    d = time.perf_counter() - t
+    t = time.perf_counter()
+    with open('/app/results/bench.pickle', 'rb') as f:
+        pickle.load(f)
+    os.remove('/app/results/bench.pickle')
+    return d, time.perf_counter() - t
+print(*_measure(state))
+del _measure"#;
 
 #[tokio::main]
 async fn main() {

@@ -333,10 +333,11 @@ def carried_names(namespace):
 
 
 class Discard:
-    """A file that keeps nothing: a trial pickling's sink."""
+    """A file that keeps nothing: a trial pickling's sink. Large payloads
+    come as buffers (a numpy array's `PickleBuffer`), not bytes."""
 
     def write(self, data):
-        return len(data)
+        return memoryview(data).nbytes
 
 
 def dump_namespace(namespace, path):

@@ -323,10 +323,17 @@ async fn a_namespace_is_carried_to_another_agent_and_what_does_not_pickle_is_nam
     let carried = c.dump(slot, None, Duration::from_secs(30)).await.unwrap();
     assert_eq!(carried.python, CarriedState::Fresh, "no worker yet: {carried:?}");
 
-    exec(&mut c, "x = {'a': [1, 2]}\ny = x\ng = (i for i in range(3))").await;
+    // `big` pickles as a large out-of-band buffer, as a numpy array does.
+    exec(
+        &mut c,
+        "import pickle\nclass Big:\n    def __reduce_ex__(self, protocol):\n        \
+         return (bytes, (pickle.PickleBuffer(bytearray(1 << 20)),))\n\
+         x = {'a': [1, 2]}\ny = x\ng = (i for i in range(3))\nbig = Big()\ndel Big",
+    )
+    .await;
     let carried = c.dump(slot, None, Duration::from_secs(30)).await.unwrap();
     assert_eq!(carried.python, CarriedState::Partial, "{carried:?}");
-    assert_eq!(carried.names, 2, "{carried:?}");
+    assert_eq!(carried.names, 4, "{carried:?}");
     assert_eq!(carried.skipped.len(), 1, "{carried:?}");
     assert_eq!(carried.skipped[0].0, "g");
     assert!(carried.skipped[0].1.contains("generator"), "{carried:?}");
@@ -357,7 +364,10 @@ async fn a_namespace_is_carried_to_another_agent_and_what_does_not_pickle_is_nam
     for (slot, target) in [(slot, first), (other, second)] {
         let loaded = f.load(slot, Duration::from_secs(30)).await.unwrap();
         assert_eq!(loaded.python, CarriedState::Carried, "{loaded:?}");
-        assert_eq!(exec(&mut f, "print(x, x is y)").await.stdout, "{'a': [1, 2]} True\n");
+        assert_eq!(
+            exec(&mut f, "print(x, x is y, len(big))").await.stdout,
+            "{'a': [1, 2]} True 1048576\n"
+        );
         assert!(!target.exists(), "a loaded file is removed");
     }
     let missing = f.load(slot, Duration::from_secs(30)).await.unwrap();
