@@ -85,7 +85,7 @@ impl IntoResponse for ApiError {
                 | SnapshotError::Export(copy)
                 | SnapshotError::Seed(copy) => match copy {
                     CopyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                    CopyError::TooDeep => StatusCode::UNPROCESSABLE_ENTITY,
+                    CopyError::TooDeep { .. } => StatusCode::UNPROCESSABLE_ENTITY,
                     CopyError::Stopped => StatusCode::GATEWAY_TIMEOUT,
                     CopyError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
                 },

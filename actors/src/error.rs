@@ -42,7 +42,7 @@ pub enum SandboxError {
     #[error("record store: {0}")]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Snapshot(#[from] crate::snapshots::SnapshotError),
+    Snapshot(#[from] SnapshotError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -64,7 +64,7 @@ impl SandboxError {
             SandboxError::Image(_) => "image",
             SandboxError::Disk(_) => "disk",
             SandboxError::Store(_) => "store",
-            SandboxError::Snapshot(crate::snapshots::SnapshotError::NotFound(_)) => "not_found",
+            SandboxError::Snapshot(SnapshotError::NotFound(_)) => "not_found",
             SandboxError::Snapshot(_) => "snapshot",
             SandboxError::Internal(_) => "internal",
         }
@@ -210,3 +210,41 @@ store_error_from!(
 );
 
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
+
+/// Why snapshot or fork work failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot {0} not found in this sandbox. Call list_snapshots to see the sandbox's snapshots.")]
+    NotFound(Uuid),
+    #[error(
+        "this sandbox already keeps {0} snapshots, the most it may; delete one with delete_snapshot, then try again"
+    )]
+    TooMany(usize),
+    #[error("snapshots are turned off on this server (sandbox.snapshots_per_sandbox = 0)")]
+    Disabled,
+    #[error("could not save the sandbox's files: {0}. No snapshot was kept; the sandbox is unchanged.")]
+    Save(#[source] CopyError),
+    #[error("could not restore the sandbox's files: {0}. They may be partly restored: restore again, or delete the sandbox.")]
+    Restore(#[source] CopyError),
+    #[error("could not copy the sandbox's files for a fork: {0}. No sandbox was made; the sandbox is unchanged.")]
+    Export(#[source] CopyError),
+    #[error(
+        "could not copy the files into a fork: {0}. The fork was undone; free disk space or fork fewer at once, then try again."
+    )]
+    Seed(#[source] CopyError),
+    #[error("the snapshot store: {0}")]
+    Store(#[source] std::io::Error),
+}
+
+/// Why a copy stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the files are larger than a snapshot may hold ({bytes} bytes, {files} files at most)")]
+    TooLarge { bytes: u64, files: u64 },
+    #[error("the copy ran past its deadline")]
+    Stopped,
+    #[error("folders are nested deeper than {max} levels")]
+    TooDeep { max: usize },
+}

@@ -25,6 +25,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use crate::error::CopyError;
 use crate::nofollow::{self, EntryKind, Found};
 
 /// Folders deeper than this are refused (each level holds a descriptor).
@@ -147,7 +148,7 @@ pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Resu
         stop: &AtomicBool,
     ) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
-            return Err(CopyError::TooDeep);
+            return Err(CopyError::TooDeep { max: MAX_DEPTH });
         }
         for name in sorted_names(dir, *left)? {
             if depth == 0 && name == LOST_FOUND {
@@ -187,19 +188,6 @@ pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Resu
         other => other,
     })?;
     Ok((tally.finish(), budget.files - left))
-}
-
-/// Why a copy stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum CopyError {
-    #[error("{0}")]
-    Io(#[from] io::Error),
-    #[error("the files are larger than a snapshot may hold ({bytes} bytes, {files} files at most)")]
-    TooLarge { bytes: u64, files: u64 },
-    #[error("the copy ran past its deadline")]
-    Stopped,
-    #[error("folders are nested deeper than {MAX_DEPTH} levels")]
-    TooDeep,
 }
 
 struct Saving<'a> {
@@ -242,7 +230,7 @@ pub(crate) fn save(
 impl Saving<'_> {
     fn folder(&mut self, src: &OwnedFd, dst: &Path, previous: Option<&Path>, depth: usize) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
-            return Err(CopyError::TooDeep);
+            return Err(CopyError::TooDeep { max: MAX_DEPTH });
         }
         let names = sorted_names(src, self.left.files).map_err(|e| match e {
             CopyError::TooLarge { .. } => self.too_large(),
@@ -371,7 +359,7 @@ fn wanted(src: &Path) -> io::Result<Vec<(OsString, Metadata)>> {
 impl Restoring<'_> {
     fn check(&self, depth: usize) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
-            return Err(CopyError::TooDeep);
+            return Err(CopyError::TooDeep { max: MAX_DEPTH });
         }
         if self.stop.load(Ordering::Relaxed) {
             return Err(CopyError::Stopped);

@@ -16,9 +16,10 @@ use std::path::PathBuf;
 use tracing::warn;
 use uuid::Uuid;
 
-use super::copy::{self, CopyError};
+use super::copy;
 use super::{bounded, slot, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots};
 use crate::agent::{Carried, CarriedState};
+use crate::error::CopyError;
 use crate::runtime::{SandboxPaths, SANDBOX_UID};
 
 /// The agent's fork file of `fork`, beneath the results folder.

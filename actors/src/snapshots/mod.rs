@@ -33,8 +33,8 @@ use uuid::Uuid;
 
 pub use crate::agent::{Carried, CarriedState, PythonState};
 use crate::config::Settings;
+pub use crate::error::{CopyError, SnapshotError};
 use crate::runtime::{SandboxPaths, SANDBOX_UID};
-pub use copy::CopyError;
 use copy::{Budget, Saved};
 pub(crate) use fork::merge;
 pub use fork::Export;
@@ -201,30 +201,6 @@ pub enum SnapshotDone {
     Exported(Export),
     /// How much of the Python namespace the new sandbox holds.
     Seeded(Carried),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
-    #[error("snapshot {0} not found in this sandbox. Call list_snapshots to see the sandbox's snapshots.")]
-    NotFound(Uuid),
-    #[error(
-        "this sandbox already keeps {0} snapshots, the most it may; delete one with delete_snapshot, then try again"
-    )]
-    TooMany(usize),
-    #[error("snapshots are turned off on this server (sandbox.snapshots_per_sandbox = 0)")]
-    Disabled,
-    #[error("could not save the sandbox's files: {0}. No snapshot was kept; the sandbox is unchanged.")]
-    Save(#[source] CopyError),
-    #[error("could not restore the sandbox's files: {0}. They may be partly restored: restore again, or delete the sandbox.")]
-    Restore(#[source] CopyError),
-    #[error("could not copy the sandbox's files for a fork: {0}. No sandbox was made; the sandbox is unchanged.")]
-    Export(#[source] CopyError),
-    #[error(
-        "could not copy the files into a fork: {0}. The fork was undone; free disk space or fork fewer at once, then try again."
-    )]
-    Seed(#[source] CopyError),
-    #[error("the snapshot store: {0}")]
-    Store(#[source] io::Error),
 }
 
 /// The name under which the agent parks a snapshot's Python state.
