@@ -494,19 +494,24 @@ pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Resu
     Ok(copied)
 }
 
-/// Copies the regular file `name` in `dir` to the new file `dst`, at most `max` bytes.
+/// Copies the regular file `name` in `dir` to the new file `dst`, at most
+/// `max` bytes, then empties it: its disk is freed even while something
+/// else holds it open (gVisor keeps a file the sandbox wrote open after the
+/// sandbox closed it, so an unlink alone frees nothing until it lets go).
 fn copy_out(dir: &OwnedFd, name: &OsStr, dst: &Path, max: u64) -> Result<u64, CopyError> {
     let found = Found::open(dir, name)?;
     if found.kind() != EntryKind::File {
         return Err(io::Error::other(format!("{} is not a regular file", name.to_string_lossy())).into());
     }
-    let mut src = File::from(found.reopen(libc::O_RDONLY)?).take(max + 1);
+    let src = File::from(found.reopen(libc::O_RDWR)?);
     let mut out = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(dst)?;
-    match io::copy(&mut src, &mut out)? {
+    let copied = io::copy(&mut (&src).take(max + 1), &mut out);
+    src.set_len(0)?;
+    match copied? {
         copied if copied > max => Err(CopyError::TooLarge { bytes: max, files: 1 }),
         copied => Ok(copied),
     }
