@@ -9,11 +9,12 @@ use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsC
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
-use crate::auth::{AuthConfig, Keys, KeysError};
-use crate::client_ip::{ClientAddresses, ForwardedHeader, NotANetwork};
-use crate::guest::{GuestConfig, GuestError};
-use crate::limits::{LimitsConfig, LimitsError};
-use crate::tasks::{TasksConfig, TasksConfigError};
+use crate::access::auth::{AuthConfig, Keys, KeysError};
+use crate::access::client_ip::{ClientAddresses, ForwardedHeader, NotANetwork};
+use crate::access::guest::{GuestConfig, GuestError};
+use crate::access::limits::{LimitsConfig, LimitsError};
+use crate::ops::inline_images::Budgets;
+use crate::ops::tasks::{TasksConfig, TasksConfigError};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -106,6 +107,16 @@ const INLINE_RESULT_MAX_BYTES: usize = 16 << 20;
 const INLINE_IMAGES_PER_RESULT: std::ops::RangeInclusive<usize> = 1..=16;
 
 impl ResultsConfig {
+    /// What may be shown inline.
+    pub fn inline_budgets(&self) -> Budgets {
+        Budgets {
+            enabled: self.inline_images,
+            max_bytes: self.inline_image_max_bytes,
+            result_max_bytes: self.inline_result_max_bytes,
+            per_result: self.inline_images_per_result,
+        }
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if !INLINE_IMAGE_BYTES.contains(&self.inline_image_max_bytes) {
             return Err(ConfigError::InlineImageBytes);

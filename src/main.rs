@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
         command: KeyCommand::New { name },
     } = &cli.command
     {
-        let (key, lines) = mcp_sandbox::auth::new_key(name);
+        let (key, lines) = mcp_sandbox::access::auth::new_key(name);
         println!("API key for {name} (shown once; the server keeps only its hash):\n\n  {key}\n");
         println!("Add to config.toml (with [auth] enabled = true):\n\n{lines}");
         return Ok(());

@@ -10,19 +10,19 @@ use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::auth::Keys;
-use crate::caller::Caller;
+use crate::access::auth::Keys;
+use crate::access::caller::Caller;
+use crate::access::connections;
+use crate::access::guest::GuestKeys;
+use crate::access::limits::Limits;
+use crate::access::links::Links;
+use crate::access::signer::LinkSigner;
 use crate::config::Config;
-use crate::connections;
-use crate::guest::GuestKeys;
-use crate::inline_images::Inliner;
-use crate::limits::Limits;
-use crate::links::Links;
+use crate::mcp::tools::SandboxServer;
 use crate::metrics::Metrics;
+use crate::ops::inline_images::Inliner;
+use crate::ops::tasks::Tasks;
 use crate::ops::Ops;
-use crate::signer::LinkSigner;
-use crate::tasks::Tasks;
-use crate::tools::SandboxServer;
 
 /// OOM score of the server: far below the sandboxes' 0, so that on a host
 /// out of memory the kernel ends a sandbox first.
@@ -62,7 +62,7 @@ fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -
         limits: limits(config, signer.as_ref())?,
         links: Links::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
-        images: Inliner::new(&config.results),
+        images: Inliner::new(config.results.inline_budgets()),
         tasks: Tasks::new(config.tasks.clone()),
     })
 }

@@ -4,7 +4,7 @@
 //! `X-API-Key`, or `?api_key=` for clients that can only set a URL); each key
 //! is a tenant, and the tenant is the owner of the sandboxes it creates. Keys
 //! are compared as SHA-256 digests in constant time and never logged.
-//! Artifact links carry an expiring HMAC token ([`crate::signer`]) instead of any key, so they
+//! Artifact links carry an expiring HMAC token ([`crate::access::signer`]) instead of any key, so they
 //! work in a plain browser and leak nothing that grants more.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -14,9 +14,9 @@ use sandbox_actors::EgressPolicy;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::caller::Caller;
-use crate::guest::{Guest, GuestKeys};
-use crate::signer::{unix_now, TokenError};
+use crate::access::caller::Caller;
+use crate::access::guest::{Guest, GuestKeys};
+use crate::access::signer::{unix_now, TokenError};
 
 /// `[auth]`
 #[derive(Debug, Clone, Deserialize)]
@@ -91,7 +91,7 @@ impl Identified<'_> {
     pub fn caller(&self) -> Option<Caller> {
         match self {
             Identified::Tenant(t) => Some(Caller::tenant(&t.name, t.admin)),
-            Identified::Guest(g) => Some(crate::guest::caller(g.clone())),
+            Identified::Guest(g) => Some(crate::access::guest::caller(g.clone())),
             _ => None,
         }
     }
@@ -247,7 +247,7 @@ pub fn new_key(name: &str) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signer::LinkSigner;
+    use crate::access::signer::LinkSigner;
 
     fn config(keys: Vec<KeyConfig>) -> AuthConfig {
         AuthConfig {
@@ -336,7 +336,7 @@ mod tests {
         assert!(Keys::from_config(&config(vec![]), false).is_err());
         let dir = tempfile::tempdir().unwrap();
         let signer = LinkSigner::load(None, 60, dir.path()).unwrap();
-        let guests = GuestKeys::new(signer, &crate::guest::GuestConfig::default());
+        let guests = GuestKeys::new(signer, &crate::access::guest::GuestConfig::default());
         let keys = Keys::from_config(&config(vec![]), true)
             .unwrap()
             .with_guests(guests.clone());

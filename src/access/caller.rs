@@ -44,7 +44,7 @@ impl Caller {
     /// Without authentication the tenant is the client's address; clients on
     /// this machine are one tenant.
     pub fn anonymous(ip: IpAddr) -> Self {
-        let ip = crate::client_ip::canonical(ip);
+        let ip = crate::access::client_ip::canonical(ip);
         if ip.is_loopback() {
             Self::local()
         } else {

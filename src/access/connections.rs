@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 use tracing::{debug, warn};
 
-use crate::client_ip::{canonical, ClientAddresses};
-use crate::limits::LimitsConfig;
+use crate::access::client_ip::{canonical, ClientAddresses};
+use crate::access::limits::LimitsConfig;
 use crate::metrics::{ConnectionRefusal, Metrics};
 
 /// Refusals being written at once; connections beyond are just closed.

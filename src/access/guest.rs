@@ -14,8 +14,8 @@ use rand::RngCore;
 use sandbox_actors::config::EgressPolicy;
 use serde::Deserialize;
 
-use crate::caller::{Caller, GUEST_PREFIX};
-use crate::signer::{LinkSigner, TokenError};
+use crate::access::caller::{Caller, GUEST_PREFIX};
+use crate::access::signer::{LinkSigner, TokenError};
 
 const PREFIX: &str = "msg_";
 

@@ -16,10 +16,10 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
 
-use crate::auth::Keys;
-use crate::caller::Caller;
-use crate::client_ip::SHORTEST_IPV6_PREFIX;
-use crate::guest::GuestConfig;
+use crate::access::auth::Keys;
+use crate::access::caller::Caller;
+use crate::access::client_ip::SHORTEST_IPV6_PREFIX;
+use crate::access::guest::GuestConfig;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -7,7 +7,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sandbox_actors::agent::RESULTS_IN_CONTAINER;
 use uuid::Uuid;
 
-use crate::signer::{unix_now, LinkSigner};
+use crate::access::signer::{unix_now, LinkSigner};
 
 /// Everything but RFC 3986 unreserved characters is encoded.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');

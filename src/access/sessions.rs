@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::caller::Caller;
-use crate::limits::LimitsConfig;
+use crate::access::caller::Caller;
+use crate::access::limits::LimitsConfig;
 use crate::metrics::{Metrics, SessionRefusal};
 
 struct Entry {
@@ -145,7 +145,7 @@ impl Sessions {
             return Err(r);
         }
         let deadline = caller.expires_at.map(|t| {
-            let left = t.saturating_sub(crate::signer::unix_now());
+            let left = t.saturating_sub(crate::access::signer::unix_now());
             Instant::now() + Duration::from_secs(left)
         });
         let entry = Arc::new(Entry {

@@ -1,7 +1,7 @@
 //! The REST API under `/api`, which the web UI uses: JSON in and out, the
 //! same keys as MCP (or the UI's session cookie with its CSRF token), and the
 //! same operations ([`crate::ops`]) with the same results as the tools; and
-//! `POST /api/guest`, which hands out guest keys ([`crate::guest`]).
+//! `POST /api/guest`, which hands out guest keys ([`crate::access::guest`]).
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, Query, Request, State};
@@ -14,17 +14,17 @@ use sandbox_actors::snapshots::{CopyError, SnapshotError};
 use sandbox_actors::{CallRecord, SandboxError, SandboxInfo, Usage};
 use serde::{Deserialize, Serialize};
 
-use crate::caller::Caller;
-use crate::client_ip::ClientIp;
-use crate::guest::Guest;
-use crate::http_error::{error, refusal};
-use crate::http_state::AppState;
+use crate::access::caller::Caller;
+use crate::access::client_ip::ClientIp;
+use crate::access::guest::Guest;
+use crate::access::signer::unix_now;
+use crate::http::error::{error, refusal};
+use crate::http::state::AppState;
 use crate::ops::parse_id;
-use crate::results::{
+use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
-use crate::signer::unix_now;
 
 pub fn routes() -> Router<AppState> {
     Router::new()

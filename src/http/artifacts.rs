@@ -17,9 +17,9 @@ use sandbox_actors::{SandboxError, Scope};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::caller::Caller;
-use crate::http_state::AppState;
-use crate::signer::unix_now;
+use crate::access::caller::Caller;
+use crate::access::signer::unix_now;
+use crate::http::state::AppState;
 
 fn refuse(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()

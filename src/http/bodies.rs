@@ -9,7 +9,7 @@
 //! minimum rate; and it may never pause for longer than the timeout, so a
 //! body sent fast and then stopped short of its end does not live on the
 //! time its bytes bought. Past either the request is answered 408 and the
-//! connection closed. The header deadline is [`crate::connections`]'s.
+//! connection closed. The header deadline is [`crate::access::connections`]'s.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,8 +26,8 @@ use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::http_error::error;
-use crate::limits::LimitsConfig;
+use crate::access::limits::LimitsConfig;
+use crate::http::error::error;
 use crate::ops::MAX_CODE_BYTES;
 
 /// Largest request body but uploads': the largest `code`, JSON-escaped,

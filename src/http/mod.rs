@@ -5,6 +5,23 @@
 //! guard (Host and Origin, the client's address behind trusted proxies, who
 //! is asking, CSRF for browser sessions, rate limits); handlers then only
 //! parse and call the shared operations.
+//!
+//! This folder: JSON error answers (`error`), request bodies under a cap
+//! and a deadline (`bodies`), the engine check (`health`), the legacy SSE
+//! transport's sessions (`sse_sessions`), what every route shares
+//! (`state`), the routes `sse`, `artifacts`, `api` and `ui`, and here the
+//! router and the request guard. May import `mcp`, `ops`, `access`,
+//! `config` and `metrics`.
+
+pub(crate) mod api;
+pub(crate) mod artifacts;
+pub(crate) mod bodies;
+pub(crate) mod error;
+pub(crate) mod health;
+pub(crate) mod sse;
+pub(crate) mod sse_sessions;
+pub(crate) mod state;
+pub(crate) mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,21 +37,20 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
-use crate::auth::Identified;
-use crate::bodies::{self, BodyRules, MAX_BODY_BYTES};
-use crate::caller::Caller;
-use crate::client_ip::{is_forwarded, ClientIp};
+use crate::access::auth::Identified;
+use crate::access::caller::Caller;
+use crate::access::client_ip::{is_forwarded, ClientIp};
+use crate::access::sessions::Sessions;
+use crate::access::signer::LinkSigner;
 use crate::config::Config;
-use crate::health::Health;
-use crate::http_error::{error, refusal, session_refused};
-use crate::http_state::{AppState, Guard};
-use crate::mcp_sessions::{self, CappedSessions};
+use crate::http::error::{error, refusal, session_refused};
+use crate::http::health::Health;
+use crate::http::state::{AppState, Guard};
+use crate::mcp::sessions::{self as mcp_sessions, CappedSessions};
+use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
-use crate::sessions::Sessions;
-use crate::signer::LinkSigner;
-use crate::sse_sessions::{self, SseSessions};
-use crate::tools::SandboxServer;
-use crate::{api, artifacts, sse, ui};
+use bodies::{BodyRules, MAX_BODY_BYTES};
+use sse_sessions::SseSessions;
 
 const HOW_TO_AUTHENTICATE: &str =
     "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>' \

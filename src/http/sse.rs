@@ -24,12 +24,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::bodies::MAX_BODY_BYTES;
-use crate::caller::Caller;
-use crate::http_error::{error, session_refused};
-use crate::http_state::AppState;
-use crate::sse_sessions;
-use crate::tools::SandboxServer;
+use crate::access::caller::Caller;
+use crate::http::bodies::MAX_BODY_BYTES;
+use crate::http::error::{error, session_refused};
+use crate::http::sse_sessions;
+use crate::http::state::AppState;
+use crate::mcp::tools::SandboxServer;
 
 /// Client messages queued per session before POSTs are refused.
 const INBOX: usize = 64;

@@ -1,6 +1,6 @@
-//! The open sessions of the legacy SSE transport ([`crate::sse`]): each
+//! The open sessions of the legacy SSE transport ([`crate::http::sse`]): each
 //! one's inbox, the caller that opened it, and its place in
-//! [`crate::sessions::Sessions`]. The session id, given only to whoever
+//! [`crate::access::sessions::Sessions`]. The session id, given only to whoever
 //! opened the stream, is the capability to post to it.
 
 use std::collections::HashMap;
@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::caller::Caller;
-use crate::sessions::Ticket;
+use crate::access::caller::Caller;
+use crate::access::sessions::Ticket;
 
 struct Session {
     inbox: mpsc::Sender<ClientJsonRpcMessage>,

@@ -9,15 +9,15 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use tokio_util::sync::CancellationToken;
 
-use crate::client_ip::ClientAddresses;
+use crate::access::client_ip::ClientAddresses;
+use crate::access::sessions::Sessions;
+use crate::access::signer::LinkSigner;
 use crate::config::Config;
-use crate::health::Health;
-use crate::mcp_sessions::CappedSessions;
+use crate::http::health::Health;
+use crate::http::sse_sessions::SseSessions;
+use crate::mcp::sessions::CappedSessions;
+use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
-use crate::sessions::Sessions;
-use crate::signer::LinkSigner;
-use crate::sse_sessions::SseSessions;
-use crate::tools::SandboxServer;
 
 /// The Streamable HTTP service, with sessions under the server's caps.
 pub type McpService = StreamableHttpService<SandboxServer, CappedSessions<LocalSessionManager>>;

@@ -14,13 +14,13 @@ use axum::{Extension, Router};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
-use crate::api::guest_key_for;
-use crate::auth::Identified;
-use crate::caller::Caller;
-use crate::client_ip::ClientIp;
-use crate::http_state::AppState;
+use crate::access::auth::Identified;
+use crate::access::caller::Caller;
+use crate::access::client_ip::ClientIp;
+use crate::access::signer::unix_now;
+use crate::http::api::guest_key_for;
+use crate::http::state::AppState;
 use crate::ops::parse_id;
-use crate::signer::unix_now;
 
 /// The cookie holding a signed-in browser's API key.
 const SESSION_COOKIE: &str = "mcp_sandbox_key";
@@ -377,7 +377,7 @@ async fn logout(State(app): State<AppState>, headers: HeaderMap, Form(form): For
         _ => false,
     };
     if !genuine {
-        return crate::http_error::error(StatusCode::FORBIDDEN, "sign-out needs the session's CSRF token");
+        return crate::http::error::error(StatusCode::FORBIDDEN, "sign-out needs the session's CSRF token");
     }
     let mut r = Redirect::to("/ui").into_response();
     r.headers_mut().insert(header::SET_COOKIE, session_cookie(&app, "", 0));

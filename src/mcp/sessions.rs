@@ -17,9 +17,9 @@ use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage};
 use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
 
-use crate::caller::Caller;
+use crate::access::caller::Caller;
+use crate::access::sessions::{Sessions, Ticket};
 use crate::metrics::SessionRefusal;
-use crate::sessions::{Sessions, Ticket};
 
 /// Who is opening sessions in this request, and whether one was refused.
 #[derive(Clone)]
@@ -73,7 +73,7 @@ impl<M: SessionManager> Shared<M> {
         }
     }
 
-    fn busy(&self, id: &SessionId) -> Option<crate::sessions::Busy> {
+    fn busy(&self, id: &SessionId) -> Option<crate::access::sessions::Busy> {
         self.tickets.lock().expect("tickets lock").get(id).map(Ticket::busy)
     }
 }

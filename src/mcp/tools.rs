@@ -22,15 +22,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::caller::Caller;
-use crate::files::{FileListing, Read, ReadResult, WriteResult};
-use crate::inline_images::{self, ImageNote, Inliner, NotInlined};
-use crate::mcp_results::{failure, success};
-use crate::ops::{Ops, INSTALL_WAIT};
-use crate::results::{
+use crate::access::caller::Caller;
+use crate::ops::files::{FileListing, Read, ReadResult, WriteResult};
+use crate::ops::inline_images::{self, ImageNote, Inliner, NotInlined};
+use crate::ops::mcp_results::{failure, success};
+use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, ResetResult,
     RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
+use crate::ops::{Ops, INSTALL_WAIT};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct CreateParams {
@@ -211,7 +211,7 @@ impl SandboxServer {
     /// Runs a long call (an execution or an install), forwarding its output
     /// as progress notifications when the request carries a progress token;
     /// for a client that declared the tasks extension it becomes a task past
-    /// the threshold ([`crate::tasks`]), its output tail the task's status. A
+    /// the threshold ([`crate::ops::tasks`]), its output tail the task's status. A
     /// cancelled request interrupts it (dropping the run's future interrupts
     /// the run).
     async fn executing<F>(

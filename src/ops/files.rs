@@ -11,9 +11,9 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::inline_images::ImageNote;
-use crate::links::Links;
-use crate::results::rfc3339;
+use crate::access::links::Links;
+use crate::ops::inline_images::ImageNote;
+use crate::ops::results::rfc3339;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct FileListing {

@@ -31,8 +31,6 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::config::ResultsConfig;
-
 /// Longest side of an inline image. Model APIs downscale larger images
 /// themselves (Anthropic's beyond 1568 px), so more pixels only cost bytes.
 pub const MAX_SIDE: u32 = 1568;
@@ -124,6 +122,18 @@ pub struct RunImages {
     pub notes: Vec<ImageNote>,
 }
 
+/// What may be shown inline (the `[results]` keys of that name).
+#[derive(Debug, Clone, Copy)]
+pub struct Budgets {
+    pub enabled: bool,
+    /// Largest image, in bytes of the encoded image.
+    pub max_bytes: usize,
+    /// All images of one result together.
+    pub result_max_bytes: usize,
+    /// Most images in one result.
+    pub per_result: usize,
+}
+
 /// The budgets, from `[results]`, and the server-wide cap on decodes.
 #[derive(Clone)]
 pub struct Inliner {
@@ -151,12 +161,12 @@ fn kind(path: &str) -> Option<Kind> {
 }
 
 impl Inliner {
-    pub fn new(config: &ResultsConfig) -> Self {
+    pub fn new(budgets: Budgets) -> Self {
         Self {
-            enabled: config.inline_images,
-            max_bytes: config.inline_image_max_bytes,
-            result_max_bytes: config.inline_result_max_bytes,
-            per_result: config.inline_images_per_result,
+            enabled: budgets.enabled,
+            max_bytes: budgets.max_bytes,
+            result_max_bytes: budgets.result_max_bytes,
+            per_result: budgets.per_result,
             decoders: Arc::new(Semaphore::new(DECODERS)),
         }
     }
@@ -684,11 +694,11 @@ mod tests {
     }
 
     fn inliner(per_result: usize, max_bytes: usize, result_max_bytes: usize) -> Inliner {
-        Inliner::new(&ResultsConfig {
-            inline_image_max_bytes: max_bytes,
-            inline_result_max_bytes: result_max_bytes,
-            inline_images_per_result: per_result,
-            ..ResultsConfig::default()
+        Inliner::new(Budgets {
+            enabled: true,
+            max_bytes,
+            result_max_bytes,
+            per_result,
         })
     }
 
@@ -839,9 +849,9 @@ mod tests {
     async fn inline_images_can_be_turned_off() {
         let root = tempfile::tempdir().unwrap();
         let file = write(root.path(), "a.png", &png(&plot(100, 100)));
-        let off = Inliner::new(&ResultsConfig {
-            inline_images: false,
-            ..ResultsConfig::default()
+        let off = Inliner::new(Budgets {
+            enabled: false,
+            ..crate::config::ResultsConfig::default().inline_budgets()
         });
         let shown = off.run(root.path(), std::slice::from_ref(&file)).await;
         assert!(

@@ -2,6 +2,17 @@
 //! tools and the REST API (and through it the web UI): one code path checks
 //! arguments and limits, reaches the domain in the caller's scope, counts and
 //! logs the call, and builds the typed result. Front ends only translate.
+//!
+//! This folder: the operations (here), the neutral result types
+//! (`results`, `files`), images shown inline (`inline_images`), long calls
+//! as MCP tasks (`tasks`) and how a result goes over MCP (`mcp_results`).
+//! May import `access` and `metrics`; nothing of `config`, `mcp` or `http`.
+
+pub(crate) mod files;
+pub(crate) mod inline_images;
+pub(crate) mod mcp_results;
+pub(crate) mod results;
+pub(crate) mod tasks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,17 +25,17 @@ use uuid::Uuid;
 use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ_BYTES};
 use sandbox_actors::snapshots::PythonState;
 
-use crate::caller::Caller;
-use crate::files::{FileListing, Read, WriteResult};
-use crate::inline_images::{Inliner, RunImages};
-use crate::limits::Limits;
-use crate::links::Links;
+use crate::access::caller::Caller;
+use crate::access::limits::Limits;
+use crate::access::links::Links;
 use crate::metrics::Metrics;
-use crate::results::{
+use crate::ops::files::{FileListing, Read, WriteResult};
+use crate::ops::inline_images::{Inliner, RunImages};
+use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, PythonResult, ResetResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
-use crate::tasks::Tasks;
+use crate::ops::tasks::Tasks;
 
 /// Largest `code` and `command` accepted.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
@@ -128,7 +139,7 @@ impl Ops {
                 ..Default::default()
             };
         };
-        let key_left = expires_at.saturating_sub(crate::signer::unix_now()).max(1);
+        let key_left = expires_at.saturating_sub(crate::access::signer::unix_now()).max(1);
         let guest = self.limits.guest();
         CreateOptions {
             lifetime: Some(Duration::from_secs(key_left.min(guest.sandbox_lifetime_seconds))),

@@ -1,6 +1,6 @@
 //! What the operations return, whoever asked: one typed struct per tool
 //! (its `outputSchema`), which the MCP tools send as they are
-//! ([`crate::mcp_results`]) and the REST API as JSON.
+//! ([`crate::ops::mcp_results`]) and the REST API as JSON.
 
 use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
 use sandbox_actors::{DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};
@@ -8,8 +8,8 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::inline_images::ImageNote;
-use crate::links::Links;
+use crate::access::links::Links;
+use crate::ops::inline_images::ImageNote;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CreatedSandbox {

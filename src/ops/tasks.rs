@@ -38,8 +38,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::caller::Caller;
-use crate::mcp_results::failure;
+use crate::access::caller::Caller;
+use crate::ops::mcp_results::failure;
 
 /// The status message of a running task holds at most this much of the
 /// run's latest output (a poll every second must stay cheap to answer).
