@@ -76,38 +76,8 @@ async fn main() {
 
     let mut series = vec![];
     for &size in &sizes {
-        let (created, _) = c.timed("create_sandbox", json!({"name": format!("fork-{size}")})).await;
-        let sid = created["sandbox_id"].as_str().unwrap().to_string();
-        let installed = c.install(&sid, "numpy").await;
-        let numpy = c
-            .py(
-                &sid,
-                "try:\n import numpy\n print('yes')\nexcept ImportError:\n print('no')",
-            )
-            .await["stdout"]
-            == "yes\n";
-        let fill = match numpy {
-            true => format!(
-                "import numpy as np\nstate = [np.random.rand({}) for _ in range({size})]\nstate[0][0] = 7",
-                (1 << 20) / 8
-            ),
-            false => {
-                format!("import os\nstate = [bytearray(os.urandom(1 << 20)) for _ in range({size})]\nstate[0][0] = 7")
-            }
-        };
-        let kind = if numpy { "numpy" } else { "bytearray" };
-        println!(
-            "{size} MB namespace of {kind} arrays (numpy install: {})",
-            installed["status"]
-        );
-        c.py(&sid, &fill).await;
-        c.py(
-            &sid,
-            &format!(
-                "import os\nos.makedirs('data', exist_ok=True)\nfor i in range({files_mb}):\n    open(f'data/{{i}}.bin', 'wb').write(os.urandom(1 << 20))"
-            ),
-        )
-        .await;
+        let (sid, _, _) = c.loaded_sandbox(&format!("fork-{size}"), size, files_mb).await;
+        c.py(&sid, "state[0][0] = 7").await;
         let (mut dumps, mut loads) = (vec![], vec![]);
         for _ in 0..n {
             let out = c.py(&sid, SERIALISE).await["stdout"]

@@ -68,36 +68,8 @@ async fn main() {
     let mut series = vec![];
     let mut costs = vec![];
     for &size in &sizes {
-        let (created, _) = c.timed("create_sandbox", json!({"name": format!("snap-{size}")})).await;
-        let sid = created["sandbox_id"].as_str().unwrap().to_string();
-        let installed = c.install(&sid, "numpy").await;
-        let numpy = c
-            .py(
-                &sid,
-                "try:\n import numpy\n print('yes')\nexcept ImportError:\n print('no')",
-            )
-            .await["stdout"]
-            == "yes\n";
-        let fill = if numpy {
-            format!(
-                "import numpy as np\nstate = [np.random.rand({}) for _ in range({size})]",
-                (1 << 20) / 8
-            )
-        } else {
-            format!("import os\nstate = [bytearray(os.urandom(1 << 20)) for _ in range({size})]")
-        };
-        let kind = if numpy { "numpy" } else { "bytearray" };
-        println!(
-            "{size} MB namespace of {kind} arrays (numpy install: {})",
-            installed["status"]
-        );
-        c.py(&sid, &fill).await;
-        c.py(&sid,
-            &format!(
-                "import os\nos.makedirs('data', exist_ok=True)\nfor i in range({files_mb}):\n    open(f'data/{{i}}.bin', 'wb').write(os.urandom(1 << 20))"
-            ),
-        )
-        .await;
+        let (sid, fill, kind) = c.loaded_sandbox(&format!("snap-{size}"), size, files_mb).await;
+        let numpy = kind == "numpy";
         let before = memory_mb(&http, &server.base, &sid).await;
         let (first, first_t) = c
             .timed("snapshot_sandbox", json!({"sandbox_id": sid, "label": "first"}))

@@ -149,14 +149,10 @@ impl Link {
         cancel: &CancellationToken,
     ) -> Result<Ran> {
         let cap = self.ctx.settings.sandbox.output_cap_bytes;
-        let mut notices: Vec<String> = Vec::new();
-        let mut retry = Retry::new();
-        let retired = self.retirement.token.clone();
-        self.wake().await?;
+        let mut attempts = self.attempts().await?;
+        let retired = attempts.retired.clone();
         loop {
-            if let Some(n) = self.connect().await? {
-                notices.push(n);
-            }
+            self.attempt(&mut attempts).await?;
             let result = {
                 let client = self.client.as_mut().expect("connected");
                 let interrupter = client.interrupter();
@@ -185,14 +181,14 @@ impl Link {
                     self.connected_before = true;
                     return Ok(Ran {
                         output,
-                        notice: join(notices),
+                        notice: join(attempts.notices),
                     });
                 }
-                Ok(Err(e)) if retry.allows(&e) => retry.prepare(self, e).await,
+                Ok(Err(e)) if attempts.retry.allows(&e) => attempts.retry.prepare(self, e).await,
                 Ok(Err(AgentError::Receive(e))) => {
                     warn!(sandbox = %self.paths.id, error = %e, "the sandbox stopped during a run");
                     self.drop_client();
-                    return self.died_during_run(notices).await;
+                    return self.died_during_run(attempts.notices).await;
                 }
                 Ok(Err(e)) => return Err(self.agent_failed(e)),
                 Err(_elapsed) => {
@@ -289,14 +285,10 @@ impl Link {
         deadline: Duration,
         op: impl for<'c> Fn(&'c mut AgentClient) -> BoxFuture<'c, Result<T, AgentError>>,
     ) -> Result<(T, Option<String>)> {
-        let mut notices: Vec<String> = Vec::new();
-        let mut retry = Retry::new();
-        let retired = self.retirement.token.clone();
-        self.wake().await?;
+        let mut attempts = self.attempts().await?;
+        let retired = attempts.retired.clone();
         loop {
-            if let Some(n) = self.connect().await? {
-                notices.push(n);
-            }
+            self.attempt(&mut attempts).await?;
             let client = self.client.as_mut().expect("connected");
             let answer = tokio::select! {
                 r = tokio::time::timeout(deadline, op(client)) => r,
@@ -308,9 +300,9 @@ impl Link {
             match answer {
                 Ok(Ok(value)) => {
                     self.connected_before = true;
-                    return Ok((value, join(notices)));
+                    return Ok((value, join(attempts.notices)));
                 }
-                Ok(Err(e)) if retry.allows(&e) => retry.prepare(self, e).await,
+                Ok(Err(e)) if attempts.retry.allows(&e) => attempts.retry.prepare(self, e).await,
                 Ok(Err(AgentError::Unsupported(_))) => {
                     return Err(SandboxError::Outdated {
                         id: self.paths.id,
@@ -321,6 +313,24 @@ impl Link {
                 Err(_elapsed) => return Err(self.missed_deadline(what, deadline).await),
             }
         }
+    }
+
+    /// Wakes the sandbox for a request and starts counting its attempts.
+    async fn attempts(&mut self) -> Result<Attempts> {
+        self.wake().await?;
+        Ok(Attempts {
+            notices: Vec::new(),
+            retry: Retry::new(),
+            retired: self.retirement.token.clone(),
+        })
+    }
+
+    /// Connects for a request's next attempt, noting what that took.
+    async fn attempt(&mut self, attempts: &mut Attempts) -> Result<()> {
+        if let Some(n) = self.connect().await? {
+            attempts.notices.push(n);
+        }
+        Ok(())
     }
 
     /// The error of an agent that broke the protocol; the connection is dropped.
@@ -519,6 +529,15 @@ impl Link {
             Err(e) => Err(e),
         }
     }
+}
+
+/// One request's attempts to reach the agent: what had to be done for it
+/// (told to the caller), whether it may be sent again, and the token that
+/// ends it when the sandbox is deleted.
+struct Attempts {
+    notices: Vec<String>,
+    retry: Retry,
+    retired: CancellationToken,
 }
 
 /// When a request the agent did not take is sent again: once after the

@@ -41,27 +41,8 @@ pub enum SandboxMsg {
         package: String,
         reply: RpcReplyPort<Result<InstallStatus>>,
     },
-    Upload {
-        source: UploadSource,
-        dest: String,
-        reply: RpcReplyPort<Result<Uploaded>>,
-    },
-    /// Restarts the container (Python state is lost, files and packages
-    /// stay), in turn with the other calls.
-    Restart {
-        reply: RpcReplyPort<Result<()>>,
-    },
-    /// Gives Python a fresh namespace (files, packages and the container
-    /// stay), in turn with the other calls; answers with a notice, if any.
-    ResetPython {
-        reply: RpcReplyPort<Result<Option<String>>>,
-    },
-    /// Saves, restores or drops a snapshot, in turn with the other calls;
-    /// answers with a notice, if any.
-    Snapshot {
-        op: SnapshotOp,
-        reply: RpcReplyPort<Result<(SnapshotDone, Option<String>)>>,
-    },
+    /// A call that waits its turn with the sandbox's runs.
+    Queued(Queued),
     Delete {
         reply: RpcReplyPort<Result<()>>,
     },
@@ -79,6 +60,42 @@ pub enum SandboxMsg {
     Unhealthy,
     /// The removal of a deleted or expired sandbox ended.
     Removed(Result<(), Arc<SandboxError>>),
+}
+
+/// The calls other than runs and installs that wait their turn in a
+/// sandbox's queue, each with whom to answer: the actor queues them as they
+/// come (a job of its own, [`crate::sandbox`]).
+pub enum Queued {
+    Upload {
+        source: UploadSource,
+        dest: String,
+        reply: RpcReplyPort<Result<Uploaded>>,
+    },
+    /// Restarts the container (Python state is lost, files and packages stay).
+    Restart { reply: RpcReplyPort<Result<()>> },
+    /// Gives Python a fresh namespace (files, packages and the container
+    /// stay); answers with a notice, if any.
+    ResetPython {
+        reply: RpcReplyPort<Result<Option<String>>>,
+    },
+    /// Saves, restores or drops a snapshot, or exports or seeds a fork;
+    /// answers with a notice, if any.
+    Snapshot {
+        op: SnapshotOp,
+        reply: RpcReplyPort<Result<(SnapshotDone, Option<String>)>>,
+    },
+}
+
+impl Queued {
+    /// Answers the caller of a call that will not run.
+    pub(crate) fn refuse(self, error: SandboxError) {
+        match self {
+            Queued::Upload { reply, .. } => drop(reply.send(Err(error))),
+            Queued::Restart { reply } => drop(reply.send(Err(error))),
+            Queued::ResetPython { reply } => drop(reply.send(Err(error))),
+            Queued::Snapshot { reply, .. } => drop(reply.send(Err(error))),
+        }
+    }
 }
 
 pub struct Finished {

@@ -32,7 +32,7 @@ use crate::files::{self, FileError, FileRead, ListOptions, Listing, ResultsPath,
 use crate::history::CallRecord;
 use crate::host::{self, Resources};
 use crate::link::Ran;
-use crate::messages::{RunRequest, SandboxMsg};
+use crate::messages::{Queued, RunRequest, SandboxMsg};
 use crate::packages;
 use crate::pool::{self, Pool, PoolStats};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
@@ -656,15 +656,19 @@ impl Sandboxes {
 
     async fn send_upload(&self, scope: Scope<'_>, id: Uuid, source: UploadSource, dest: &str) -> Result<Uploaded> {
         let dest = uploads::resolve_dest(dest)?;
-        self.ask(scope, id, None, |reply| SandboxMsg::Upload { source, dest, reply })
-            .await?
+        self.ask(scope, id, None, |reply| {
+            SandboxMsg::Queued(Queued::Upload { source, dest, reply })
+        })
+        .await?
     }
 
     /// Gives the sandbox's Python a fresh namespace in turn with its other
     /// calls (files and packages stay); answers with a notice, if any.
     pub async fn reset_python<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Option<String>> {
-        self.ask(scope.into(), id, None, |reply| SandboxMsg::ResetPython { reply })
-            .await?
+        self.ask(scope.into(), id, None, |reply| {
+            SandboxMsg::Queued(Queued::ResetPython { reply })
+        })
+        .await?
     }
 
     /// Saves the sandbox's Python state, files and packages as a snapshot,
@@ -731,14 +735,16 @@ impl Sandboxes {
     }
 
     async fn snapshot_op(&self, scope: Scope<'_>, id: Uuid, op: SnapshotOp) -> Result<(SnapshotDone, Option<String>)> {
-        self.ask(scope, id, None, |reply| SandboxMsg::Snapshot { op, reply })
-            .await?
+        self.ask(scope, id, None, |reply| {
+            SandboxMsg::Queued(Queued::Snapshot { op, reply })
+        })
+        .await?
     }
 
     /// Restarts the sandbox's container in turn with its other calls.
     pub async fn restart<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
         let scope = scope.into();
-        self.ask(scope, id, None, |reply| SandboxMsg::Restart { reply })
+        self.ask(scope, id, None, |reply| SandboxMsg::Queued(Queued::Restart { reply }))
             .await??;
         self.info(scope, id).await
     }

@@ -289,6 +289,41 @@ impl McpClient {
         status
     }
 
+    /// A new sandbox named `name` whose namespace holds `size_mb` MB of
+    /// numpy arrays in `state` (bytearrays where numpy does not install) and
+    /// whose `/app/results/data` holds `files_mb` one-MB files. Its id, the
+    /// code that fills `state` again, and what `state` holds.
+    pub async fn loaded_sandbox(&self, name: &str, size_mb: usize, files_mb: usize) -> (String, String, &'static str) {
+        let (created, _) = self.timed("create_sandbox", json!({"name": name})).await;
+        let sid = created["sandbox_id"].as_str().unwrap().to_string();
+        let installed = self.install(&sid, "numpy").await;
+        let probe = "try:\n import numpy\n print('yes')\nexcept ImportError:\n print('no')";
+        let numpy = self.py(&sid, probe).await["stdout"] == "yes\n";
+        let (fill, kind) = match numpy {
+            true => (
+                format!(
+                    "import numpy as np\nstate = [np.random.rand({}) for _ in range({size_mb})]",
+                    (1 << 20) / 8
+                ),
+                "numpy",
+            ),
+            false => (
+                format!("import os\nstate = [bytearray(os.urandom(1 << 20)) for _ in range({size_mb})]"),
+                "bytearray",
+            ),
+        };
+        println!(
+            "{size_mb} MB namespace of {kind} arrays (numpy install: {})",
+            installed["status"]
+        );
+        self.py(&sid, &fill).await;
+        let files = format!(
+            "import os\nos.makedirs('data', exist_ok=True)\nfor i in range({files_mb}):\n    open(f'data/{{i}}.bin', 'wb').write(os.urandom(1 << 20))"
+        );
+        self.py(&sid, &files).await;
+        (sid, fill, kind)
+    }
+
     /// Calls a tool; the whole result (`content` and `structuredContent`).
     pub async fn try_call(&self, name: &str, args: Value) -> Result<Value, CallError> {
         let mut v = self

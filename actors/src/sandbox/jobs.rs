@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -15,9 +15,9 @@ use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord};
 use crate::install::{InstallArgs, InstallTask};
 use crate::link::{Link, Ran};
-use crate::messages::{Finished, RunRequest, SandboxMsg};
+use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
 use crate::results::Uploaded;
-use crate::snapshots::{Restored, SnapshotDone, SnapshotOp};
+use crate::snapshots::{Restored, SnapshotDone};
 use crate::uploads::{self, UploadSource};
 
 pub(super) enum Job {
@@ -26,21 +26,7 @@ pub(super) enum Job {
         package: String,
         specs: Vec<String>,
     },
-    Upload {
-        source: UploadSource,
-        dest: String,
-        reply: RpcReplyPort<Result<Uploaded>>,
-    },
-    Restart {
-        reply: RpcReplyPort<Result<()>>,
-    },
-    ResetPython {
-        reply: RpcReplyPort<Result<Option<String>>>,
-    },
-    Snapshot {
-        op: SnapshotOp,
-        reply: RpcReplyPort<Result<(SnapshotDone, Option<String>)>>,
-    },
+    Queued(Queued),
     /// Restarts a container that missed a deadline.
     Recover,
     /// Brings back a container that died while the sandbox was idle.
@@ -54,18 +40,7 @@ impl Job {
             Job::Run(req) => {
                 let _ = req.reply.send(Err(error));
             }
-            Job::Upload { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-            Job::Restart { reply } => {
-                let _ = reply.send(Err(error));
-            }
-            Job::ResetPython { reply } => {
-                let _ = reply.send(Err(error));
-            }
-            Job::Snapshot { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
+            Job::Queued(call) => call.refuse(error),
             Job::Install { .. } | Job::Recover | Job::Revive => {}
         }
     }
@@ -131,7 +106,7 @@ impl SandboxActor {
                     };
                     Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
                 }
-                Job::Upload { source, dest, reply } => {
+                Job::Queued(Queued::Upload { source, dest, reply }) => {
                     spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();
                         let what = match &source {
@@ -144,7 +119,7 @@ impl SandboxActor {
                         let _ = reply.send(result);
                     });
                 }
-                Job::Restart { reply } => {
+                Job::Queued(Queued::Restart { reply }) => {
                     state.restarting = true;
                     spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();
@@ -154,7 +129,7 @@ impl SandboxActor {
                         let _ = reply.send(result);
                     });
                 }
-                Job::ResetPython { reply } => {
+                Job::Queued(Queued::ResetPython { reply }) => {
                     let notice = state.notice.take();
                     spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();
@@ -164,7 +139,7 @@ impl SandboxActor {
                         let _ = reply.send(result);
                     });
                 }
-                Job::Snapshot { op, reply } => {
+                Job::Queued(Queued::Snapshot { op, reply }) => {
                     let notice = state.notice.take();
                     spawn_job(me.clone(), async move {
                         let started = OffsetDateTime::now_utc();

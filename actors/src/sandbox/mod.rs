@@ -226,10 +226,7 @@ impl Actor for SandboxActor {
                     });
                 }
             }
-            SandboxMsg::Upload { source, dest, reply } => enqueue(state, Job::Upload { source, dest, reply }),
-            SandboxMsg::Restart { reply } => enqueue(state, Job::Restart { reply }),
-            SandboxMsg::ResetPython { reply } => enqueue(state, Job::ResetPython { reply }),
-            SandboxMsg::Snapshot { op, reply } => enqueue(state, Job::Snapshot { op, reply }),
+            SandboxMsg::Queued(call) => enqueue(state, Job::Queued(call)),
             SandboxMsg::History(reply) => {
                 let _ = reply.send(state.history.to_vec());
             }

@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::{answer, unexpected, CreateOptions, Creation, Quota, Sandboxes};
 use crate::error::{Result, SandboxError};
 use crate::host;
-use crate::messages::SandboxMsg;
+use crate::messages::{Queued, SandboxMsg};
 use crate::results::SandboxInfo;
 use crate::scope::Scope;
 use crate::snapshots::{Carried, Export, SnapshotDone, SnapshotOp};
@@ -90,7 +90,9 @@ impl Sandboxes {
         let (export, notice) = match answer(
             &source,
             id,
-            source.call(|reply| SandboxMsg::Snapshot { op, reply }, None).await,
+            source
+                .call(|reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }), None)
+                .await,
         )?? {
             (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
             (other, _) => return Err(unexpected(other)),
@@ -200,7 +202,9 @@ async fn seed(actor: &ActorRef<SandboxMsg>, id: Uuid, export: Arc<Export>) -> Re
     match answer(
         actor,
         id,
-        actor.call(|reply| SandboxMsg::Snapshot { op, reply }, None).await,
+        actor
+            .call(|reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }), None)
+            .await,
     )?? {
         (SnapshotDone::Seeded(python), _) => Ok(python),
         (other, _) => Err(unexpected(other)),
