@@ -297,6 +297,16 @@ def reason(e):
     return f"{type(e).__name__}: {e}"[:MAX_REASON]
 
 
+def carried(python, names=0, skipped=()):
+    """The answer to a dump or load: what became of the namespace."""
+    return {"python": python, "names": names, "skipped": list(skipped)[:MAX_SKIPPED]}
+
+
+def lost(why):
+    """Nothing carried, and why (as the whole namespace, "*")."""
+    return carried("lost", skipped=[["*", why]])
+
+
 def pickler():
     """cloudpickle (which carries functions and classes by value) where the
     image has it, otherwise the stdlib's pickle."""
@@ -369,19 +379,13 @@ def dump_namespace(namespace, path):
                 f.seek(len(FORK_MAGIC))
                 f.truncate()
                 module.dump({n: namespace[n] for n in names if n not in left_out}, f, protocol=5)
-            size = f.tell()
     except BaseException:
         try:
             os.unlink(path)
         except OSError:
             pass
         raise
-    return {
-        "python": "partial" if skipped else "carried",
-        "names": len(names) - len(skipped),
-        "skipped": skipped[:MAX_SKIPPED],
-        "bytes": size,
-    }
+    return carried("partial" if skipped else "carried", len(names) - len(skipped), skipped)
 
 
 def load_namespace(namespace, path):
@@ -400,14 +404,14 @@ def load_namespace(namespace, path):
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - a module missing in the fork, say
-        return {"python": "lost", "names": 0, "skipped": [["*", reason(e)]]}
+        return lost(reason(e))
     finally:
         try:
             os.unlink(path)
         except OSError:
             pass
     namespace.update(names)
-    return {"python": "carried", "names": len(names), "skipped": []}
+    return carried("carried", len(names))
 
 
 def worker_main(reply_fd, request_fd):
@@ -959,7 +963,7 @@ class Agent:
             if req.get("from") is not None:
                 resumed = worker.resume(os.path.join(PARKED, req["from"] + ".sock"))
             elif not self.worker.alive():
-                return {"python": "fresh", "names": 0, "skipped": []}
+                return carried("fresh")
             else:
                 # A copy parked for the time of the resume: the one it forks
                 # lives on, reparented, after the copy is ended.
@@ -972,8 +976,7 @@ class Agent:
                     unpark(parked)
             if resumed != "restored":
                 worker.close()
-                why = "the snapshot's saved Python state is gone (the sandbox was restarted since)"
-                return {"python": "lost", "names": 0, "skipped": [["*", why]]}
+                return lost("the snapshot's saved Python state is gone (the sandbox was restarted since)")
         else:
             worker.ensure()
         self.seq += 1
@@ -1108,8 +1111,7 @@ class Agent:
             else:
                 why = str(reply.get("error"))[:MAX_REASON]
             # Not an error of the protocol: the fork goes on without the state.
-            lost = {"python": "lost", "names": 0, "skipped": [["*", f"could not {job.kind} the namespace: {why}"]]}
-            self.send(job.conn, {"id": job.id, "type": "result", **lost})
+            self.send(job.conn, {"id": job.id, "type": "result", **lost(f"could not {job.kind} the namespace: {why}")})
             return
         # The worker ran the sandbox's code (a __reduce__) while it answered:
         # only the fields of an answer go back, under the job's own id.

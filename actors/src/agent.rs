@@ -216,6 +216,24 @@ impl Carried {
     /// reason at most [`MAX_SKIPPED_TEXT`] bytes: the agent says what it likes.
     pub const MAX_SKIPPED: usize = 100;
 
+    /// No Python had run: nothing to carry, a fresh namespace.
+    pub fn fresh() -> Self {
+        Self {
+            python: CarriedState::Fresh,
+            names: 0,
+            skipped: vec![],
+        }
+    }
+
+    /// Nothing carried, and why (as the whole namespace, `*`).
+    pub fn lost(why: String) -> Self {
+        Self {
+            python: CarriedState::Lost,
+            names: 0,
+            skipped: vec![("*".into(), why)],
+        }
+    }
+
     fn bounded(mut self) -> Self {
         self.skipped.truncate(Self::MAX_SKIPPED);
         for (name, reason) in &mut self.skipped {

@@ -189,6 +189,16 @@ pub enum EgressPolicy {
 }
 
 impl EgressPolicy {
+    /// The policy's name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            EgressPolicy::None => "none",
+            EgressPolicy::Packages => "packages",
+            EgressPolicy::Allowlist => "allowlist",
+            EgressPolicy::Open => "open",
+        }
+    }
+
     /// Whether the sandbox has no interface and reaches out through the proxy.
     pub fn is_proxied(self) -> bool {
         self != EgressPolicy::Open

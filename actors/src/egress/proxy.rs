@@ -344,7 +344,7 @@ async fn dial_targets(policy: EgressPolicy, host: &str, port: u16, shared: &Shar
             ))
         }
     };
-    let name = policy_name(policy);
+    let name = policy.name();
     if let Ok(ip) = host.parse::<IpAddr>() {
         if !rules.lists_address(ip) {
             return Err(Denial::new(
@@ -383,15 +383,6 @@ async fn dial_targets(policy: EgressPolicy, host: &str, port: u16, shared: &Shar
         return Err(Denial::new(502, "unreachable", format!("{host} has no address")));
     }
     Ok(resolved)
-}
-
-fn policy_name(policy: EgressPolicy) -> &'static str {
-    match policy {
-        EgressPolicy::None => "none",
-        EgressPolicy::Packages => "packages",
-        EgressPolicy::Allowlist => "allowlist",
-        EgressPolicy::Open => "open",
-    }
 }
 
 /// Copies both ways until both sides are done, the connection idles past

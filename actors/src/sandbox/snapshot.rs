@@ -12,9 +12,7 @@ use super::join_notices;
 use crate::error::Result;
 use crate::host;
 use crate::link::Link;
-use crate::snapshots::{
-    merge, slot, Carried, CarriedState, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp,
-};
+use crate::snapshots::{merge, slot, Carried, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
 
 /// Said with a restore whose Python state did not survive.
 const PYTHON_LOST: &str = "The Python state saved in this snapshot is gone: a saved Python state lives as long as \
@@ -82,7 +80,7 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
             let from = from.map(|s| store.find(id, s)).transpose()?;
             let started = Instant::now();
             let (python, notice) = match &from {
-                Some(s) if s.python != PythonState::Parked => (fresh(), None),
+                Some(s) if s.python != PythonState::Parked => (Carried::fresh(), None),
                 _ => {
                     let parked = from.as_ref().map(|s| slot(s.snapshot_id));
                     link.dump_python(&slot(fork), parked.as_deref()).await?
@@ -111,15 +109,6 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
             store.remove(id, snapshot).await?;
             Ok((SnapshotDone::Deleted, None))
         }
-    }
-}
-
-/// The Python state of a fork of a sandbox (or snapshot) where no Python ran.
-fn fresh() -> Carried {
-    Carried {
-        python: CarriedState::Fresh,
-        names: 0,
-        skipped: vec![],
     }
 }
 

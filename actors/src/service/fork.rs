@@ -79,8 +79,10 @@ impl Sandboxes {
         let allowed = options.egress.unwrap_or(self.ctx.egress.default_policy());
         if egress != allowed {
             return Err(SandboxError::InvalidArgument(format!(
-                "this sandbox runs under the network policy {egress:?}, and your sandboxes now get {allowed:?}: \
-                 a fork would run its code under another policy. Create a new sandbox instead."
+                "this sandbox runs under the network policy {:?}, and your sandboxes now get {:?}: \
+                 a fork would run its code under another policy. Create a new sandbox instead.",
+                egress.name(),
+                allowed.name()
             )));
         }
         host::check_free_disk(&self.ctx.settings)?;

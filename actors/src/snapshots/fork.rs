@@ -68,15 +68,6 @@ impl Drop for Export {
     }
 }
 
-/// A failed carry of the namespace, told as the fork's Python state.
-fn lost(why: String) -> Carried {
-    Carried {
-        python: CarriedState::Lost,
-        names: 0,
-        skipped: vec![("*".into(), why)],
-    }
-}
-
 impl Snapshots {
     fn forks(&self) -> PathBuf {
         self.root.with_file_name("forks")
@@ -110,7 +101,7 @@ impl Snapshots {
                 let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
                 let max = store.budget(Folder::Results).bytes;
                 if let Err(e) = copy::take_file(&paths.results, &rel, &export.dir.join(PYTHON), max) {
-                    export.python = lost(format!("could not take the namespace out of the sandbox: {e}"));
+                    export.python = Carried::lost(format!("could not take the namespace out of the sandbox: {e}"));
                 }
             }
             let latest = store.list(paths.id).pop();
