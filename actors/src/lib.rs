@@ -5,9 +5,11 @@
 //!
 //! # Layout
 //!
-//! - `service`: [`Sandboxes`], the face the front end calls; it finds a
-//!   sandbox's actor and sends it a message; `service/fork.rs`: forks,
-//!   which make new sandboxes from one.
+//! - `service/`: [`Sandboxes`], the face the front end calls; it finds a
+//!   sandbox's actor and sends it a message (`mod.rs`); creations and the
+//!   quota (`creation.rs`), the file tools and uploads (`files.rs`),
+//!   snapshots (`snapshots.rs`), forks, which make new sandboxes from one
+//!   (`fork.rs`), and the start-up reconciliation (`reconcile.rs`).
 //! - `supervisor`: parent and registry of the sandbox actors.
 //! - `sandbox/`: the sandbox actor: its state and upkeep (`mod.rs`), the jobs
 //!   it queues and the tasks that run them (`jobs.rs`), snapshot work
@@ -30,7 +32,8 @@
 //!   addresses never reached, read by the configuration check, the proxy and
 //!   the firewall.
 //! - `records`: the record store; `history`: a sandbox's recent calls.
-//! - `files`: file tools on `/app/results`; `uploads`: what may be uploaded,
+//! - `files/`: file tools on `/app/results` (paths and opening in `mod.rs`,
+//!   `list.rs`, `read.rs`); `uploads`: what may be uploaded,
 //!   and its packing; `nofollow`: the link-proof lookups both use;
 //!   `packages`: accepted package specs.
 //! - `config`: the configuration sections and [`Settings`]; `context`: what

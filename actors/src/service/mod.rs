@@ -1,0 +1,463 @@
+//! [`Sandboxes`]: the face of the domain that the front end calls. Each
+//! method checks who asks, finds the sandbox's actor and sends it a message;
+//! only creation, start-up reconciliation and the reading of CPU and memory
+//! figures talk to the runtime directly, and only the file tools' reads
+//! (bounded, see [`crate::files`]) touch a sandbox's results folder.
+//!
+//! Every question to an actor (info, history, install status, usage) has a
+//! deadline, so no sandbox can stall a listing, the metrics or the UI, and
+//! a creation runs to its end in a task of its own: a caller that hangs up
+//! midway leaves no container that nobody counts.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+use uuid::Uuid;
+
+use crate::agent::{Progress, Work};
+use crate::config::Settings;
+use crate::context::{Context, Counters};
+use crate::egress::Egress;
+use crate::error::{DockerError, Result, SandboxError, StoreError};
+
+use crate::history::CallRecord;
+use crate::host::{self, Resources};
+use crate::link::Ran;
+use crate::messages::{Queued, RunRequest, SandboxMsg};
+use crate::packages;
+use crate::pool::{Pool, PoolStats};
+use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
+use crate::results::{InstallStatus, SandboxInfo};
+use crate::runtime::disk::Disks;
+use crate::runtime::{ContainerRuntime, DockerRuntime, Usage};
+use crate::scope::Scope;
+use crate::snapshots::Snapshots;
+use crate::status::SandboxStatus;
+use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
+
+mod creation;
+mod files;
+mod fork;
+mod reconcile;
+mod snapshots;
+
+pub use creation::{CreateOptions, Quota};
+pub use fork::{Fork, Forked, MAX_FORKS};
+
+use creation::{Creation, Pending};
+use snapshots::unexpected;
+
+/// How long a question to a sandbox's actor may take (it answers from its
+/// own state; an install status may ask the agent, within its own deadline).
+const QUERY_DEADLINE: Duration = Duration::from_secs(5);
+const STATUS_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Figures about the sandboxes of this server, for its metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub by_status: BTreeMap<SandboxStatus, usize>,
+    pub pool: PoolStats,
+    pub container_restarts: u64,
+    pub installs_succeeded: u64,
+    pub installs_failed: u64,
+    /// Connections the egress proxy refused, by reason.
+    pub egress_denied: BTreeMap<&'static str, u64>,
+    pub resources: Resources,
+}
+
+pub struct Sandboxes {
+    ctx: Arc<Context>,
+    registry: Registry,
+    pending: Pending,
+    pool: Arc<Pool>,
+    supervisor: ActorRef<SupervisorMsg>,
+    server_id: String,
+}
+
+impl Sandboxes {
+    /// Opens the records, connects to Docker, builds the sandbox image if it
+    /// is missing, and adopts or cleans up what an earlier run left.
+    pub async fn start(settings: Settings) -> Result<Self> {
+        let io = |what: &str, e: std::io::Error| SandboxError::Internal(format!("{what}: {e}"));
+        std::fs::create_dir_all(settings.agents_dir()).map_err(|e| io("creating the state folder", e))?;
+        std::fs::create_dir_all(&settings.results_dir).map_err(|e| io("creating the results folder", e))?;
+        let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
+        let server_id = server_id(&settings.state_dir)?;
+        let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone(), settings.agents_dir()).await?;
+        runtime.ensure_image(&settings.state_dir).await?;
+        let sandbox_net = runtime.isolate_network().await?;
+        let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
+        Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress).await
+    }
+
+    /// Builds the sandbox image unless present, and returns its tag.
+    pub async fn build_image(settings: &Settings) -> Result<String> {
+        std::fs::create_dir_all(&settings.state_dir)
+            .map_err(|e| SandboxError::Internal(format!("creating the state folder: {e}")))?;
+        let runtime = DockerRuntime::connect("image-build", settings.sandbox.clone(), settings.agents_dir()).await?;
+        runtime.ensure_image(&settings.state_dir).await
+    }
+
+    pub async fn with_runtime(
+        settings: Settings,
+        store: RecordStore,
+        server_id: String,
+        runtime: Arc<dyn ContainerRuntime>,
+        egress: Egress,
+    ) -> Result<Self> {
+        let ctx = Arc::new(Context {
+            runtime,
+            store,
+            counters: Counters::default(),
+            egress,
+            disks: Disks::new(&settings),
+            snapshots: Snapshots::new(&settings),
+            settings,
+        });
+        ctx.disks.check().await?;
+        let registry = Registry::default();
+        let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
+            .await
+            .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        let me = Self {
+            pool: Pool::off(ctx.clone()),
+            ctx,
+            registry,
+            pending: Pending::default(),
+            supervisor,
+            server_id,
+        };
+        me.reconcile().await?;
+        // Filled only now: reconciling would remove pooled sandboxes, which
+        // have no record.
+        let (registry, pending) = (me.registry.clone(), me.pending.clone());
+        let total = me.ctx.settings.max_sandboxes_total;
+        let room = Box::new(move || {
+            let live = registry.read().expect("registry lock").len();
+            let creating: usize = pending.lock().expect("pending lock").values().sum();
+            total.saturating_sub(live + creating)
+        });
+        let me = Self {
+            pool: Pool::start(me.ctx.clone(), &me.ctx.settings.pool, room),
+            ..me
+        };
+        Ok(me)
+    }
+
+    /// The value of the server label on this server's Docker objects.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    async fn spawn(&self, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
+        spawn_actor(&self.supervisor, record).await
+    }
+
+    fn actor(&self, scope: Scope, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
+        let registry = self.registry.read().expect("registry lock");
+        match registry.get(&id) {
+            Some(e) if scope.admits(&e.owner) => Ok(e.actor.clone()),
+            _ => Err(SandboxError::NotFound(id)),
+        }
+    }
+
+    /// Sends a request to a sandbox's actor. A stopped actor (deleted
+    /// meanwhile) reads as not found; a reply port dropped by a live actor
+    /// is a failure inside the server; a query past `deadline` says so.
+    async fn ask<T: Send + 'static>(
+        &self,
+        scope: Scope<'_>,
+        id: Uuid,
+        deadline: Option<Duration>,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
+    ) -> Result<T> {
+        let actor = self.actor(scope, id)?;
+        answer(&actor, id, actor.call(msg, deadline).await)
+    }
+
+    /// A question answered from the actor's own state.
+    async fn query<T: Send + 'static>(
+        &self,
+        scope: Scope<'_>,
+        id: Uuid,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
+    ) -> Result<T> {
+        self.ask(scope, id, Some(QUERY_DEADLINE), msg).await
+    }
+
+    /// Whether Docker answers.
+    pub async fn ping(&self) -> Result<()> {
+        self.ctx.runtime.ping().await
+    }
+
+    /// The sandboxes in `scope`, oldest first.
+    pub async fn list<'a>(&self, scope: impl Into<Scope<'a>>) -> Vec<SandboxInfo> {
+        let scope = scope.into();
+        let actors: Vec<_> = {
+            let registry = self.registry.read().expect("registry lock");
+            registry
+                .values()
+                .filter(|e| scope.admits(&e.owner))
+                .map(|e| e.actor.clone())
+                .collect()
+        };
+        let asked = actors
+            .iter()
+            .map(|actor| actor.call(SandboxMsg::Info, Some(QUERY_DEADLINE)));
+        let mut out: Vec<SandboxInfo> = futures_util::future::join_all(asked)
+            .await
+            .into_iter()
+            .filter_map(|answer| match answer {
+                Ok(CallResult::Success(info)) => Some(info),
+                Ok(CallResult::Timeout) => {
+                    warn!("a sandbox did not answer the listing in time; left out");
+                    None
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|i| i.created_at);
+        out
+    }
+
+    /// Runs Python code or a shell command; dropping the returned future
+    /// (the client cancelled) interrupts the run.
+    pub async fn run<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        work: Work,
+        timeout_seconds: Option<u64>,
+        progress: Option<mpsc::Sender<Progress>>,
+    ) -> Result<Ran> {
+        let timeout = self.timeout(timeout_seconds)?;
+        let cancel = CancellationToken::new();
+        let _guard = cancel.clone().drop_guard();
+        let result = self
+            .ask(scope.into(), id, None, |reply| {
+                SandboxMsg::Run(RunRequest {
+                    work,
+                    timeout,
+                    progress,
+                    cancel: cancel.clone(),
+                    reply,
+                })
+            })
+            .await?;
+        let _ = _guard.disarm();
+        result
+    }
+
+    fn timeout(&self, requested: Option<u64>) -> Result<Duration> {
+        let s = &self.ctx.settings.sandbox;
+        match requested {
+            None => Ok(Duration::from_secs(s.exec_timeout_seconds)),
+            Some(0) => Err(SandboxError::InvalidArgument(
+                "timeout_seconds must be at least 1".into(),
+            )),
+            Some(t) if t > s.max_exec_timeout_seconds => Err(SandboxError::InvalidArgument(format!(
+                "timeout_seconds is at most {} on this server",
+                s.max_exec_timeout_seconds
+            ))),
+            Some(t) => Ok(Duration::from_secs(t)),
+        }
+    }
+
+    /// Queues an install and waits up to `wait` for it to finish.
+    pub async fn install<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        package: &str,
+        wait: Duration,
+    ) -> Result<InstallStatus> {
+        let specs = packages::parse_specs(package)?;
+        host::check_free_disk(&self.ctx.settings)?;
+        let package = specs.join(" ");
+        let mut rx: watch::Receiver<InstallRecord> = self
+            .query(scope.into(), id, |reply| SandboxMsg::Install {
+                package: package.clone(),
+                specs,
+                reply,
+            })
+            .await??;
+        let _ = tokio::time::timeout(wait, rx.wait_for(|r| r.status != InstallState::Installing)).await;
+        let record = rx.borrow().clone();
+        Ok((&record).into())
+    }
+
+    pub async fn install_status<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        package: &str,
+    ) -> Result<InstallStatus> {
+        let package = packages::parse_specs(package)?.join(" ");
+        self.ask(scope.into(), id, Some(STATUS_DEADLINE), |reply| {
+            SandboxMsg::InstallStatus { package, reply }
+        })
+        .await?
+    }
+
+    /// Gives the sandbox's Python a fresh namespace in turn with its other
+    /// calls (files and packages stay); answers with a notice, if any.
+    pub async fn reset_python<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Option<String>> {
+        self.ask(scope.into(), id, None, |reply| {
+            SandboxMsg::Queued(Queued::ResetPython { reply })
+        })
+        .await?
+    }
+
+    /// Restarts the sandbox's container in turn with its other calls.
+    pub async fn restart<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
+        let scope = scope.into();
+        self.ask(scope, id, None, |reply| SandboxMsg::Queued(Queued::Restart { reply }))
+            .await??;
+        self.info(scope, id).await
+    }
+
+    pub async fn info<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
+        self.query(scope.into(), id, SandboxMsg::Info).await
+    }
+
+    /// The recent calls on a sandbox, oldest first.
+    pub async fn history<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Vec<CallRecord>> {
+        self.query(scope.into(), id, SandboxMsg::History).await
+    }
+
+    /// CPU and memory use of a sandbox's container.
+    pub async fn usage<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Usage> {
+        let container = self.info(scope, id).await?.container_id;
+        tokio::time::timeout(QUERY_DEADLINE, self.ctx.runtime.usage(&container))
+            .await
+            .map_err(|_| DockerError::UsageTimedOut)?
+    }
+
+    /// Figures for the server's metrics.
+    pub async fn stats(&self) -> Stats {
+        let mut by_status = BTreeMap::new();
+        for info in self.list(Scope::Everyone).await {
+            *by_status.entry(info.status).or_default() += 1;
+        }
+        let c = &self.ctx.counters;
+        let read = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        Stats {
+            by_status,
+            pool: self.pool.stats(),
+            container_restarts: read(&c.container_restarts),
+            installs_succeeded: read(&c.installs_succeeded),
+            installs_failed: read(&c.installs_failed),
+            egress_denied: self.ctx.egress.denials(),
+            resources: self.resources(),
+        }
+    }
+
+    /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
+    pub fn resources(&self) -> Resources {
+        let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();
+        Resources {
+            disk_free_bytes: host::sandbox_disk_free_bytes(&self.ctx.settings),
+            memory_limits_bytes: containers as u64 * (self.ctx.settings.sandbox.memory_mb << 20),
+            host_memory_bytes: host::memory_bytes(),
+        }
+    }
+
+    pub async fn delete<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<()> {
+        self.ask(scope.into(), id, None, |reply| SandboxMsg::Delete { reply })
+            .await??;
+        // Gone now, not when the supervisor hears that the actor stopped.
+        self.registry.write().expect("registry lock").remove(&id);
+        Ok(())
+    }
+
+    /// Stops the actors; containers keep running and the next start adopts
+    /// them. With no sandbox left, the server's network and firewall rules
+    /// are removed too, so a stopped server leaves nothing behind.
+    pub async fn shutdown(&self) {
+        self.pool.drain().await;
+        let none_left = self.registry.read().expect("registry lock").is_empty();
+        self.supervisor
+            .stop_children_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
+            .await;
+        let _ = self
+            .supervisor
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
+            .await;
+        // Work still finishing (a run's task, a status query) holds the
+        // context and with it the record store; let it end, briefly. What
+        // remains is this value's own handle and the pool's.
+        for _ in 0..100 {
+            if Arc::strong_count(&self.ctx) <= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if none_left {
+            if let Err(e) = self.ctx.runtime.release().await {
+                warn!(error = %e, "could not remove the sandbox network");
+            }
+        }
+    }
+}
+
+/// What the engine-free tests look at directly.
+#[cfg(test)]
+impl Sandboxes {
+    pub(crate) fn pool_ready(&self) -> usize {
+        self.pool.ready()
+    }
+
+    pub(crate) fn actor_of(&self, id: Uuid) -> Option<ActorRef<SandboxMsg>> {
+        let registry = self.registry.read().expect("registry lock");
+        registry.get(&id).map(|e| e.actor.clone())
+    }
+}
+
+/// What a call to an actor came to (see [`Sandboxes::ask`]).
+fn answer<T>(
+    actor: &ActorRef<SandboxMsg>,
+    id: Uuid,
+    called: std::result::Result<CallResult<T>, ractor::MessagingErr<SandboxMsg>>,
+) -> Result<T> {
+    match called {
+        Ok(CallResult::Success(v)) => Ok(v),
+        Ok(CallResult::Timeout) => Err(SandboxError::Internal(format!(
+            "sandbox {id} did not answer in time; try again"
+        ))),
+        Ok(CallResult::SenderError) if actor.get_status() == ractor::ActorStatus::Running => Err(
+            SandboxError::Internal("the call failed inside the server before it finished; run it again".into()),
+        ),
+        _ => Err(SandboxError::NotFound(id)),
+    }
+}
+
+async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
+    ractor::call!(supervisor, |reply| SupervisorMsg::Spawn {
+        record: Box::new(record),
+        reply,
+    })
+    .map_err(|e| SandboxError::Internal(e.to_string()))?
+    .map_err(|e| SandboxError::Internal(e.to_string()))
+}
+
+/// This server's id, made on first start and kept in `state_dir/server-id`:
+/// it is the value of the server label on everything the server creates, so
+/// a restarted server finds (and adopts) what it made before.
+fn server_id(state_dir: &Path) -> Result<String> {
+    let path = state_dir.join("server-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        _ => {
+            let id = Uuid::new_v4().simple().to_string()[..12].to_string();
+            std::fs::write(&path, format!("{id}\n")).map_err(|source| StoreError::ServerId { path, source })?;
+            Ok(id)
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Start-up reconciliation: what the records say against what the engine
+//! and the host's folders hold.
+
+use std::collections::HashMap;
+
+use time::OffsetDateTime;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::records::SandboxRecord;
+use crate::runtime::ContainerState;
+use crate::sandbox::remove_everything;
+
+use super::Sandboxes;
+
+impl Sandboxes {
+    /// Adopts sandboxes of an earlier run, removes expired ones, and removes
+    /// labelled containers, volumes and folders that no record explains.
+    pub(super) async fn reconcile(&self) -> Result<()> {
+        let now = OffsetDateTime::now_utc();
+        // Sandbox → its current container; anything else labelled is a
+        // leftover (an installer, a container replaced by a re-creation).
+        let mut known: HashMap<Uuid, String> = HashMap::new();
+        // One object that cannot be removed now (the engine is still busy
+        // with a removal the previous server began, say) never stops the
+        // start: it is logged, and a deleted sandbox's actor retries.
+        for mut record in self.ctx.store.all().await? {
+            if record.deleting || record.seeding.is_some() || record.expires_at.is_some_and(|t| t <= now) {
+                info!(
+                    sandbox = %record.id, deleting = record.deleting, unfinished_fork = ?record.seeding,
+                    "removing a deleted or expired sandbox, or a fork that never answered"
+                );
+                match remove_everything(&self.ctx, &record).await {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        warn!(sandbox = %record.id, error = %e, "could not remove a deleted sandbox yet; retrying");
+                        record.deleting = true;
+                    }
+                }
+            }
+            known.insert(record.id, record.container_id.clone());
+            let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
+            self.ctx.egress.attach(record.id, egress)?;
+            self.remount(&record).await?;
+            self.spawn(record).await?;
+        }
+        let runtime = &self.ctx.runtime;
+        for c in runtime.list_containers().await? {
+            if c.sandbox.is_none_or(|id| known.get(&id) != Some(&c.id)) {
+                info!(container = %c.id, "removing a container no record explains");
+                if let Err(e) = runtime.remove(&c.id, None).await {
+                    warn!(container = %c.id, error = %e, "could not remove a leftover container; the next start tries again");
+                }
+            }
+        }
+        for v in runtime.list_volumes().await? {
+            if !v.sandbox.is_some_and(|id| known.contains_key(&id)) {
+                info!(volume = %v.id, "removing a volume no record explains");
+                if let Err(e) = runtime.remove_volume(&v.id).await {
+                    warn!(volume = %v.id, error = %e, "could not remove a leftover volume; the next start tries again");
+                }
+            }
+        }
+        let known_ids = known.keys().copied().collect();
+        self.ctx.disks.remove_orphans(&known_ids).await;
+        self.ctx.snapshots.remove_orphans(&known_ids).await;
+        self.ctx.snapshots.remove_exports().await;
+        let s = &self.ctx.settings;
+        for dir in [s.agents_dir(), s.state_dir.join("egress"), s.results_dir.clone()] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let orphan =
+                    Uuid::parse_str(&entry.file_name().to_string_lossy()).is_ok_and(|id| !known.contains_key(&id));
+                if orphan {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        info!(
+            server_id = %self.server_id,
+            adopted = known.len(),
+            "reconciled sandbox records with Docker"
+        );
+        Ok(())
+    }
+
+    /// Mounts an adopted sandbox's capped file systems again where they are
+    /// missing (after a host reboot); a container that kept running on the
+    /// bare folders meanwhile is restarted onto them.
+    async fn remount(&self, record: &SandboxRecord) -> Result<()> {
+        if self.ctx.disks.ensure(record.id).await? {
+            info!(sandbox = %record.id, "mounted the sandbox's disks again");
+            if self.ctx.runtime.state(&record.container_id).await? == ContainerState::Running {
+                self.ctx.runtime.restart(&record.container_id).await?;
+            }
+        }
+        Ok(())
+    }
+}
