@@ -18,6 +18,9 @@
 //! - `access/`: who may call and how much: addresses, callers, API and guest
 //!   keys, signed links, rates, session and connection caps.
 //! - `metrics`: what is counted.
+//!
+//! In test builds, `tests/` runs the tools, the REST API and tasks on the
+//! domain's in-memory runtime, without a Docker engine.
 
 pub mod access;
 pub mod config;
@@ -26,3 +29,6 @@ mod mcp;
 mod metrics;
 mod ops;
 pub mod serve;
+
+#[cfg(test)]
+mod tests;

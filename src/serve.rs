@@ -56,7 +56,7 @@ async fn start_sandboxes(config: &Config, config_path: Option<&Path>) -> anyhow:
 }
 
 /// The shared operations, over a started domain.
-fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -> anyhow::Result<Ops> {
+pub(crate) fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -> anyhow::Result<Ops> {
     Ok(Ops {
         sandboxes,
         limits: limits(config, signer.as_ref())?,
@@ -100,15 +100,20 @@ async fn stop_signal() {
     }
 }
 
-pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
-    let signer = match config.auth.enabled {
+/// The signer of links and guest keys, when API keys are on.
+pub(crate) fn signer(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Option<LinkSigner>> {
+    Ok(match config.auth.enabled {
         true => Some(LinkSigner::load(
             config.auth.link_secret.as_deref(),
             config.auth.link_ttl_seconds,
             &config.settings(config_path)?.state_dir,
         )?),
         false => None,
-    };
+    })
+}
+
+pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
+    let signer = signer(&config, config_path)?;
     let open_files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
     let sandboxes = start_sandboxes(&config, config_path).await?;
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);

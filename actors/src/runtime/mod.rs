@@ -1,9 +1,10 @@
 //! The container runtime: everything the sandbox actors ask of Docker, behind
-//! a trait so that unit tests of actor logic can replace it.
+//! a trait so that unit tests of actor logic can replace it (`fake`, in this
+//! crate's tests and with the `test-runtime` feature).
 
 pub mod disk;
 mod docker;
-#[cfg(test)]
+#[cfg(any(test, feature = "test-runtime"))]
 pub mod fake;
 pub mod firewall;
 mod image;

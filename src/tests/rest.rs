@@ -1,0 +1,140 @@
+//! The REST API over HTTP on a loopback port, behind API keys: each key
+//! sees and changes only its own sandboxes, and bad input is answered with
+//! the status that says what kind and a message that says what to send.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::{App, ALICE, BOB, KEYS};
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    async fn send(&self, key: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(key);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("an answer");
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+}
+
+async fn api(app: &App) -> (Api, tokio_util::sync::DropGuard) {
+    let (base, shutdown) = app.http().await;
+    let api = Api {
+        http: reqwest::Client::new(),
+        base,
+    };
+    (api, shutdown.drop_guard())
+}
+
+#[tokio::test]
+async fn each_key_sees_and_changes_only_its_own_sandboxes() {
+    let app = App::start(&[("MCP_SANDBOX_AUTH_ENABLED", "true"), ("MCP_SANDBOX_AUTH_KEYS", KEYS)]).await;
+    let (api, _serving) = api(&app).await;
+
+    let (status, made) = api
+        .send(ALICE, Method::POST, "/api/sandboxes", Some(json!({"name": "mine"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let id = made["sandbox_id"].as_str().unwrap().to_string();
+    let (status, ran) = api
+        .send(
+            ALICE,
+            Method::POST,
+            &format!("/api/sandboxes/{id}/python"),
+            Some(json!({"code": "hello"})),
+        )
+        .await;
+    assert_eq!(
+        (status, ran["stdout"].clone()),
+        (StatusCode::OK, json!("hello\n")),
+        "{ran}"
+    );
+
+    let (_, listed) = api.send(BOB, Method::GET, "/api/sandboxes", None).await;
+    assert_eq!(listed["sandboxes"], json!([]), "{listed}");
+    for (method, path, body) in [
+        (Method::GET, format!("/api/sandboxes/{id}"), None),
+        (
+            Method::POST,
+            format!("/api/sandboxes/{id}/python"),
+            Some(json!({"code": "set x 1"})),
+        ),
+        (
+            Method::POST,
+            format!("/api/sandboxes/{id}/shell"),
+            Some(json!({"command": "echo hi"})),
+        ),
+        (Method::GET, format!("/api/sandboxes/{id}/files"), None),
+        (Method::POST, format!("/api/sandboxes/{id}/snapshots"), Some(json!({}))),
+        (Method::POST, format!("/api/sandboxes/{id}/forks"), Some(json!({}))),
+        (Method::DELETE, format!("/api/sandboxes/{id}"), None),
+    ] {
+        let (status, body) = api.send(BOB, method.clone(), &path, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+    }
+    let (_, mine) = api.send(ALICE, Method::GET, "/api/sandboxes", None).await;
+    assert_eq!(mine["sandboxes"].as_array().map(Vec::len), Some(1), "{mine}");
+
+    let (status, _) = api.send("no-such-key", Method::GET, "/api/sandboxes", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let (status, _) = api
+        .send(ALICE, Method::DELETE, &format!("/api/sandboxes/{id}"), None)
+        .await;
+    assert!(status.is_success(), "{status}");
+    let (status, _) = api
+        .send(ALICE, Method::GET, &format!("/api/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn bad_input_is_answered_with_its_kind_and_what_to_send() {
+    let app = App::start(&[("MCP_SANDBOX_AUTH_ENABLED", "true"), ("MCP_SANDBOX_AUTH_KEYS", KEYS)]).await;
+    let (api, _serving) = api(&app).await;
+    let (_, made) = api.send(ALICE, Method::POST, "/api/sandboxes", Some(json!({}))).await;
+    let id = made["sandbox_id"].as_str().unwrap().to_string();
+    let cases = [
+        (
+            Method::GET,
+            "/api/sandboxes/not-an-id".to_string(),
+            None,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Method::POST,
+            format!("/api/sandboxes/{id}/python"),
+            Some(json!({"cod": "x"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            Method::POST,
+            format!("/api/sandboxes/{id}/python"),
+            Some(json!({"code": "x", "timeout_seconds": 0})),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            Method::POST,
+            format!("/api/sandboxes/{id}/forks"),
+            Some(json!({"count": 17})),
+            StatusCode::BAD_REQUEST,
+        ),
+    ];
+    for (method, path, body, expected) in cases {
+        let (status, answer) = api.send(ALICE, method.clone(), &path, body).await;
+        assert_eq!(status, expected, "{method} {path}: {answer}");
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert!(message.len() > 10, "{method} {path}: no message in {answer}");
+    }
+}
