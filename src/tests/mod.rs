@@ -20,8 +20,6 @@ use std::sync::Arc;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
-use sandbox_actors::egress::Egress;
-use sandbox_actors::records::RecordStore;
 use sandbox_actors::runtime::fake::FakeRuntime;
 use sandbox_actors::Sandboxes;
 use serde_json::{Map, Value};
@@ -29,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access::caller::Caller;
 use crate::access::connections;
+use crate::access::signer::LinkSigner;
 use crate::config::Config;
 use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
@@ -43,6 +42,7 @@ pub const BOB: &str = "bob-key-0123456789abcdef";
 pub struct App {
     pub config: Config,
     pub ops: Ops,
+    signer: Option<LinkSigner>,
     pub fake: FakeRuntime,
     _root: tempfile::TempDir,
 }
@@ -67,19 +67,16 @@ impl App {
         env.extend(defaults.iter().chain(vars).map(|(k, v)| (k.to_string(), v.to_string())));
         let config = Config::load(None, env.into_iter()).expect("a valid configuration");
         let settings = config.settings(None).unwrap();
-        std::fs::create_dir_all(settings.agents_dir()).unwrap();
-        std::fs::create_dir_all(&settings.results_dir).unwrap();
-        let store = RecordStore::open(&settings.state_dir.join("records.redb")).unwrap();
-        let egress = Egress::new(&settings, vec![]).unwrap();
         let fake = FakeRuntime::new(settings.sandbox.output_cap_bytes);
-        let sandboxes = Sandboxes::with_runtime(settings, store, "fake".into(), Arc::new(fake.clone()), egress)
+        let sandboxes = Sandboxes::on_fake(settings, &fake)
             .await
             .expect("start on the fake runtime");
         let signer = crate::serve::signer(&config, None).unwrap();
-        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer).unwrap();
+        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone()).unwrap();
         Self {
             config,
             ops,
+            signer,
             fake,
             _root: root,
         }
@@ -110,8 +107,7 @@ impl App {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
-        let signer = crate::serve::signer(&self.config, None).unwrap();
-        let app = crate::http::router(&self.config, self.ops.clone(), signer, shutdown.clone());
+        let app = crate::http::router(&self.config, self.ops.clone(), self.signer.clone(), shutdown.clone());
         let (limits, addresses) = (self.config.limits.clone(), self.config.client_addresses().unwrap());
         let (metrics, stop) = (self.ops.metrics.clone(), shutdown.clone());
         tokio::spawn(async move { connections::serve(listener, app, &limits, addresses, metrics, stop).await });

@@ -85,10 +85,7 @@ impl Sandboxes {
     /// Opens the records, connects to Docker, builds the sandbox image if it
     /// is missing, and adopts or cleans up what an earlier run left.
     pub async fn start(settings: Settings) -> Result<Self> {
-        let io = |what: &str, e: std::io::Error| SandboxError::Internal(format!("{what}: {e}"));
-        std::fs::create_dir_all(settings.agents_dir()).map_err(|e| io("creating the state folder", e))?;
-        std::fs::create_dir_all(&settings.results_dir).map_err(|e| io("creating the results folder", e))?;
-        let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
+        let store = open_store(&settings)?;
         let server_id = server_id(&settings.state_dir)?;
         let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone(), settings.agents_dir()).await?;
         runtime.ensure_image(&settings.state_dir).await?;
@@ -404,6 +401,26 @@ impl Sandboxes {
                 warn!(error = %e, "could not remove the sandbox network");
             }
         }
+    }
+}
+
+/// Makes the server's folders and opens its records.
+fn open_store(settings: &Settings) -> Result<RecordStore> {
+    let io = |what: &str, e: std::io::Error| SandboxError::Internal(format!("{what}: {e}"));
+    std::fs::create_dir_all(settings.agents_dir()).map_err(|e| io("creating the state folder", e))?;
+    std::fs::create_dir_all(&settings.results_dir).map_err(|e| io("creating the results folder", e))?;
+    RecordStore::open(&settings.state_dir.join("records.redb"))
+}
+
+#[cfg(any(test, feature = "test-runtime"))]
+impl Sandboxes {
+    /// Starts the domain on the in-memory runtime, as [`Sandboxes::start`]
+    /// does on Docker: for the engine-free tests of this crate and of the
+    /// front end.
+    pub async fn on_fake(settings: Settings, fake: &crate::runtime::fake::FakeRuntime) -> Result<Self> {
+        let store = open_store(&settings)?;
+        let egress = Egress::new(&settings, vec![])?;
+        Self::with_runtime(settings, store, "fake".into(), Arc::new(fake.clone()), egress).await
     }
 }
 

@@ -11,15 +11,12 @@ mod registry;
 mod snapshot;
 mod supervisor;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
 
 use crate::agent::Work;
-use crate::egress::Egress;
 use crate::error::Result;
-use crate::records::RecordStore;
 use crate::runtime::fake::FakeRuntime;
 use crate::{Quota, Ran, Sandboxes, Settings};
 
@@ -95,11 +92,7 @@ impl Server {
 }
 
 async fn open(settings: &Settings, fake: &FakeRuntime) -> Result<Sandboxes> {
-    std::fs::create_dir_all(settings.agents_dir()).unwrap();
-    std::fs::create_dir_all(&settings.results_dir).unwrap();
-    let store = RecordStore::open(&settings.state_dir.join("records.redb"))?;
-    let egress = Egress::new(settings, vec![])?;
-    Sandboxes::with_runtime(settings.clone(), store, "fake".into(), Arc::new(fake.clone()), egress).await
+    Sandboxes::on_fake(settings.clone(), fake).await
 }
 
 /// Lets background work (ticks, refills, retries) run for `d` of paused time.
