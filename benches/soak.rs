@@ -780,8 +780,10 @@ async fn orphans(server_id: &str, root: &std::path::Path) -> Vec<String> {
         }
     }
     let tag = format!("mcp-sandbox:{server_id}");
-    for chain in ["INPUT", "DOCKER-USER"] {
-        let rules = run("iptables", &["-w", "-S", chain]).await.unwrap_or_default();
+    for (table, chain) in [("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING")] {
+        let rules = run("iptables", &["-w", "-t", table, "-S", chain])
+            .await
+            .unwrap_or_default();
         left.extend(
             rules
                 .lines()

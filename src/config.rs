@@ -657,7 +657,7 @@ mod tests {
                 "sandbox.egress_max_connections",
             ),
             (
-                "[sandbox]\negress_mb_per_minute = 0\n",
+                "[sandbox]\negress_mb_per_minute = 3\n",
                 vec![],
                 "sandbox.egress_mb_per_minute",
             ),

@@ -82,6 +82,13 @@ pub const RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
 /// Python process and a copy of the sandbox's disks.
 pub const MAX_SNAPSHOTS: usize = 16;
 
+/// The lowest `egress_mb_per_minute` (about 70 KB a second): the kernel's
+/// byte-rate match charges a packet larger than one second of the rate as
+/// one second, and after receive offloads a packet it sees is up to 64 KiB,
+/// so below 64 KiB a second one packet a second, whatever its size, would
+/// pass.
+pub const MIN_EGRESS_MB_PER_MINUTE: u64 = 4;
+
 /// `[sandbox]`: the image, the OCI runtime and the limits of every container.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -100,6 +107,7 @@ pub struct SandboxConfig {
     pub egress_max_connections: usize,
     /// Bytes (both directions, MiB) one sandbox may move through the egress
     /// proxy per minute; beyond it its connections wait for the next minute.
+    /// At least [`MIN_EGRESS_MB_PER_MINUTE`].
     pub egress_mb_per_minute: u64,
     pub memory_mb: u64,
     pub cpus: f64,
@@ -417,8 +425,15 @@ impl SandboxConfig {
         if self.egress_max_connections == 0 {
             return Err(invalid("sandbox.egress_max_connections", "at least 1"));
         }
-        if self.egress_mb_per_minute == 0 {
-            return Err(invalid("sandbox.egress_mb_per_minute", "at least 1"));
+        if self.egress_mb_per_minute < MIN_EGRESS_MB_PER_MINUTE {
+            return Err(invalid(
+                "sandbox.egress_mb_per_minute",
+                format!(
+                    "at least {MIN_EGRESS_MB_PER_MINUTE}: the host's byte-rate rule charges a packet \
+                     larger than one second of the rate as one second, and packets reach 64 KiB \
+                     after the kernel's offloads, so a lower rate would not hold"
+                ),
+            ));
         }
         for (key, mb, inodes_key, inodes) in [
             ("results_mb", self.results_mb, "results_inodes", self.results_inodes),

@@ -551,8 +551,8 @@ impl Drop for Server {
         remove(&["volume", "rm", "-f"], listed(&["volume", "ls"]));
         remove(&["network", "rm"], listed(&["network", "ls"]));
         let tag = format!("mcp-sandbox:{}", id.trim());
-        for chain in ["INPUT", "DOCKER-USER"] {
-            let Ok(rules) = Command::new("iptables").args(["-w", "-S", chain]).output() else {
+        for (table, chain) in [("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING")] {
+            let Ok(rules) = Command::new("iptables").args(["-w", "-t", table, "-S", chain]).output() else {
                 continue;
             };
             for rule in String::from_utf8_lossy(&rules.stdout)
@@ -561,7 +561,10 @@ impl Drop for Server {
             {
                 // Rules read back as `-A CHAIN … --comment "tag" …`; the tag has no spaces.
                 let args: Vec<&str> = rule.split_whitespace().skip(1).map(|a| a.trim_matches('"')).collect();
-                let _ = Command::new("iptables").args(["-w", "-D"]).args(args).status();
+                let _ = Command::new("iptables")
+                    .args(["-w", "-t", table, "-D"])
+                    .args(args)
+                    .status();
             }
         }
         // The disk images and agent folders of sandboxes left behind.

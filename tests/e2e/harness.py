@@ -120,11 +120,11 @@ class Server:
             for network in docker("network", "ls", "-q", "--filter", f"label={SERVER_LABEL}={self.server_id}").split():
                 docker("network", "rm", network)
             tag = f"mcp-sandbox:{self.server_id}"
-            for chain in ("INPUT", "DOCKER-USER"):
-                rules = subprocess.run(["iptables", "-w", "-S", chain], capture_output=True, text=True).stdout
+            for table, chain in (("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING")):
+                rules = subprocess.run(["iptables", "-w", "-t", table, "-S", chain], capture_output=True, text=True).stdout
                 for line in rules.splitlines():
                     if tag in line:
-                        subprocess.run(["iptables", "-w", "-D", *shlex.split(line)[1:]], capture_output=True)
+                        subprocess.run(["iptables", "-w", "-t", table, "-D", *shlex.split(line)[1:]], capture_output=True)
         unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
 

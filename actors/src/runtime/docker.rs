@@ -99,8 +99,24 @@ impl DockerRuntime {
             return Ok(None);
         };
         if self.config.isolate_host {
-            if let Err(e) = super::firewall::apply(&self.server_id, &subnet, &self.config) {
-                tracing::warn!(error = %e, "host firewall rules not applied: open sandboxes can reach the host, private networks and each other");
+            let (server_id, net, config) = (self.server_id.clone(), subnet.clone(), self.config.clone());
+            let applied = tokio::task::spawn_blocking(move || super::firewall::apply(&server_id, &net, &config))
+                .await
+                .map_err(|e| SandboxError::Internal(e.to_string()))?;
+            match applied {
+                Ok(()) => {}
+                Err(e) if e.unavailable() => {
+                    tracing::warn!(error = %e, "host firewall rules not applied: open sandboxes can reach the host, private networks and each other");
+                }
+                // The host has a firewall and refused part of the rules:
+                // sandboxes are not started half-fenced.
+                Err(e) => {
+                    return Err(SandboxError::Internal(format!(
+                        "the host firewall rules of the sandbox network could not be applied ({e}); \
+                         nothing is started without them while sandbox.isolate_host is true: \
+                         check what else changes iptables on this host, then start again"
+                    )))
+                }
             }
         }
         Ok(subnet.parse().ok())
@@ -539,7 +555,9 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn release(&self) -> Result<()> {
         if let Some(network) = &self.network {
-            if let Err(e) = super::firewall::remove(&self.server_id) {
+            let server_id = self.server_id.clone();
+            let removed = tokio::task::spawn_blocking(move || super::firewall::remove(&server_id)).await;
+            if let Ok(Err(e)) = removed {
                 tracing::warn!(error = %e, "could not remove host firewall rules");
             }
             match self.docker.remove_network(network).await {

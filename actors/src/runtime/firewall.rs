@@ -11,14 +11,20 @@
 //! closed ones free their slot), a bounded number of new flows a second,
 //! and `egress_mb_per_minute` per sandbox in each
 //! direction (a kernel token bucket refilled at that rate; packets beyond
-//! it are dropped, so TCP slows down to the rate), so a
-//! sandbox cannot flood a third party from the host's address. Rules are tagged with the server id, so a server
-//! replaces its own on start and touches no other rule. Applied with
-//! `iptables` where the host allows it; where it does not, the server says
-//! so and carries on.
+//! it are dropped, so TCP slows down to the rate; the bucket holds one
+//! second of the rate and charges a larger packet as one second, which is
+//! why the rate may not be lower than the largest packet, 64 KiB, a
+//! second), so a
+//! sandbox cannot flood a third party from the host's address. Rules are tagged with the server id and a
+//! generation, so a server replaces its own on start (the new generation
+//! above the old, then the old removed) and touches no other rule. Applied
+//! with `iptables` where the host allows it; where the host has no firewall
+//! for this process (no iptables, not root), the server says so and carries
+//! on; where it has one that refuses a rule, the server does not start.
 
 use std::net::IpAddr;
 use std::process::Command;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
@@ -28,8 +34,28 @@ use crate::egress_rules::{host_networks, name_servers, RuleError, Rules, PRIVATE
 /// Link-local range holding the cloud metadata address 169.254.169.254.
 const LINK_LOCAL: &str = "169.254.0.0/16";
 
-fn tag(server_id: &str) -> String {
-    format!("mcp-sandbox:{server_id}")
+/// The comment on this server's rules of one generation. Each application
+/// of the rules is a new generation (`a`, then `b`, then `a`…), so that the
+/// old rules, removed once the new ones are in, never match a new one.
+fn tag(server_id: &str, generation: char) -> String {
+    format!("mcp-sandbox:{server_id}:{generation}")
+}
+
+/// Whether an `iptables -S` line is one of this server's rules (of any
+/// generation, or of versions that tagged without one).
+fn is_ours(line: &str, server_id: &str) -> bool {
+    let tag = format!("mcp-sandbox:{server_id}");
+    line.match_indices(&tag)
+        .any(|(at, _)| matches!(line[at + tag.len()..].chars().next(), None | Some(':' | ' ' | '"')))
+}
+
+/// The generation after the one `old` rules carry.
+fn next_generation(old: &[(Chain, Vec<String>)], server_id: &str) -> char {
+    let a = tag(server_id, 'a');
+    match old.iter().any(|(_, rule)| rule.contains(&a)) {
+        true => 'b',
+        false => 'a',
+    }
 }
 
 /// Why the host firewall rules could not be set or removed.
@@ -44,19 +70,45 @@ pub enum FirewallError {
     Rules(#[from] RuleError),
 }
 
+impl FirewallError {
+    /// Whether the host offers no firewall to this process at all (no
+    /// iptables, not root, no kernel tables), as on a development machine,
+    /// rather than refusing a rule it could have taken.
+    pub fn unavailable(&self) -> bool {
+        match self {
+            FirewallError::Run(_) => true,
+            FirewallError::Refused { stderr, .. } => ["Permission denied", "must be root", "can't initialize"]
+                .iter()
+                .any(|s| stderr.contains(s)),
+            FirewallError::Rules(_) => false,
+        }
+    }
+}
+
+/// Attempts at one iptables command: another program changing the tables
+/// at the same moment (the engine, another server) can make one fail.
+const ATTEMPTS: u32 = 5;
+
 fn iptables(args: &[&str]) -> Result<String, FirewallError> {
-    let out = Command::new("iptables")
-        .arg("-w")
-        .args(args)
-        .output()
-        .map_err(FirewallError::Run)?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(FirewallError::Refused {
+    let mut attempt = 1;
+    loop {
+        let out = Command::new("iptables")
+            .arg("-w")
+            .args(args)
+            .output()
+            .map_err(FirewallError::Run)?;
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let refused = FirewallError::Refused {
             args: args.join(" "),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+        };
+        if attempt == ATTEMPTS || refused.unavailable() {
+            return Err(refused);
+        }
+        std::thread::sleep(Duration::from_millis(50 << attempt));
+        attempt += 1;
     }
 }
 
@@ -75,16 +127,41 @@ const NEW_FLOWS_PER_SECOND: u32 = 20;
 const NEW_FLOWS_BURST: u32 = 50;
 
 /// The name of one of this server's kernel rate tables (bytes each way, new
-/// flows). Short enough for the oldest table revision's 15 characters.
-fn bucket(server_id: &str, direction: &str) -> String {
-    let id: String = server_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
-    format!("m{id}{direction}")
+/// flows) in one generation. Short enough for the oldest table revision's
+/// 15 characters. A generation has tables of its own: the kernel gives a
+/// new rule the table already bearing its name, with that table's rate,
+/// so a changed rate would not take effect while an old rule still held it.
+fn bucket(server_id: &str, generation: char, direction: &str) -> String {
+    let id: String = server_id.chars().filter(char::is_ascii_alphanumeric).take(11).collect();
+    format!("m{id}{generation}{direction}")
 }
 
+/// A chain: its table and name.
+type Chain = (&'static str, &'static str);
+
+const INPUT: Chain = ("filter", "INPUT");
+const DOCKER_USER: Chain = ("filter", "DOCKER-USER");
+/// Where the rules on where a sandbox may go are kept a second time. The
+/// engine moves its jump to `DOCKER-USER` (deletes it, inserts it again at
+/// the top of `FORWARD`) whenever a network is made or removed, and a
+/// connection begun in that moment passes none of `DOCKER-USER`'s rules:
+/// under network churn a sandbox reached the metadata address hundreds of
+/// times a minute. The engine never touches `raw`'s `PREROUTING`, which
+/// every packet from the subnet crosses first. (Its bounds need conntrack,
+/// which `raw` runs before; they stay in `DOCKER-USER` alone.)
+const RAW: Chain = ("raw", "PREROUTING");
+const CHAINS: [Chain; 3] = [INPUT, DOCKER_USER, RAW];
+
 /// The rules, in order, as (chain, arguments after the chain).
-fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec<(&'static str, Vec<String>)> {
-    let tag = tag(server_id);
-    let rule = |chain: &'static str, mut r: Vec<String>, target: &[&str]| {
+fn rules(
+    server_id: &str,
+    generation: char,
+    subnet: &str,
+    listed: &[IpNet],
+    bounds: Bounds,
+) -> Vec<(Chain, Vec<String>)> {
+    let tag = tag(server_id, generation);
+    let rule = |chain: Chain, mut r: Vec<String>, target: &[&str]| {
         r.extend(["-m", "comment", "--comment", &tag, "-j"].map(String::from));
         r.extend(target.iter().map(|s| s.to_string()));
         (chain, r)
@@ -113,7 +190,7 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
             ]
             .map(String::from),
         );
-        r.push(bucket(server_id, direction));
+        r.push(bucket(server_id, generation, direction));
         r
     };
     let connections = bounds.connections.to_string();
@@ -131,10 +208,10 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
     // on-link networks dropped.
     let new = ["-m", "conntrack", "--ctstate", "NEW"];
     let mut out = vec![
-        rule("INPUT", from(&[]), &["DROP"]),
-        rule("DOCKER-USER", from(&["-d", subnet]), &["DROP"]),
+        rule(INPUT, from(&[]), &["DROP"]),
+        rule(DOCKER_USER, from(&["-d", subnet]), &["DROP"]),
         rule(
-            "DOCKER-USER",
+            DOCKER_USER,
             from(
                 &[
                     &new[..],
@@ -152,7 +229,7 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
             &["REJECT"],
         ),
         rule(
-            "DOCKER-USER",
+            DOCKER_USER,
             from(
                 &[
                     &new[..],
@@ -166,16 +243,16 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
                         "--hashlimit-mode",
                         "srcip",
                         "--hashlimit-name",
-                        &bucket(server_id, "nw"),
+                        &bucket(server_id, generation, "nw"),
                     ],
                 ]
                 .concat(),
             ),
             &["REJECT"],
         ),
-        rule("DOCKER-USER", bytes(&["-s", subnet], "srcip", "up"), &["DROP"]),
+        rule(DOCKER_USER, bytes(&["-s", subnet], "srcip", "up"), &["DROP"]),
         rule(
-            "DOCKER-USER",
+            DOCKER_USER,
             bytes(
                 &["-d", subnet, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"],
                 "dstip",
@@ -183,7 +260,7 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
             ),
             &["DROP"],
         ),
-        rule("DOCKER-USER", from(&["-d", LINK_LOCAL]), &["DROP"]),
+        rule(DOCKER_USER, from(&["-d", LINK_LOCAL]), &["DROP"]),
     ];
     let closed: Vec<IpNet> = PRIVATE_V4
         .iter()
@@ -203,7 +280,7 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
             let dest = format!("{ns}/32");
             for proto in ["udp", "tcp"] {
                 out.push(rule(
-                    "DOCKER-USER",
+                    DOCKER_USER,
                     from(&["-d", &dest, "-p", proto, "--dport", "53"]),
                     &["RETURN"],
                 ));
@@ -211,30 +288,72 @@ fn rules(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Vec
         }
     }
     for net in listed.iter().filter(|n| n.addr().is_ipv4()) {
-        out.push(rule("DOCKER-USER", from(&["-d", &net.to_string()]), &["RETURN"]));
+        out.push(rule(DOCKER_USER, from(&["-d", &net.to_string()]), &["RETURN"]));
     }
     for net in closed {
-        out.push(rule("DOCKER-USER", from(&["-d", &net.to_string()]), &["DROP"]));
+        out.push(rule(DOCKER_USER, from(&["-d", &net.to_string()]), &["DROP"]));
     }
+    let bound = |r: &[String]| r.iter().any(|a| a == "connlimit" || a == "hashlimit");
+    let mirrored: Vec<_> = out
+        .iter()
+        .filter(|(chain, r)| *chain == DOCKER_USER && !bound(r))
+        .map(|(_, r)| (RAW, r.clone()))
+        .collect();
+    out.extend(mirrored);
     out
+}
+
+/// `iptables -t TABLE VERB CHAIN` and the rest.
+fn on(chain: Chain, verb: &str, rest: &[&str]) -> Result<String, FirewallError> {
+    let mut args = vec!["-t", chain.0, verb, chain.1];
+    args.extend(rest);
+    iptables(&args)
+}
+
+/// This server's rules in place, as (chain, arguments after the chain).
+fn tagged(server_id: &str) -> Result<Vec<(Chain, Vec<String>)>, FirewallError> {
+    let mut out = vec![];
+    for chain in CHAINS {
+        let listing = on(chain, "-S", &[])?;
+        let prefix = format!("-A {} ", chain.1);
+        for line in listing.lines().filter(|l| is_ours(l, server_id)) {
+            if let Some(spec) = line.strip_prefix(&prefix) {
+                out.push((chain, split_rule(spec)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes the first rule of `chain` with these arguments.
+fn delete(chain: Chain, rule: &[String]) -> Result<(), FirewallError> {
+    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    on(chain, "-D", &rule).map(drop)
 }
 
 /// Removes every rule this server added.
 pub fn remove(server_id: &str) -> Result<(), FirewallError> {
-    let tag = tag(server_id);
-    for chain in ["INPUT", "DOCKER-USER"] {
-        let listing = iptables(&["-S", chain])?;
-        for line in listing.lines().filter(|l| l.contains(&tag)) {
-            let Some(spec) = line.strip_prefix(&format!("-A {chain} ")) else {
-                continue;
-            };
-            let parts = split_rule(spec);
-            let mut args: Vec<&str> = vec!["-D", chain];
-            args.extend(parts.iter().map(String::as_str));
-            iptables(&args)?;
-        }
+    for (chain, rule) in tagged(server_id)? {
+        delete(chain, &rule)?;
     }
     Ok(())
+}
+
+/// The largest packet, in bytes, that receive or send offloads may hand the
+/// rules on any of the host's links (`gro_max_size`, `gso_max_size` and
+/// their IPv4 variants of `ip -d link`): 64 KiB unless BIG TCP raised it.
+fn largest_offload() -> u64 {
+    const KEYS: [&str; 4] = ["gro_max_size", "gso_max_size", "gro_ipv4_max_size", "gso_ipv4_max_size"];
+    let out = Command::new("ip").args(["-d", "-o", "link", "show"]).output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter(|w| KEYS.contains(&w[0]))
+        .filter_map(|w| w[1].parse().ok())
+        .fold(64 * 1024, u64::max)
 }
 
 /// Splits an `iptables -S` rule, keeping quoted comments whole.
@@ -261,7 +380,8 @@ fn split_rule(spec: &str) -> Vec<String> {
 
 /// Replaces this server's rules with fresh ones for `subnet`, from the
 /// sandbox settings: `egress_allow`, whose CIDRs stay reachable, and the
-/// egress bounds.
+/// egress bounds. Blocks (iptables runs, and retries): call it off the
+/// async threads.
 pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<(), FirewallError> {
     let listed: Vec<IpNet> = Rules::parse(&config.egress_allow)?.nets().copied().collect();
     let bounds = Bounds {
@@ -272,12 +392,29 @@ pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<()
     if bridged.trim() != "1" {
         tracing::warn!("net.bridge.bridge-nf-call-iptables is not 1: traffic between two sandboxes of one bridge bypasses iptables, and only the engine's inter-container option keeps them apart");
     }
-    remove(server_id)?;
+    let largest = largest_offload();
+    if bounds.bytes_per_minute / 60 < largest {
+        tracing::warn!(
+            largest,
+            "a link of the host aggregates packets of up to {largest} bytes (BIG TCP): the byte-rate rule charges a packet larger than one second of egress_mb_per_minute as one second, so the cap holds only from {} MiB a minute",
+            (largest * 60).div_ceil(1024 * 1024)
+        );
+    }
+    // The new generation goes in above the old one, which is removed only
+    // then: running sandboxes (adopted at a restart) are never without
+    // rules, and the new ones keep their order at the top (a rule deleted by
+    // its arguments is the first that has them, and the old generation's
+    // comment differs from the new one's).
+    let old = tagged(server_id)?;
+    let generation = next_generation(&old, server_id);
     // Each rule is inserted first, so they go in last to first.
-    for (chain, rule) in rules(server_id, subnet, &listed, bounds).into_iter().rev() {
-        let mut args = vec!["-I", chain, "1"];
+    for (chain, rule) in rules(server_id, generation, subnet, &listed, bounds).into_iter().rev() {
+        let mut args = vec!["1"];
         args.extend(rule.iter().map(String::as_str));
-        iptables(&args)?;
+        on(chain, "-I", &args)?;
+    }
+    for (chain, rule) in old {
+        delete(chain, &rule)?;
     }
     Ok(())
 }
@@ -293,10 +430,22 @@ mod tests {
             connections: 6,
             bytes_per_minute: 60 * 1024 * 1024,
         };
-        let r = rules("abc", "172.30.0.0/16", &listed, bounds);
-        assert!(r.iter().all(|(_, args)| args.contains(&"mcp-sandbox:abc".to_string())));
+        let r = rules("abc", 'b', "172.30.0.0/16", &listed, bounds);
+        assert!(r
+            .iter()
+            .all(|(_, args)| args.contains(&"mcp-sandbox:abc:b".to_string())));
         let has = |i: usize, words: &[&str]| words.iter().all(|w| r[i].1.contains(&w.to_string()));
-        assert_eq!((r[0].0, r[1].0), ("INPUT", "DOCKER-USER"));
+        assert_eq!((r[0].0, r[1].0), (INPUT, DOCKER_USER));
+        let raw: Vec<&Vec<String>> = r.iter().filter(|(c, _)| *c == RAW).map(|(_, a)| a).collect();
+        let filtered: Vec<&Vec<String>> = r
+            .iter()
+            .filter(|(c, a)| *c == DOCKER_USER && !a.iter().any(|w| w.ends_with("limit")))
+            .map(|(_, a)| a)
+            .collect();
+        assert_eq!(
+            raw, filtered,
+            "where a sandbox may go is kept in raw too, in order, bounds aside"
+        );
         assert!(
             has(1, &["-s", "-d", "172.30.0.0/16", "DROP"]),
             "sandbox to sandbox first"
@@ -307,15 +456,15 @@ mod tests {
         );
         assert!(!r[2].1.contains(&"tcp".to_string()));
         assert!(
-            has(3, &["NEW", "20/sec", "50", "mabcnw", "REJECT"]),
+            has(3, &["NEW", "20/sec", "50", "mabcbnw", "REJECT"]),
             "new flows per second"
         );
-        assert!(has(4, &["-s", "--hashlimit-above", "1048576b/s", "srcip", "mabcup"]));
+        assert!(has(4, &["-s", "--hashlimit-above", "1048576b/s", "srcip", "mabcbup"]));
         assert!(
-            has(5, &["-d", "ESTABLISHED,RELATED", "dstip", "mabcdn"]),
+            has(5, &["-d", "ESTABLISHED,RELATED", "dstip", "mabcbdn"]),
             "replies are bounded too"
         );
-        assert!(bucket("0123456789abcdef", "nw").len() <= 15);
+        assert!(bucket("0123456789abcdef", 'a', "nw").len() <= 15);
         let returned = r
             .iter()
             .position(|(_, a)| a.contains(&"10.1.0.0/16".to_string()))
@@ -332,5 +481,19 @@ mod tests {
             split_rule("-s 1.2.3.4/32 -m comment --comment \"a b\" -j DROP")[5],
             "a b"
         );
+    }
+
+    #[test]
+    fn generations_alternate_and_rules_are_told_apart_by_server() {
+        let line = |comment: &str| format!("-A DOCKER-USER -s 10.0.0.0/8 -m comment --comment \"{comment}\" -j DROP");
+        assert!(is_ours(&line("mcp-sandbox:abc:a"), "abc"));
+        assert!(is_ours(&line("mcp-sandbox:abc"), "abc"), "rules of earlier versions");
+        assert!(!is_ours(&line("mcp-sandbox:abcd:a"), "abc"), "another server's");
+        assert!(!is_ours(&line("mcp-sandbox:ab:a"), "abc"));
+        let rule = |comment: &str| (DOCKER_USER, split_rule(&line(comment)[14..]));
+        assert_eq!(next_generation(&[], "abc"), 'a');
+        assert_eq!(next_generation(&[rule("mcp-sandbox:abc:a")], "abc"), 'b');
+        assert_eq!(next_generation(&[rule("mcp-sandbox:abc:b")], "abc"), 'a');
+        assert_ne!(bucket("abc", 'a', "up"), bucket("abc", 'b', "up"));
     }
 }
