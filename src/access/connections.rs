@@ -29,8 +29,9 @@ use crate::metrics::{ConnectionRefusal, Metrics};
 
 /// Refusals being written at once; connections beyond are just closed.
 const REFUSALS_IN_FLIGHT: usize = 64;
-/// How long a refusal may take to write (and drain what the client sent).
-const REFUSAL_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a refusal may take to write, and how long a closing connection
+/// drains what the client still sends.
+const LINGER: Duration = Duration::from_secs(2);
 /// Descriptors kept free for the engine, agents, records and logs.
 const RESERVED_DESCRIPTORS: u64 = 256;
 /// Descriptors one sandbox may take (its agent's socket, inotify, Docker
@@ -128,17 +129,26 @@ fn refusal_bytes(why: ConnectionRefusal, caps: &Caps) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Writes the refusal, then reads (and drops) what the client sent for a
-/// moment, so that closing does not reset the connection under the answer.
+/// Writes the refusal and closes as [`discard`] says, all within [`LINGER`].
 async fn refuse(mut tcp: TcpStream, answer: Vec<u8>) {
-    let _ = tokio::time::timeout(REFUSAL_DEADLINE, async {
+    let _ = tokio::time::timeout(LINGER, async {
         tcp.write_all(&answer).await?;
         tcp.shutdown().await?;
-        let mut sink = [0u8; 4096];
-        while tcp.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
+        discard(&mut tcp).await
     })
     .await;
+}
+
+/// Reads and drops what the client still sends on a connection whose
+/// answer is written and whose sending side is shut (the rest of a body
+/// refused at its size, say), until the client closes; the caller bounds
+/// how long. Closed at once, a socket with unread bytes is reset, and a
+/// client still sending sees a broken pipe instead of the answer waiting
+/// for it.
+async fn discard(tcp: &mut TcpStream) -> std::io::Result<()> {
+    let mut sink = vec![0u8; 4096];
+    while tcp.read(&mut sink).await? > 0 {}
+    Ok(())
 }
 
 /// Why the open-file limit cannot hold the configured connections.
@@ -273,24 +283,36 @@ pub async fn serve(
             let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
                 let mut app = app.clone();
-                async move { app.call(req.map(axum::body::Body::new)).await }
+                // Boxed, so that the connection is `Unpin` and its socket
+                // can be taken back once it ends (see `discard`).
+                Box::pin(async move { app.call(req.map(axum::body::Body::new)).await })
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-            let conn = builder.serve_connection(TokioIo::new(tcp), service);
-            tokio::pin!(conn);
+            let mut conn = builder.serve_connection(TokioIo::new(tcp), service);
+            // Awaited by reference: the connection flushes its last answer
+            // and shuts its sending side, and its socket is still ours.
             let outcome = tokio::select! {
-                outcome = conn.as_mut() => outcome,
+                outcome = &mut conn => outcome,
                 _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+                    std::pin::Pin::new(&mut conn).graceful_shutdown();
+                    (&mut conn).await
                 }
+            };
+            let answered = match &outcome {
+                Ok(()) => !stop.is_cancelled(),
+                // hyper answered a malformed request (400, 431) itself.
+                Err(e) => e.is_parse(),
             };
             if let Err(e) = outcome {
                 if e.is_timeout() {
                     metrics.header_timeout();
                     debug!(client = %ip, "request headers too slow: connection dropped");
                 }
+            }
+            if answered {
+                let mut tcp = conn.into_parts().io.into_inner();
+                let _ = tokio::time::timeout(LINGER, discard(&mut tcp)).await;
             }
         });
     }

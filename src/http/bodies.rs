@@ -2,7 +2,7 @@
 //! a connection (and the memory of a body nearly sent) by sending slowly.
 //!
 //! A body whose `Content-Length` is past its route's cap is refused before
-//! a byte of it is read (413). Every body must then keep arriving: it has
+//! a byte of it is handed to the route (413). Every body must then keep arriving: it has
 //! `limits.body_timeout_seconds`, plus one second for each
 //! `limits.body_min_bytes_per_second` bytes it has delivered, so a small
 //! body arrives within the timeout and a large upload at no less than the
@@ -112,7 +112,8 @@ impl HttpBody for Deadlined {
 }
 
 /// An answer after which the connection closes: the rest of the body is
-/// never read.
+/// not read by the route (the connection drains it for a moment, so that
+/// the client can read the answer: see `connections::linger`).
 fn closing(status: StatusCode, message: &str) -> Response {
     let mut r = error(status, message);
     r.headers_mut()

@@ -138,3 +138,31 @@ async fn bad_input_is_answered_with_its_kind_and_what_to_send() {
         assert!(message.len() > 10, "{method} {path}: no message in {answer}");
     }
 }
+
+/// A body refused at its size before it is read is drained, not reset: a
+/// client that sends all of it before reading (as most do), and whose bytes
+/// come after the answer, still reads the 413. Closed at once, the server's
+/// socket would answer those bytes with a reset, and the client would see a
+/// broken pipe in place of the answer.
+#[tokio::test]
+async fn a_body_refused_at_its_size_is_drained_and_the_answer_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let app = App::start(&[]).await;
+    let (base, shutdown) = app.http().await;
+    let _serving = shutdown.drop_guard();
+    let body = vec![b'x'; crate::http::bodies::MAX_BODY_BYTES + 1];
+    let address = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /api/sandboxes HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    // The answer is written and the connection ends before the body comes.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    tcp.write_all(&body).await.expect("the body is taken, not reset");
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.expect("the answer");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
