@@ -30,9 +30,12 @@ async def py(c, sid, code):
 def test_forks_carry_a_dataframe_a_function_a_file_and_a_package(server):
     async def scenario(c, sid):
         inst = await call(c, "install_package_in_sandbox", sandbox_id=sid, package_name="pandas")
-        for _ in range(120):
+        # Up to five minutes: beside the integration tests the install
+        # shares the host's two cores.
+        for _ in range(300):
             if inst["status"] != "installing":
                 break
+            await asyncio.sleep(1)
             inst = await call(c, "check_package_installation_status", sandbox_id=sid, package_name="pandas")
         assert inst["status"] == "success", inst
         await py(
