@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 
-use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig};
+use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig, UsageConfig};
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
@@ -29,6 +29,7 @@ pub struct Config {
     pub pool: PoolConfig,
     pub guest: GuestConfig,
     pub tasks: TasksConfig,
+    pub usage: UsageConfig,
 }
 
 /// `[server]`
@@ -133,8 +134,8 @@ impl ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 10] = [
-    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest", "tasks",
+const SECTIONS: [&str; 11] = [
+    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest", "tasks", "usage",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 /// Keys with an earlier name that is still accepted: (section, old, new).
@@ -303,6 +304,7 @@ impl Config {
         self.packages.validate()?;
         self.limits.validate()?;
         self.pool.validate()?;
+        self.usage.validate()?;
         self.results.validate()?;
         let longest_run = self
             .sandbox
@@ -389,6 +391,7 @@ impl Config {
             packages: self.packages.clone(),
             uploads: self.uploads.clone(),
             pool: self.pool.clone(),
+            usage: self.usage.clone(),
             state_dir: abs(&self.server.state_dir),
             results_dir: abs(&self.results.dir),
             protected: config_path

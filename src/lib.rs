@@ -7,7 +7,8 @@
 //!
 //! Imports run one way, down this list: no module imports one above it.
 //!
-//! - [`serve`]: starts the HTTP server or MCP over stdio.
+//! - [`serve`]: starts the HTTP server or MCP over stdio; [`report`]: the
+//!   `usage` command, a client of a running server's usage report.
 //! - `http/`: the router, the routes (SSE, artifacts, REST API, web UI) and
 //!   what they share.
 //! - `mcp/`: the MCP tool handlers and the Streamable HTTP sessions.
@@ -28,6 +29,7 @@ mod http;
 mod mcp;
 mod metrics;
 mod ops;
+pub mod report;
 pub mod serve;
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ enum Command {
     Stdio,
     /// Build the sandbox image if it is missing, and print its tag.
     BuildImage,
+    /// Print what tenants used (sandbox time, CPU, memory, disk, network,
+    /// calls, installs), by day or hour, as a running server reports it.
+    Usage(mcp_sandbox::report::Ask),
     /// API keys.
     Key {
         #[command(subcommand)]
@@ -89,6 +92,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Stdio => mcp_sandbox::serve::stdio(config, path).await,
         Command::BuildImage => mcp_sandbox::serve::build_image(config, path).await,
+        Command::Usage(ask) => {
+            print!("{}", mcp_sandbox::report::usage(&config, ask).await?);
+            Ok(())
+        }
         Command::Key { .. } => unreachable!("handled before the configuration is loaded"),
     }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use sandbox_actors::usage::Totals;
 use sandbox_actors::{SandboxError, SandboxStatus, Stats};
 use tracing::{field, info, Instrument};
 use uuid::Uuid;
@@ -295,6 +296,29 @@ impl Metrics {
             header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {value}");
         }
+        for (name, help, value) in [
+            (
+                "mcp_sandbox_tenant_month_cpu_seconds",
+                "CPU seconds used this month (UTC) by the tenants that used the most (at most 10).",
+                (|t: &Totals| t.cpu_seconds) as fn(&Totals) -> f64,
+            ),
+            (
+                "mcp_sandbox_tenant_month_sandbox_seconds",
+                "Sandbox seconds (running and paused) this month of the same tenants.",
+                |t| t.running_seconds + t.paused_seconds,
+            ),
+            (
+                "mcp_sandbox_tenant_month_egress_bytes",
+                "Network bytes this month of the same tenants.",
+                |t| t.egress_bytes as f64,
+            ),
+        ] {
+            header(&mut out, name, "gauge", help);
+            for (tenant, totals) in &stats.top_tenants {
+                let tenant = tenant.replace(['\\', '"', '\n'], "_");
+                let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {}", value(totals));
+            }
+        }
         header(
             &mut out,
             "mcp_sandbox_tool_calls_total",
@@ -441,6 +465,15 @@ mod tests {
         let text = m.render(&stats);
         assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"policy\"} 3"));
         assert!(text.contains("mcp_sandbox_egress_denied_total{reason=\"sni\"} 0"));
+        let busy = Totals {
+            cpu_seconds: 7.5,
+            paused_seconds: 60.0,
+            ..Totals::default()
+        };
+        stats.top_tenants = vec![("alice".into(), busy)];
+        let text = m.render(&stats);
+        assert!(text.contains("mcp_sandbox_tenant_month_cpu_seconds{tenant=\"alice\"} 7.5"));
+        assert!(text.contains("mcp_sandbox_tenant_month_sandbox_seconds{tenant=\"alice\"} 60"));
         m.connection_opened();
         m.session_refused(SessionRefusal::Tenant(1));
         let text = m.render(&Stats::default());

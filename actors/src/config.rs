@@ -35,6 +35,7 @@ pub struct Settings {
     pub packages: PackagesConfig,
     pub uploads: UploadsConfig,
     pub pool: PoolConfig,
+    pub usage: UsageConfig,
     /// The server's own folder: records and agent sockets. Never uploadable.
     pub state_dir: PathBuf,
     /// Host folder holding each sandbox's `/app/results`.
@@ -58,6 +59,7 @@ impl Settings {
             packages: PackagesConfig::default(),
             uploads: UploadsConfig::default(),
             pool: PoolConfig::off(),
+            usage: UsageConfig::default(),
             max_sandboxes_total: usize::MAX,
             state_dir: root.join("state"),
             results_dir: root.join("results"),
@@ -287,6 +289,40 @@ fn url_host(url: &str) -> Option<String> {
         None => host.split(':').next()?,
     };
     (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+/// `[usage]`: what each tenant's sandboxes use, sampled and kept by the hour
+/// (see [`crate::usage`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UsageConfig {
+    /// How often every sandbox's counters are read and the hour's figures
+    /// written (5 to 300 s): a crash of the server loses at most this long.
+    pub sample_seconds: u64,
+    /// Hourly figures older than this many days are removed (1 to 3660).
+    pub retention_days: u64,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        Self {
+            sample_seconds: 15,
+            retention_days: 90,
+        }
+    }
+}
+
+impl UsageConfig {
+    /// Checks what serde cannot; each message names the offending key.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if !(5..=300).contains(&self.sample_seconds) {
+            return Err(invalid("usage.sample_seconds", "from 5 to 300"));
+        }
+        if !(1..=3660).contains(&self.retention_days) {
+            return Err(invalid("usage.retention_days", "from 1 to 3660"));
+        }
+        Ok(())
+    }
 }
 
 /// `[pool]`: sandboxes kept ready for `create_sandbox`, between `min` and

@@ -12,6 +12,7 @@ use crate::records::RecordStore;
 use crate::runtime::disk::Disks;
 use crate::runtime::{agent_dir, ContainerRuntime, SandboxPaths};
 use crate::snapshots::Snapshots;
+use crate::usage::Meter;
 
 pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,
@@ -21,6 +22,8 @@ pub struct Context {
     pub egress: Egress,
     pub disks: Disks,
     pub snapshots: Snapshots,
+    /// Every tenant's usage, accrued as it happens.
+    pub meter: Meter,
 }
 
 /// Events counted since the server started, for its metrics.

@@ -32,6 +32,9 @@
 //!   addresses never reached, read by the configuration check, the proxy and
 //!   the firewall.
 //! - `records`: the record store; `history`: a sandbox's recent calls.
+//! - `usage/`: what each tenant used, by the hour: the meter and this
+//!   month's totals (`mod.rs`), their rows in the record store (`store.rs`),
+//!   and the sampler that reads every sandbox's counters (`sampler.rs`).
 //! - `files/`: file tools on `/app/results` (paths and opening in `mod.rs`,
 //!   `list.rs`, `read.rs`); `uploads`: what may be uploaded,
 //!   and its packing; `nofollow`: the link-proof lookups both use;
@@ -69,6 +72,7 @@ pub mod snapshots;
 mod status;
 mod supervisor;
 pub mod uploads;
+pub mod usage;
 
 #[cfg(test)]
 mod tests;

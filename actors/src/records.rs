@@ -92,7 +92,7 @@ pub struct SandboxRecord {
 /// commits to disk) and are made from `spawn_blocking`.
 #[derive(Clone)]
 pub struct RecordStore {
-    db: Arc<Database>,
+    pub(crate) db: Arc<Database>,
     /// Records waiting for the next write: concurrent writes (a burst of
     /// creations) share one transaction and one commit instead of queueing
     /// for a commit each.
@@ -265,7 +265,7 @@ fn move_inline_installs(
     Ok(())
 }
 
-fn to_json(value: &impl Serialize) -> Result<Vec<u8>> {
+pub(crate) fn to_json(value: &impl Serialize) -> Result<Vec<u8>> {
     Ok(serde_json::to_vec(value).map_err(StoreError::Encoding)?)
 }
 
@@ -301,7 +301,7 @@ fn write_waiting(db: &Database, waiting: &Mutex<Vec<Waiting>>) -> Vec<(oneshot::
         .collect()
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| SandboxError::Internal(e.to_string()))?

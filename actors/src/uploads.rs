@@ -313,6 +313,7 @@ mod tests {
                 ..Default::default()
             },
             pool: Default::default(),
+            usage: Default::default(),
             state_dir: state.to_path_buf(),
             results_dir: state.join("results"),
             protected: vec![],

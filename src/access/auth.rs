@@ -14,6 +14,7 @@ use sandbox_actors::EgressPolicy;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::access::budgets::Budget;
 use crate::access::caller::Caller;
 use crate::access::guest::{Guest, GuestKeys};
 use crate::access::signer::{unix_now, TokenError};
@@ -62,6 +63,10 @@ pub struct KeyConfig {
     pub requests_per_second: Option<u32>,
     /// Egress policy of this key's sandboxes instead of `sandbox.network`.
     pub egress: Option<EgressPolicy>,
+    /// Monthly budgets (see [`crate::access::budgets`]).
+    pub cpu_hours_per_month: Option<f64>,
+    pub sandbox_hours_per_month: Option<f64>,
+    pub egress_mb_per_month: Option<f64>,
 }
 
 /// A key as the server holds it.
@@ -74,6 +79,7 @@ pub struct Tenant {
     pub max_sandboxes: Option<usize>,
     pub requests_per_second: Option<u32>,
     pub egress: Option<EgressPolicy>,
+    pub budget: Budget,
 }
 
 #[derive(Debug, Clone)]
@@ -113,6 +119,8 @@ pub enum KeysError {
     NameTwice(usize, String),
     #[error("auth.keys[{0}]: limits must be at least 1")]
     ZeroLimit(usize),
+    #[error("auth.keys[{0}].{1}: a number above 0")]
+    Budget(usize, &'static str),
     #[error("auth.admin_keys: {0:?} is not the name of a key in [[auth.keys]]")]
     UnknownAdmin(String),
     #[error("auth.keys: authentication is enabled but no usable key is configured")]
@@ -158,6 +166,14 @@ impl Keys {
             if k.max_sandboxes == Some(0) || k.requests_per_second == Some(0) {
                 return Err(KeysError::ZeroLimit(i));
             }
+            let budget = Budget {
+                cpu_hours: k.cpu_hours_per_month,
+                sandbox_hours: k.sandbox_hours_per_month,
+                egress_mb: k.egress_mb_per_month,
+            };
+            if let Some(key) = budget.invalid_key() {
+                return Err(KeysError::Budget(i, key));
+            }
             tenants.push(Tenant {
                 name: k.name.clone(),
                 digest,
@@ -166,6 +182,7 @@ impl Keys {
                 max_sandboxes: k.max_sandboxes,
                 requests_per_second: k.requests_per_second,
                 egress: k.egress,
+                budget,
             });
         }
         if let Some(unknown) = config

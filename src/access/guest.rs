@@ -14,6 +14,7 @@ use rand::RngCore;
 use sandbox_actors::config::EgressPolicy;
 use serde::Deserialize;
 
+use crate::access::budgets::Budget;
 use crate::access::caller::{Caller, GUEST_PREFIX};
 use crate::access::signer::{LinkSigner, TokenError};
 
@@ -38,6 +39,10 @@ pub struct GuestConfig {
     pub sandbox_lifetime_seconds: u64,
     /// Egress policy of guests' sandboxes; unset: `sandbox.network`.
     pub network: Option<EgressPolicy>,
+    /// Monthly budgets of each guest (see [`crate::access::budgets`]).
+    pub cpu_hours_per_month: Option<f64>,
+    pub sandbox_hours_per_month: Option<f64>,
+    pub egress_mb_per_month: Option<f64>,
 }
 
 impl Default for GuestConfig {
@@ -50,6 +55,9 @@ impl Default for GuestConfig {
             requests_per_second: 5,
             sandbox_lifetime_seconds: 1800,
             network: None,
+            cpu_hours_per_month: None,
+            sandbox_hours_per_month: None,
+            egress_mb_per_month: None,
         }
     }
 }
@@ -61,6 +69,8 @@ pub enum GuestError {
     WithoutAuth,
     #[error("guest.{0}: at least 1")]
     Zero(&'static str),
+    #[error("guest.{0}: a number above 0")]
+    Budget(&'static str),
 }
 
 impl GuestConfig {
@@ -79,7 +89,19 @@ impl GuestConfig {
                 return Err(GuestError::Zero(key));
             }
         }
-        Ok(())
+        match self.budget().invalid_key() {
+            Some(key) => Err(GuestError::Budget(key)),
+            None => Ok(()),
+        }
+    }
+
+    /// Each guest's monthly budget.
+    pub fn budget(&self) -> Budget {
+        Budget {
+            cpu_hours: self.cpu_hours_per_month,
+            sandbox_hours: self.sandbox_hours_per_month,
+            egress_mb: self.egress_mb_per_month,
+        }
     }
 }
 

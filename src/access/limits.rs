@@ -17,6 +17,7 @@ use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLim
 use serde::Deserialize;
 
 use crate::access::auth::Keys;
+use crate::access::budgets::Budget;
 use crate::access::caller::Caller;
 use crate::access::client_ip::SHORTEST_IPV6_PREFIX;
 use crate::access::guest::GuestConfig;
@@ -270,6 +271,14 @@ impl Limits {
             .tenant(tenant)
             .and_then(|t| t.max_sandboxes)
             .unwrap_or(self.config.max_sandboxes_per_tenant)
+    }
+
+    /// A tenant's monthly budget: its key's, or the guest tier's.
+    pub fn budget(&self, tenant: &str) -> Budget {
+        if Caller::is_guest_owner(tenant) {
+            return self.guest.budget();
+        }
+        self.keys.tenant(tenant).map(|t| t.budget).unwrap_or_default()
     }
 
     /// The egress policy a tenant's key sets for its sandboxes, if any.

@@ -25,6 +25,7 @@ use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
+use crate::ops::usage::Period;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -44,6 +45,7 @@ pub fn routes() -> Router<AppState> {
             post(restore_snapshot),
         )
         .route("/api/sandboxes/{id}/forks", post(fork))
+        .route("/api/usage", get(usage))
 }
 
 /// The routes whose bodies are files (`[uploads] max_upload_mb`, not the
@@ -454,6 +456,40 @@ pub fn guest_key_for(app: &AppState, client: ClientIp) -> Result<(String, Guest)
     }
     app.ops.metrics.guest_key_issued();
     Ok(guests.issue(unix_now()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageQuery {
+    from: Option<String>,
+    to: Option<String>,
+    granularity: Option<String>,
+    tenant: Option<String>,
+}
+
+/// The caller's usage (an administrator's: everyone's, or `tenant`'s), as
+/// JSON, or CSV when the client accepts `text/csv`.
+async fn usage(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError(SandboxError::InvalidArgument(e.body_text())))?;
+    let period = Period::parse(q.from.as_deref(), q.to.as_deref(), q.granularity.as_deref())?;
+    let report = app.ops.usage(&caller, q.tenant.as_deref(), period).await?;
+    let csv = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/csv"));
+    Ok(match csv {
+        true => (
+            [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            report.csv(),
+        )
+            .into_response(),
+        false => Json(report).into_response(),
+    })
 }
 
 /// `POST /api/guest`: `{key, expires_at, tenant}`.

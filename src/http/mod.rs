@@ -261,7 +261,12 @@ async fn metrics(State(app): State<AppState>, caller: Option<Extension<Caller>>)
             "metrics are for administrator keys ([auth] admin_keys)",
         );
     }
-    let stats = app.ops.sandboxes.stats().await;
+    let mut stats = app.ops.sandboxes.stats().await;
+    if !app.auth() {
+        // Open to anyone, and tenants are then client addresses: whose
+        // they are, and what they used, is nobody else's business.
+        stats.top_tenants.clear();
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         app.ops.metrics.render(&stats),

@@ -41,6 +41,7 @@ pub fn routes() -> Router<AppState> {
         .route("/ui", get(sandboxes_page))
         .route("/ui/", get(sandboxes_page))
         .route("/ui/sandboxes/{id}", get(sandbox_page))
+        .route("/ui/usage", get(usage_page))
         .route("/ui/login", post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/guest", post(try_as_guest))
@@ -135,7 +136,10 @@ fn page(app: &AppState, status: StatusCode, title: &str, viewer: Option<&Viewer>
             } else {
                 String::new()
             };
-            format!(r#"<span id="who">{}{role}</span> {sign_out}"#, esc(&v.caller.owner))
+            format!(
+                r#"<a href="/ui/usage" id="usage-link">Usage</a> <span id="who">{}{role}</span> {sign_out}"#,
+                esc(&v.caller.owner)
+            )
         }
         None => String::new(),
     };
@@ -232,6 +236,33 @@ async fn sandboxes_page(
         admin = viewer.caller.admin
     );
     page(&app, StatusCode::OK, "Sandboxes", Some(&viewer), &body)
+}
+
+/// What the caller used this month, by day: a chart per measure and the
+/// rows (an administrator's: every tenant's), filled from `/api/usage`.
+async fn usage_page(State(app): State<AppState>, caller: Option<Extension<Caller>>, headers: HeaderMap) -> Response {
+    let Some(viewer) = Viewer::of(&app, caller, &headers) else {
+        return sign_in_page(&app, StatusCode::OK, None);
+    };
+    let whose = if viewer.caller.admin {
+        "every tenant's"
+    } else {
+        "your sandboxes'"
+    };
+    let body = format!(
+        r#"<section class="card" id="usage-page">
+<h1>Usage</h1>
+<p>What {whose} used this month (UTC), by day; sampled every few seconds, and kept after sandboxes are deleted. <button type="button" id="usage-csv" class="secondary">Download CSV</button></p>
+<p class="error" id="error" hidden></p>
+<div id="usage-charts" class="charts"></div>
+<table id="usage">
+<thead><tr><th>Day</th><th>Tenant</th><th>Sandbox h</th><th>CPU h</th><th>Memory GB·h</th><th>Disk GB·h</th><th>Network MiB</th><th>Calls</th><th>Installs</th></tr></thead>
+<tbody></tbody>
+</table>
+<p id="usage-empty" hidden>Nothing used yet this month.</p>
+</section>"#
+    );
+    page(&app, StatusCode::OK, "Usage", Some(&viewer), &body)
 }
 
 async fn sandbox_page(

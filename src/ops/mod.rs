@@ -5,7 +5,8 @@
 //!
 //! This folder: the operations (here), the neutral result types
 //! (`results`, `files`), images shown inline (`inline_images`), long calls
-//! as MCP tasks (`tasks`) and how a result goes over MCP (`mcp_results`).
+//! as MCP tasks (`tasks`), how a result goes over MCP (`mcp_results`) and
+//! usage reports (`usage`).
 //! May import `access` and `metrics`; nothing of `config`, `mcp` or `http`.
 
 pub(crate) mod files;
@@ -13,6 +14,7 @@ pub(crate) mod inline_images;
 pub(crate) mod mcp_results;
 pub(crate) mod results;
 pub(crate) mod tasks;
+pub(crate) mod usage;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use uuid::Uuid;
 use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ_BYTES};
 use sandbox_actors::snapshots::PythonState;
 
+use crate::access::budgets::Budget;
 use crate::access::caller::Caller;
 use crate::access::limits::Limits;
 use crate::access::links::Links;
@@ -104,9 +107,21 @@ fn check_len(what: &str, value: &str, max: usize) -> Result<()> {
 }
 
 impl Ops {
+    /// Refuses new work (runs, installs, creations, forks, restarts,
+    /// snapshots and restores) to a tenant past one of its monthly budgets.
+    fn check_budget(&self, caller: &Caller) -> Result<()> {
+        let budget = self.limits.budget(&caller.owner);
+        if budget == Budget::default() {
+            return Ok(());
+        }
+        let (used, renews) = self.sandboxes.usage_this_month(&caller.owner);
+        budget.check(&used, renews).map_err(SandboxError::Quota)
+    }
+
     pub async fn create(&self, caller: &Caller, name: Option<String>) -> Result<CreatedSandbox> {
         self.metrics
             .observe("create_sandbox", None, async {
+                self.check_budget(caller)?;
                 let owner = &caller.owner;
                 if let Err(wait) = self.limits.check_creation(owner) {
                     return Err(SandboxError::Quota(format!(
@@ -209,6 +224,7 @@ impl Ops {
         finish: fn(Ran, &Links, Uuid) -> T,
     ) -> Result<T> {
         self.on_sandbox(tool, run.raw_id, |id| async move {
+            self.check_budget(run.caller)?;
             let ran = self
                 .sandboxes
                 .run(run.caller.scope(), id, work?, run.timeout, run.progress)
@@ -241,6 +257,7 @@ impl Ops {
 
     pub async fn install(&self, caller: &Caller, raw_id: &str, package: &str, wait: Duration) -> Result<InstallResult> {
         self.on_sandbox("install_package_in_sandbox", raw_id, |id| async move {
+            self.check_budget(caller)?;
             let status = self.sandboxes.install(caller.scope(), id, package, wait).await?;
             Ok(InstallResult::from(status))
         })
@@ -373,6 +390,7 @@ impl Ops {
     /// Saves the sandbox's Python state, files and packages, in turn with its other calls.
     pub async fn snapshot(&self, caller: &Caller, raw_id: &str, label: Option<String>) -> Result<SnapshotResult> {
         self.on_sandbox("snapshot_sandbox", raw_id, |id| async move {
+            self.check_budget(caller)?;
             let started = std::time::Instant::now();
             let (info, notice) = self.sandboxes.snapshot(caller.scope(), id, label).await?;
             let message = match info.python {
@@ -400,6 +418,7 @@ impl Ops {
     pub async fn restore_snapshot(&self, caller: &Caller, raw_id: &str, raw_snapshot: &str) -> Result<RestoreResult> {
         self.on_sandbox("restore_snapshot", raw_id, |id| async move {
             let snapshot = parse_snapshot_id(raw_snapshot)?;
+            self.check_budget(caller)?;
             let started = std::time::Instant::now();
             let (restored, notice) = self.sandboxes.restore_snapshot(caller.scope(), id, snapshot).await?;
             let (python, message) = match restored.python {
@@ -449,6 +468,7 @@ impl Ops {
         self.on_sandbox("fork_sandbox", raw_id, |id| async move {
             let count = in_range("count", count, 1, MAX_FORKS)?;
             let from = raw_snapshot.map(parse_snapshot_id).transpose()?;
+            self.check_budget(caller)?;
             let owner = &caller.owner;
             if let Err(wait) = self.limits.check_creations(owner, count) {
                 return Err(SandboxError::Quota(match wait {
@@ -487,8 +507,9 @@ impl Ops {
     }
 
     pub async fn restart(&self, caller: &Caller, raw_id: &str) -> Result<SandboxInfo> {
-        self.on_sandbox("restart_sandbox", raw_id, |id| {
-            self.sandboxes.restart(caller.scope(), id)
+        self.on_sandbox("restart_sandbox", raw_id, |id| async move {
+            self.check_budget(caller)?;
+            self.sandboxes.restart(caller.scope(), id).await
         })
         .await
     }

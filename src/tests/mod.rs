@@ -14,6 +14,7 @@
 mod mcp;
 mod rest;
 mod tasks;
+mod usage;
 
 use std::sync::Arc;
 

@@ -7,13 +7,13 @@ use serde_json::{json, Value};
 
 use super::{App, ALICE, BOB, KEYS};
 
-struct Api {
-    http: reqwest::Client,
-    base: String,
+pub(super) struct Api {
+    pub http: reqwest::Client,
+    pub base: String,
 }
 
 impl Api {
-    async fn send(&self, key: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    pub async fn send(&self, key: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -28,7 +28,7 @@ impl Api {
     }
 }
 
-async fn api(app: &App) -> (Api, tokio_util::sync::DropGuard) {
+pub(super) async fn api(app: &App) -> (Api, tokio_util::sync::DropGuard) {
     let (base, shutdown) = app.http().await;
     let api = Api {
         http: reqwest::Client::new(),

@@ -135,6 +135,12 @@ impl Egress {
         self.get(id).map(|a| a.policy())
     }
 
+    /// Bytes a sandbox moved through its proxy since it was attached (none
+    /// when it is not attached).
+    pub fn moved(&self, id: Uuid) -> Option<u64> {
+        self.get(id).map(|a| a.budget.moved())
+    }
+
     fn get(&self, id: Uuid) -> Option<Arc<Attached>> {
         self.attached.lock().expect("egress lock").get(&id).cloned()
     }

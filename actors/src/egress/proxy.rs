@@ -45,10 +45,12 @@ impl Denial {
     }
 }
 
-/// Bytes a sandbox may move per minute, shared by its connections.
+/// Bytes a sandbox may move per minute, shared by its connections, and
+/// the bytes it moved in all (for its tenant's usage).
 pub struct Budget {
     per_minute: u64,
     window: Mutex<(Instant, u64)>,
+    moved: AtomicU64,
 }
 
 impl Budget {
@@ -56,11 +58,18 @@ impl Budget {
         Self {
             per_minute,
             window: Mutex::new((Instant::now(), 0)),
+            moved: AtomicU64::new(0),
         }
+    }
+
+    /// Bytes charged since the budget was made.
+    pub fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
     }
 
     /// Counts `n` bytes; when over the budget, how long until the next window.
     pub fn charge(&self, n: u64) -> Option<Duration> {
+        self.moved.fetch_add(n, Ordering::Relaxed);
         let mut w = self.window.lock().expect("budget lock");
         let now = Instant::now();
         if now.duration_since(w.0) >= Duration::from_secs(60) {

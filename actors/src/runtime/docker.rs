@@ -254,6 +254,7 @@ fn cgroup_usage(container_id: &str) -> Option<Usage> {
                 cpu_seconds: cpu_us as f64 / 1e6,
                 memory_bytes: current.saturating_sub(field(&stat, "inactive_file")),
                 memory_limit_bytes: number(read(format!("{dir}/memory.max"))).unwrap_or(0),
+                network_bytes: network_bytes(&dir),
             });
         }
     }
@@ -268,7 +269,31 @@ fn cgroup_usage(container_id: &str) -> Option<Usage> {
         cpu_seconds: cpu_ns as f64 / 1e9,
         memory_bytes: used.saturating_sub(field(&stat, "total_inactive_file")),
         memory_limit_bytes: number(read(format!("{memory}/memory.limit_in_bytes"))).unwrap_or(0),
+        network_bytes: network_bytes(&memory),
     })
+}
+
+/// Bytes received and sent on the network interfaces (loopback aside) of
+/// the network namespace of the container's processes, read through the
+/// lowest process id in the cgroup folder `dir` (the container's first
+/// process, unless ids wrapped): the container's own interfaces, counted by
+/// the host's kernel whatever the sandbox does. None when unreadable (the
+/// process just ended, say).
+fn network_bytes(dir: &str) -> Option<u64> {
+    let procs = std::fs::read_to_string(format!("{dir}/cgroup.procs")).ok()?;
+    let pid = procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()).min()?;
+    let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    Some(
+        dev.lines()
+            .filter_map(|line| line.split_once(':'))
+            .filter(|(name, _)| name.trim() != "lo")
+            .map(|(_, counters)| {
+                // Received bytes come first, sent bytes ninth.
+                let n: Vec<u64> = counters.split_whitespace().filter_map(|c| c.parse().ok()).collect();
+                n.first().copied().unwrap_or(0) + n.get(8).copied().unwrap_or(0)
+            })
+            .sum(),
+    )
 }
 
 /// Options of a local-driver volume that is a bind of `dir` (the capped file
@@ -399,10 +424,17 @@ impl ContainerRuntime for DockerRuntime {
             .as_ref()
             .and_then(|s| s.get("inactive_file").or_else(|| s.get("total_inactive_file")).copied())
             .unwrap_or(0);
+        let network_bytes = stats
+            .networks
+            .unwrap_or_default()
+            .values()
+            .map(|n| n.rx_bytes.unwrap_or(0) + n.tx_bytes.unwrap_or(0))
+            .sum::<u64>();
         Ok(Usage {
             cpu_seconds: cpu_ns.unwrap_or(0) as f64 / 1e9,
             memory_bytes: memory.usage.unwrap_or(0).saturating_sub(cache),
             memory_limit_bytes: memory.limit.unwrap_or(0),
+            network_bytes: Some(network_bytes),
         })
     }
 

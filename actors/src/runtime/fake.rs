@@ -123,6 +123,8 @@ struct State {
     /// Sandbox → its current container (a re-creation replaces it).
     current: HashMap<Uuid, String>,
     behaviour: HashMap<Uuid, Behaviour>,
+    /// What a sandbox's containers report using (none set: nothing).
+    usage: HashMap<Uuid, Usage>,
     events: Vec<Event>,
     next: u64,
     create_delay: Duration,
@@ -170,6 +172,11 @@ impl FakeRuntime {
     /// How the agents of `sandbox` answer from their next request on.
     pub fn set_behaviour(&self, sandbox: Uuid, behaviour: Behaviour) {
         self.lock().behaviour.insert(sandbox, behaviour);
+    }
+
+    /// What the containers of `sandbox` report using from now on.
+    pub fn set_usage(&self, sandbox: Uuid, usage: Usage) {
+        self.lock().usage.insert(sandbox, usage);
     }
 
     /// Each creation takes this long (a slow engine).
@@ -333,7 +340,8 @@ impl ContainerRuntime for FakeRuntime {
     }
 
     async fn usage(&self, container_id: &str) -> Result<Usage> {
-        self.with_container(container_id, |_| Ok(Usage::default()))
+        let sandbox = self.with_container(container_id, |c| Ok(c.sandbox))?;
+        Ok(self.lock().usage.get(&sandbox).copied().unwrap_or_default())
     }
 
     async fn pause(&self, container_id: &str) -> Result<()> {

@@ -84,6 +84,10 @@ pub struct Usage {
     /// Memory in use, page cache that can be reclaimed excluded (as `docker stats` shows it).
     pub memory_bytes: u64,
     pub memory_limit_bytes: u64,
+    /// Bytes received and sent on the container's own network interfaces
+    /// since it started (a proxied sandbox has none: its proxy counts);
+    /// none when they could not be read.
+    pub network_bytes: Option<u64>,
 }
 
 /// A container or volume carrying this server's labels.

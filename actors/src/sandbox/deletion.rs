@@ -7,11 +7,12 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use tracing::warn;
 
-use super::SandboxState;
+use super::{info, live_status, SandboxState};
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::SandboxMsg;
 use crate::records::{InstallState, SandboxRecord};
+use crate::usage::sampler::{self, Subject};
 
 /// How long a delete waits for the job in flight to hand its link back
 /// before it removes the container anyway.
@@ -68,7 +69,14 @@ pub(super) fn begin_deletion(
     let record = state.record.clone();
     let link_home = state.link.is_some();
     let me = myself.clone();
+    // What it used since its last sample, read while its container is
+    // still there.
+    let subject = Subject {
+        status: live_status(state),
+        ..Subject::from(&info(state))
+    };
     tokio::spawn(async move {
+        sampler::read(&ctx, subject, true).await;
         // Durable first: a server killed during the removal finishes it at
         // its next start.
         let marked = ctx.store.put(record.clone()).await;

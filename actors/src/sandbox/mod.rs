@@ -457,6 +457,10 @@ impl SandboxActor {
                         .into(),
                 );
             }
+            state
+                .ctx
+                .meter
+                .call(&state.record.owner, call.kind, call.duration_ms as f64 / 1000.0);
             state.history.push(call);
         }
         // A deleted sandbox writes nothing more: its records are going.
@@ -480,6 +484,10 @@ impl SandboxActor {
                     ok,
                     outcome.into(),
                 );
+                state
+                    .ctx
+                    .meter
+                    .call(&state.record.owner, call.kind, call.duration_ms as f64 / 1000.0);
                 state.history.push(call);
             }
             if let Some(tx) = state.installs.get(&install.package) {
@@ -510,11 +518,9 @@ impl SandboxActor {
     }
 }
 
-fn info(state: &SandboxState) -> SandboxInfo {
-    let r = &state.record;
-    let status = if state.deletion.is_some() {
-        SandboxStatus::Deleting
-    } else if state.restarting {
+/// The sandbox's state, its deletion aside.
+fn live_status(state: &SandboxState) -> SandboxStatus {
+    if state.restarting {
         SandboxStatus::Restarting
     } else if state.stopped {
         SandboxStatus::Stopped
@@ -522,6 +528,14 @@ fn info(state: &SandboxState) -> SandboxInfo {
         SandboxStatus::Paused
     } else {
         SandboxStatus::Running
+    }
+}
+
+fn info(state: &SandboxState) -> SandboxInfo {
+    let r = &state.record;
+    let status = match state.deletion {
+        Some(_) => SandboxStatus::Deleting,
+        None => live_status(state),
     };
     SandboxInfo {
         sandbox_id: r.id,

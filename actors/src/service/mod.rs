@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -41,6 +41,8 @@ use crate::scope::Scope;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
+use crate::usage::sampler::Sampler;
+use crate::usage::{Meter, Row, Totals};
 
 mod creation;
 mod files;
@@ -70,7 +72,13 @@ pub struct Stats {
     /// Connections the egress proxy refused, by reason.
     pub egress_denied: BTreeMap<&'static str, u64>,
     pub resources: Resources,
+    /// This month's figures of the tenants that used the most CPU (at most
+    /// [`TOP_TENANTS`]), so that per-tenant series stay few.
+    pub top_tenants: Vec<(String, Totals)>,
 }
+
+/// Tenants whose month's usage the metrics show.
+pub const TOP_TENANTS: usize = 10;
 
 pub struct Sandboxes {
     ctx: Arc<Context>,
@@ -79,6 +87,8 @@ pub struct Sandboxes {
     pool: Arc<Pool>,
     supervisor: ActorRef<SupervisorMsg>,
     server_id: String,
+    /// Taken (and stopped) at shutdown.
+    sampler: Mutex<Option<Sampler>>,
 }
 
 impl Sandboxes {
@@ -109,9 +119,11 @@ impl Sandboxes {
         runtime: Arc<dyn ContainerRuntime>,
         egress: Egress,
     ) -> Result<Self> {
+        let meter = Meter::open(store.clone(), &settings.usage).await?;
         let ctx = Arc::new(Context {
             runtime,
             store,
+            meter,
             counters: Counters::default(),
             egress,
             disks: Disks::new(&settings),
@@ -130,6 +142,7 @@ impl Sandboxes {
             pending: Pending::default(),
             supervisor,
             server_id,
+            sampler: Mutex::new(None),
         };
         me.reconcile().await?;
         // Filled only now: reconciling would remove pooled sandboxes, which
@@ -145,6 +158,7 @@ impl Sandboxes {
             pool: Pool::start(me.ctx.clone(), &me.ctx.settings.pool, room),
             ..me
         };
+        *me.sampler.lock().expect("sampler lock") = Some(Sampler::start(me.ctx.clone(), me.registry.clone()));
         Ok(me)
     }
 
@@ -337,6 +351,21 @@ impl Sandboxes {
             .map_err(|_| DockerError::UsageTimedOut)?
     }
 
+    /// The hourly usage rows from `from` up to `to` (Unix seconds) of the
+    /// tenants `scope` admits, written or not.
+    pub async fn usage_report<'a>(&self, scope: impl Into<Scope<'a>>, from: u64, to: u64) -> Result<Vec<Row>> {
+        let tenant = match scope.into() {
+            Scope::Everyone => None,
+            Scope::Owner(owner) => Some(owner),
+        };
+        self.ctx.meter.report(from, to, tenant).await
+    }
+
+    /// What `tenant` used this month (UTC), and when the month ends.
+    pub fn usage_this_month(&self, tenant: &str) -> (Totals, time::OffsetDateTime) {
+        self.ctx.meter.this_month(tenant)
+    }
+
     /// Figures for the server's metrics.
     pub async fn stats(&self) -> Stats {
         let mut by_status = BTreeMap::new();
@@ -353,6 +382,7 @@ impl Sandboxes {
             installs_failed: read(&c.installs_failed),
             egress_denied: self.ctx.egress.denials(),
             resources: self.resources(),
+            top_tenants: self.ctx.meter.top_this_month(TOP_TENANTS),
         }
     }
 
@@ -378,6 +408,10 @@ impl Sandboxes {
     /// them. With no sandbox left, the server's network and firewall rules
     /// are removed too, so a stopped server leaves nothing behind.
     pub async fn shutdown(&self) {
+        let sampler = self.sampler.lock().expect("sampler lock").take();
+        if let Some(sampler) = sampler {
+            sampler.stop().await;
+        }
         self.pool.drain().await;
         let none_left = self.registry.read().expect("registry lock").is_empty();
         self.supervisor

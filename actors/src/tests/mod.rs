@@ -10,6 +10,7 @@ mod pool;
 mod registry;
 mod snapshot;
 mod supervisor;
+mod usage;
 
 use std::time::Duration;
 

@@ -303,8 +303,73 @@ function sandboxPage(root) {
   refresh();
 }
 
+// ---- usage ----
+
+const MEASURES = [
+  ['Sandbox hours', (r) => (r.running_seconds + r.paused_seconds) / 3600],
+  ['CPU hours', (r) => r.cpu_seconds / 3600],
+  ['Memory GB·h', (r) => r.memory_gb_seconds / 3600],
+  ['Network MiB', (r) => r.egress_bytes / 1048576],
+  ['Disk GB·h', (r) => r.disk_gb_hours],
+  ['Calls', (r) => r.calls],
+];
+
+/** One bar per day, as high as its share of the busiest day. */
+function chart(title, days, value) {
+  const totals = days.map(([day, rows]) => [day, rows.reduce((sum, r) => sum + value(r), 0)]);
+  const top = Math.max(...totals.map(([, v]) => v), 0);
+  const bars = totals.map(([day, v]) => {
+    const bar = el('div', { class: 'bar', title: `${day.slice(0, 10)}: ${v.toFixed(3)}` });
+    bar.style.height = `${top > 0 ? Math.max(1, (100 * v) / top) : 0}%`;
+    return bar;
+  });
+  return el('figure', { class: 'chart', 'data-measure': title },
+    el('figcaption', {}, `${title}: ${totals.reduce((s, [, v]) => s + v, 0).toFixed(3)}`),
+    el('div', { class: 'bars' }, ...bars));
+}
+
+async function usagePage() {
+  const report = await api('GET', '/api/usage');
+  const byDay = new Map();
+  for (const r of report.rows) {
+    if (!byDay.has(r.period)) byDay.set(r.period, []);
+    byDay.get(r.period).push(r);
+  }
+  const days = [...byDay.entries()];
+  document.getElementById('usage-charts').replaceChildren(...MEASURES.map(([t, f]) => chart(t, days, f)));
+  const n = (v, digits) => v.toFixed(digits);
+  document.getElementById('usage').tBodies[0].replaceChildren(...report.rows.map((r) => el('tr', { 'data-tenant': r.tenant },
+    el('td', {}, r.period.slice(0, 10)),
+    el('td', { class: 'owner' }, r.tenant),
+    el('td', {}, n(MEASURES[0][1](r), 2)),
+    el('td', { class: 'cpu' }, n(MEASURES[1][1](r), 4)),
+    el('td', {}, n(MEASURES[2][1](r), 4)),
+    el('td', {}, n(MEASURES[4][1](r), 4)),
+    el('td', {}, n(MEASURES[3][1](r), 2)),
+    el('td', {}, String(r.calls)),
+    el('td', {}, String(r.installs)))));
+  document.getElementById('usage-empty').hidden = report.rows.length > 0;
+  document.getElementById('usage').dataset.loaded = 'true';
+}
+
+function usageDownload() {
+  document.getElementById('usage-csv').addEventListener('click', async () => {
+    try {
+      const response = await fetch('/api/usage', { headers: { Accept: 'text/csv' }, credentials: 'same-origin' });
+      if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+      const link = el('a', { href: URL.createObjectURL(await response.blob()), download: 'usage.csv' });
+      link.click();
+      URL.revokeObjectURL(link.href);
+    } catch (e) { showError(e); }
+  });
+}
+
 document.addEventListener('DOMContentLoaded', () => {
   if (document.getElementById('sandboxes')) listPage();
+  if (document.getElementById('usage-page')) {
+    usageDownload();
+    usagePage().catch(showError);
+  }
   const one = document.getElementById('sandbox');
   if (one) sandboxPage(one);
 });

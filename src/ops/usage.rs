@@ -1,0 +1,174 @@
+//! Usage reports: the domain's hourly figures of a period, by hour or by
+//! day, for the caller's tenant (an administrator's: every tenant, or one),
+//! as JSON or CSV.
+
+use std::collections::BTreeMap;
+
+use sandbox_actors::usage::{month_of, Row, Totals};
+use sandbox_actors::{Result, SandboxError, Scope};
+use serde::Serialize;
+use time::format_description::well_known::Rfc3339;
+use time::{Date, OffsetDateTime, Time};
+
+use crate::access::caller::Caller;
+use crate::ops::Ops;
+
+/// The figures' columns, in the CSV's order.
+const COLUMNS: &str = "period,tenant,running_seconds,paused_seconds,cpu_seconds,memory_gb_seconds,disk_gb_hours,egress_bytes,calls,exec_seconds,installs";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    Hour,
+    Day,
+}
+
+/// What a report covers: from `from` up to `to`, in periods of `granularity`.
+#[derive(Debug, Clone, Copy)]
+pub struct Period {
+    pub from: OffsetDateTime,
+    pub to: OffsetDateTime,
+    pub granularity: Granularity,
+}
+
+fn instant(what: &str, raw: &str) -> Result<OffsetDateTime> {
+    let bad = || {
+        SandboxError::InvalidArgument(format!(
+            "{what} {raw:?} is not a time: give an RFC 3339 time (2026-12-01T00:00:00Z) or a date (2026-12-01)"
+        ))
+    };
+    if let Ok(t) = OffsetDateTime::parse(raw, &Rfc3339) {
+        return Ok(t);
+    }
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    let date = Date::parse(raw, format).map_err(|_| bad())?;
+    Ok(date.with_time(Time::MIDNIGHT).assume_utc())
+}
+
+impl Period {
+    /// From the query's words; by default this month (UTC) so far, by day.
+    pub fn parse(from: Option<&str>, to: Option<&str>, granularity: Option<&str>) -> Result<Self> {
+        let now = OffsetDateTime::now_utc();
+        let from = from.map(|f| instant("from", f)).transpose()?.unwrap_or(month_of(now).0);
+        let to = to.map(|t| instant("to", t)).transpose()?.unwrap_or(now);
+        if from >= to || from.unix_timestamp() < 0 {
+            return Err(SandboxError::InvalidArgument(
+                "from must come before to, and after 1970".into(),
+            ));
+        }
+        let granularity = match granularity.unwrap_or("day") {
+            "hour" => Granularity::Hour,
+            "day" => Granularity::Day,
+            other => {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "granularity {other:?}: give hour or day"
+                )))
+            }
+        };
+        Ok(Self { from, to, granularity })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageRow {
+    /// Start of the hour or day (UTC).
+    pub period: String,
+    pub tenant: String,
+    #[serde(flatten)]
+    pub totals: Totals,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageReport {
+    pub from: String,
+    pub to: String,
+    pub granularity: Granularity,
+    /// Oldest first, then by tenant.
+    pub rows: Vec<UsageRow>,
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+impl UsageReport {
+    fn new(period: Period, rows: Vec<Row>) -> Self {
+        let bucket = |hour: u64| match period.granularity {
+            Granularity::Hour => hour,
+            Granularity::Day => hour - hour % 86_400,
+        };
+        let mut merged: BTreeMap<(u64, String), Totals> = BTreeMap::new();
+        for row in rows {
+            merged
+                .entry((bucket(row.hour), row.tenant))
+                .or_default()
+                .add(&row.totals);
+        }
+        let at = |secs: u64| {
+            OffsetDateTime::from_unix_timestamp(secs as i64)
+                .map(rfc3339)
+                .unwrap_or_default()
+        };
+        Self {
+            from: rfc3339(period.from),
+            to: rfc3339(period.to),
+            granularity: period.granularity,
+            rows: merged
+                .into_iter()
+                .map(|((start, tenant), totals)| UsageRow {
+                    period: at(start),
+                    tenant,
+                    totals,
+                })
+                .collect(),
+        }
+    }
+
+    /// The rows as CSV, a header first. Tenant names hold no commas, quotes
+    /// or line breaks (key names are letters, digits and `-_.@`, others
+    /// `guest:`, `ip:` and an address); one that starts as a spreadsheet
+    /// formula would (`-`, `@`) gets a `'` before it.
+    pub fn csv(&self) -> String {
+        let mut out = format!("{COLUMNS}\n");
+        for r in &self.rows {
+            let t = &r.totals;
+            let formula = r.tenant.starts_with(['=', '+', '-', '@']);
+            out.push_str(&format!(
+                "{},{}{},{},{},{},{},{},{},{},{},{}\n",
+                r.period,
+                if formula { "'" } else { "" },
+                r.tenant,
+                t.running_seconds,
+                t.paused_seconds,
+                t.cpu_seconds,
+                t.memory_gb_seconds,
+                t.disk_gb_hours,
+                t.egress_bytes,
+                t.calls,
+                t.exec_seconds,
+                t.installs
+            ));
+        }
+        out
+    }
+}
+
+impl Ops {
+    /// The caller's usage over `period`; an administrator's covers every
+    /// tenant, or `tenant` alone. Anyone else may name only itself.
+    pub async fn usage(&self, caller: &Caller, tenant: Option<&str>, period: Period) -> Result<UsageReport> {
+        let scope = match tenant {
+            Some(t) if caller.admin => Scope::Owner(t),
+            Some(t) if t == caller.owner => Scope::Owner(t),
+            Some(_) => {
+                return Err(SandboxError::InvalidArgument(
+                    "tenant= is for administrators' keys; without it you get your own usage".into(),
+                ))
+            }
+            None => caller.scope(),
+        };
+        let (from, to) = (period.from.unix_timestamp() as u64, period.to.unix_timestamp() as u64);
+        let rows = self.sandboxes.usage_report(scope, from, to).await?;
+        Ok(UsageReport::new(period, rows))
+    }
+}
