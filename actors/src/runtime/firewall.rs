@@ -310,10 +310,25 @@ fn on(chain: Chain, verb: &str, rest: &[&str]) -> Result<String, FirewallError> 
     iptables(&args)
 }
 
-/// This server's rules in place, as (chain, arguments after the chain).
-fn tagged(server_id: &str) -> Result<Vec<(Chain, Vec<String>)>, FirewallError> {
+/// The chains this host offers: all of [`CHAINS`], or, on a kernel without
+/// the `raw` table, the others (with a warning: the rules then depend on
+/// `DOCKER-USER` alone). An error when the filter table itself is refused.
+fn chains() -> Result<Vec<Chain>, FirewallError> {
+    on(DOCKER_USER, "-S", &[])?;
+    match on(RAW, "-S", &[]) {
+        Ok(_) => Ok(CHAINS.to_vec()),
+        Err(e) => {
+            tracing::warn!(error = %e, "the raw table is missing: sandboxes' rules live in DOCKER-USER alone, which the engine skips for a moment whenever a network is made or removed");
+            Ok(CHAINS.into_iter().filter(|c| *c != RAW).collect())
+        }
+    }
+}
+
+/// This server's rules in place in `chains`, as (chain, arguments after
+/// the chain).
+fn tagged(server_id: &str, chains: &[Chain]) -> Result<Vec<(Chain, Vec<String>)>, FirewallError> {
     let mut out = vec![];
-    for chain in CHAINS {
+    for &chain in chains {
         let listing = on(chain, "-S", &[])?;
         let prefix = format!("-A {} ", chain.1);
         for line in listing.lines().filter(|l| is_ours(l, server_id)) {
@@ -333,7 +348,7 @@ fn delete(chain: Chain, rule: &[String]) -> Result<(), FirewallError> {
 
 /// Removes every rule this server added.
 pub fn remove(server_id: &str) -> Result<(), FirewallError> {
-    for (chain, rule) in tagged(server_id)? {
+    for (chain, rule) in tagged(server_id, &chains()?)? {
         delete(chain, &rule)?;
     }
     Ok(())
@@ -405,10 +420,12 @@ pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<()
     // rules, and the new ones keep their order at the top (a rule deleted by
     // its arguments is the first that has them, and the old generation's
     // comment differs from the new one's).
-    let old = tagged(server_id)?;
+    let chains = chains()?;
+    let old = tagged(server_id, &chains)?;
     let generation = next_generation(&old, server_id);
+    let new = rules(server_id, generation, subnet, &listed, bounds);
     // Each rule is inserted first, so they go in last to first.
-    for (chain, rule) in rules(server_id, generation, subnet, &listed, bounds).into_iter().rev() {
+    for (chain, rule) in new.into_iter().rev().filter(|(c, _)| chains.contains(c)) {
         let mut args = vec!["1"];
         args.extend(rule.iter().map(String::as_str));
         on(chain, "-I", &args)?;
