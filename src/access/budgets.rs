@@ -1,8 +1,9 @@
 //! Monthly budgets of a key (`[[auth.keys]]`) or of each guest (`[guest]`):
 //! `cpu_hours_per_month`, `sandbox_hours_per_month` and
-//! `egress_mb_per_month`. Past one, new runs, installs, creations and forks
-//! are refused until the month (UTC) ends; listings, reads and deletions
-//! keep working, so a tenant can still see and clean up what it has.
+//! `egress_mb_per_month`. Past one, new work (runs, installs, creations,
+//! forks, restarts, snapshots and restores) is refused until the month (UTC)
+//! ends; listings, reads, uploads and deletions keep working, so a tenant
+//! can still see and clean up what it has.
 //! Figures come from the domain's usage meter (`sandbox_actors::usage`).
 
 use sandbox_actors::usage::Totals;
@@ -47,8 +48,9 @@ impl Budget {
                     .format(&time::format_description::well_known::Rfc3339)
                     .unwrap_or_default();
                 return Err(format!(
-                    "this key has used {spent:.2} of its {cap} {what} this month ({key}): new runs, installs \
-                     and sandboxes are refused until {renews}; listing, reading files and deleting still work"
+                    "this key has used {spent:.2} of its {cap} {what} this month ({key}): new runs, installs, \
+                     sandboxes, restarts and snapshots are refused until {renews}; listing, reading files and \
+                     deleting still work"
                 ));
             }
         }

@@ -113,7 +113,7 @@ impl HttpBody for Deadlined {
 
 /// An answer after which the connection closes: the rest of the body is
 /// not read by the route (the connection drains it for a moment, so that
-/// the client can read the answer: see `connections::linger`).
+/// the client can read the answer: see `connections::discard`).
 fn closing(status: StatusCode, message: &str) -> Response {
     let mut r = error(status, message);
     r.headers_mut()

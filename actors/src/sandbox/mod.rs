@@ -322,6 +322,13 @@ fn new_link(ctx: &Arc<Context>, record: &SandboxRecord, retirement: &Retirement)
 }
 
 impl SandboxState {
+    /// A call that ended: into the history, and onto its tenant's usage.
+    fn remember(&mut self, call: CallRecord) {
+        let seconds = call.duration_ms as f64 / 1000.0;
+        self.ctx.meter.call(&self.record.owner, call.kind, seconds);
+        self.history.push(call);
+    }
+
     fn retirement_error(&self) -> SandboxError {
         SandboxError::Ended {
             id: self.record.id,
@@ -457,11 +464,7 @@ impl SandboxActor {
                         .into(),
                 );
             }
-            state
-                .ctx
-                .meter
-                .call(&state.record.owner, call.kind, call.duration_ms as f64 / 1000.0);
-            state.history.push(call);
+            state.remember(call);
         }
         // A deleted sandbox writes nothing more: its records are going.
         if state.deletion.is_some() {
@@ -484,11 +487,7 @@ impl SandboxActor {
                     ok,
                     outcome.into(),
                 );
-                state
-                    .ctx
-                    .meter
-                    .call(&state.record.owner, call.kind, call.duration_ms as f64 / 1000.0);
-                state.history.push(call);
+                state.remember(call);
             }
             if let Some(tx) = state.installs.get(&install.package) {
                 tx.send_replace(install.clone());

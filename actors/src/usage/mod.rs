@@ -24,8 +24,6 @@ use crate::records::RecordStore;
 pub(crate) mod sampler;
 mod store;
 
-pub use store::MAX_REPORT_ROWS;
-
 /// What one tenant used in one period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -157,24 +155,16 @@ impl Meter {
         }
     }
 
-    /// A call that ended after `seconds`. Uploads and restarts count as
-    /// calls; installs count apart (see [`Meter::install`]).
+    /// A call that ended after `seconds`: an install counts as one, any
+    /// other (runs, uploads, restarts, snapshots) as a call.
     pub fn call(&self, tenant: &str, kind: CallKind, seconds: f64) {
-        if kind == CallKind::Install {
-            return self.install(tenant, seconds);
-        }
-        let totals = Totals {
-            calls: 1,
-            exec_seconds: seconds,
-            ..Totals::default()
+        let (calls, installs) = match kind {
+            CallKind::Install => (0, 1),
+            _ => (1, 0),
         };
-        self.add(tenant, OffsetDateTime::now_utc(), &totals);
-    }
-
-    /// An install that ended after `seconds`.
-    pub fn install(&self, tenant: &str, seconds: f64) {
         let totals = Totals {
-            installs: 1,
+            calls,
+            installs,
             exec_seconds: seconds,
             ..Totals::default()
         };
