@@ -15,6 +15,7 @@ use crate::access::guest::{GuestConfig, GuestError};
 use crate::access::limits::{LimitsConfig, LimitsError};
 use crate::ops::inline_images::Budgets;
 use crate::ops::tasks::{TasksConfig, TasksConfigError};
+use crate::telemetry::{TelemetryConfig, TelemetryError};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -30,6 +31,7 @@ pub struct Config {
     pub guest: GuestConfig,
     pub tasks: TasksConfig,
     pub usage: UsageConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 /// `[server]`
@@ -134,8 +136,19 @@ impl ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 11] = [
-    "server", "sandbox", "packages", "uploads", "results", "auth", "limits", "pool", "guest", "tasks", "usage",
+const SECTIONS: [&str; 12] = [
+    "server",
+    "sandbox",
+    "packages",
+    "uploads",
+    "results",
+    "auth",
+    "limits",
+    "pool",
+    "guest",
+    "tasks",
+    "usage",
+    "telemetry",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 /// Keys with an earlier name that is still accepted: (section, old, new).
@@ -175,6 +188,8 @@ pub enum ConfigError {
     Keys(#[from] KeysError),
     #[error(transparent)]
     Guest(#[from] GuestError),
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
     #[error(transparent)]
     TrustedProxies(#[from] NotANetwork),
     #[error(
@@ -306,6 +321,7 @@ impl Config {
         self.pool.validate()?;
         self.usage.validate()?;
         self.results.validate()?;
+        self.telemetry.validate()?;
         let longest_run = self
             .sandbox
             .max_exec_timeout_seconds

@@ -18,7 +18,8 @@
 //!   what it answers (results, files, inline images, tasks).
 //! - `access/`: who may call and how much: addresses, callers, API and guest
 //!   keys, signed links, rates, session and connection caps.
-//! - `metrics`: what is counted.
+//! - `metrics`: what is counted; [`telemetry`]: the spans exported as
+//!   OpenTelemetry traces.
 //!
 //! In test builds, `tests/` runs the tools, the REST API and tasks on the
 //! domain's in-memory runtime, without a Docker engine.
@@ -31,6 +32,7 @@ mod metrics;
 mod ops;
 pub mod report;
 pub mod serve;
+pub mod telemetry;
 
 #[cfg(test)]
 mod tests;

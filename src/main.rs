@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use mcp_sandbox::config::Config;
-use tracing_subscriber::EnvFilter;
+use mcp_sandbox::telemetry;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 #[derive(Parser)]
 #[command(
@@ -65,26 +68,39 @@ async fn main() -> anyhow::Result<()> {
         println!("Add to config.toml (with [auth] enabled = true):\n\n{lines}");
         return Ok(());
     }
-    // Logs go to stderr: stdout carries the MCP stream under `stdio`.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if cli.log_json {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
-    let mut config = match Config::load(cli.config.as_deref(), std::env::vars()) {
+    let config = match Config::load(cli.config.as_deref(), std::env::vars()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mcp-sandbox: configuration error: {e}");
             std::process::exit(2);
         }
     };
-    let path = cli.config.as_deref();
-    match cli.command {
+    // Logs go to stderr: stdout carries the MCP stream under `stdio`.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let logs = match cli.log_json {
+        true => logs.json().boxed(),
+        false => logs.boxed(),
+    };
+    let (traces, exporter) = match telemetry::layer(&config.telemetry)? {
+        Some((layer, exporter)) => (Some(layer), Some(exporter)),
+        None => (None, None),
+    };
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces)
+        .init();
+    let result = run(cli.command, config, cli.config.as_deref()).await;
+    if let Some(exporter) = exporter {
+        let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+    }
+    result
+}
+
+async fn run(command: Command, mut config: Config, path: Option<&std::path::Path>) -> anyhow::Result<()> {
+    match command {
         Command::Serve { host, port } => {
             config.server.host = host.unwrap_or(config.server.host);
             config.server.port = port.unwrap_or(config.server.port);

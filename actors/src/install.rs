@@ -18,6 +18,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::Work;
 use crate::config::PackagesConfig;
@@ -42,6 +43,8 @@ pub struct InstallArgs {
     pub package: String,
     pub specs: Vec<String>,
     pub report: ActorRef<SandboxMsg>,
+    /// The install's job span, in the trace of the call that asked for it.
+    pub span: tracing::Span,
 }
 
 /// Where uv installs to.
@@ -136,6 +139,7 @@ impl Actor for InstallTask {
             package,
             specs,
             report,
+            span,
         }) = state.take()
         else {
             return Ok(());
@@ -146,20 +150,12 @@ impl Actor for InstallTask {
         let in_sandbox = ctx.egress.installs_in_sandbox(link.paths.id);
         let outcome = match in_sandbox {
             true => {
-                install_in_sandbox(
-                    &mut link,
-                    install_argv(&ctx.settings.packages, &specs, Target::Sandbox),
-                    timeout,
-                )
-                .await
+                let argv = install_argv(&ctx.settings.packages, &specs, Target::Sandbox);
+                install_in_sandbox(&mut link, argv, timeout).instrument(span).await
             }
             false => {
-                install_with_installer(
-                    &mut link,
-                    install_argv(&ctx.settings.packages, &specs, Target::Installer),
-                    timeout,
-                )
-                .await
+                let argv = install_argv(&ctx.settings.packages, &specs, Target::Installer);
+                install_with_installer(&mut link, argv, timeout).instrument(span).await
             }
         };
         let offline = !in_sandbox;

@@ -21,7 +21,8 @@
 //! - `messages`: what the actors send each other; `results`: what they
 //!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
 //! - `link`: one sandbox's connection to its agent, with recovery; `agent`:
-//!   the channel to the in-container agent.
+//!   the channel to the in-container agent; `spans`: the trace spans of
+//!   agent exchanges and engine calls within a call's job.
 //! - `pool`: making sandboxes, and keeping some made ahead of demand;
 //!   `pool_target`: how many, as demand shows.
 //! - `runtime/`: the [`ContainerRuntime`](runtime::ContainerRuntime) trait and
@@ -69,6 +70,7 @@ mod sandbox;
 mod scope;
 mod service;
 pub mod snapshots;
+mod spans;
 mod status;
 mod supervisor;
 pub mod uploads;

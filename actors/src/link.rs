@@ -20,6 +20,7 @@ use crate::agent::{AgentClient, AgentError, Carried, Progress, PythonState, RunO
 use crate::context::{Context, Counters};
 use crate::error::{AgentFailure, Result, SandboxError};
 use crate::runtime::{ContainerState, SandboxPaths};
+use crate::spans;
 
 /// How long a (re)started container may take until its agent answers.
 const AGENT_START: Duration = Duration::from_secs(30);
@@ -157,7 +158,7 @@ impl Link {
                 let client = self.client.as_mut().expect("connected");
                 let interrupter = client.interrupter();
                 let watchdog = timeout + WATCHDOG_SLACK;
-                let run = client.run(work, timeout.as_secs_f64(), cap, progress);
+                let run = spans::agent("run", client.run(work, timeout.as_secs_f64(), cap, progress));
                 tokio::pin!(run);
                 let mut interrupted = false;
                 loop {
@@ -291,7 +292,7 @@ impl Link {
             self.attempt(&mut attempts).await?;
             let client = self.client.as_mut().expect("connected");
             let answer = tokio::select! {
-                r = tokio::time::timeout(deadline, op(client)) => r,
+                r = tokio::time::timeout(deadline, spans::agent(what, op(client))) => r,
                 _ = retired.cancelled() => {
                     self.drop_client();
                     return Err(self.retirement.error(self.paths.id));

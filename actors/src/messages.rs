@@ -60,6 +60,19 @@ pub enum SandboxMsg {
     Unhealthy,
     /// The removal of a deleted or expired sandbox ended.
     Removed(Result<(), Arc<SandboxError>>),
+    /// A message sent within a call's span: the job it queues is traced as
+    /// that call's child (its wait in the queue, then its work).
+    Traced(tracing::Span, Box<SandboxMsg>),
+}
+
+impl SandboxMsg {
+    /// `self` within the current call's span, when there is one.
+    pub(crate) fn traced(self) -> SandboxMsg {
+        match crate::spans::current_call() {
+            Some(span) => SandboxMsg::Traced(span, Box::new(self)),
+            None => self,
+        }
+    }
 }
 
 /// The calls other than runs and installs that wait their turn in a

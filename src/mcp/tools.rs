@@ -10,10 +10,11 @@ use std::time::Instant;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig, UpdateTaskParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
+    Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler};
@@ -21,6 +22,7 @@ use sandbox_actors::{Progress, SandboxError};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::access::caller::Caller;
 use crate::ops::files::{FileListing, Read, ReadResult, WriteResult};
@@ -31,6 +33,7 @@ use crate::ops::results::{
     RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::ops::{Ops, INSTALL_WAIT};
+use crate::telemetry;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct CreateParams {
@@ -695,6 +698,18 @@ fn resource_link(result: &ReadResult) -> (String, String) {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
+    /// Every call runs in its span, a child of the caller's trace context
+    /// when it sends one ([`telemetry::call_span`]).
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let span = telemetry::call_span(&request.name, &ctx);
+        let call = ToolCallContext::new(self, request, ctx);
+        self.tool_router.call(call).instrument(span).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         let capabilities = match self.ops.tasks.enabled() {
             true => ServerCapabilities::builder().enable_tools().enable_tasks().build(),

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use sandbox_actors::{CreateOptions, Progress, Quota, Ran, SandboxError, SandboxInfo, Sandboxes, Work, MAX_FORKS};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ_BYTES};
@@ -250,7 +251,10 @@ impl Ops {
     pub async fn run_images(&self, caller: &Caller, raw_id: &str, files: &[String]) -> RunImages {
         let root = parse_id(raw_id).and_then(|id| self.sandboxes.results_dir(caller.scope(), id));
         match root {
-            Ok(root) => self.images.run(&root, files).await,
+            Ok(root) => {
+                let span = tracing::info_span!("inline_images", files = files.len());
+                self.images.run(&root, files).instrument(span).await
+            }
             Err(_) => RunImages::default(),
         }
     }

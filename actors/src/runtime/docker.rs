@@ -25,6 +25,7 @@ use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SO
 use crate::config::SandboxConfig;
 use crate::error::{DockerError, Result, SandboxError};
 use crate::labels;
+use crate::spans;
 
 /// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
 const CA_IN_CONTAINER: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -368,15 +369,13 @@ impl ContainerRuntime for DockerRuntime {
         }
         let name = Self::container_name(paths.id);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = self
-            .docker
-            .create_container(Some(options), self.sandbox_body(paths, &volume)?)
-            .await?;
+        let body = self.sandbox_body(paths, &volume)?;
+        let created = spans::engine("create", self.docker.create_container(Some(options), body)).await?;
         let container = ContainerRef {
             container_id: created.id,
             volume,
         };
-        if let Err(e) = self.docker.start_container(&container.container_id, None).await {
+        if let Err(e) = spans::engine("start", self.docker.start_container(&container.container_id, None)).await {
             let _ = self.remove(&container.container_id, None).await;
             return Err(e.into());
         }
@@ -384,7 +383,7 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn start(&self, container_id: &str) -> Result<()> {
-        Ok(self.docker.start_container(container_id, None).await?)
+        Ok(spans::engine("start", self.docker.start_container(container_id, None)).await?)
     }
 
     async fn state(&self, container_id: &str) -> Result<ContainerState> {
@@ -439,21 +438,21 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn pause(&self, container_id: &str) -> Result<()> {
-        Ok(self.docker.pause_container(container_id).await?)
+        Ok(spans::engine("pause", self.docker.pause_container(container_id)).await?)
     }
 
     async fn unpause(&self, container_id: &str) -> Result<()> {
-        Ok(self.docker.unpause_container(container_id).await?)
+        Ok(spans::engine("unpause", self.docker.unpause_container(container_id)).await?)
     }
 
     async fn restart(&self, container_id: &str) -> Result<()> {
         let options = RestartContainerOptionsBuilder::default().t(0).build();
-        Ok(self.docker.restart_container(container_id, Some(options)).await?)
+        Ok(spans::engine("restart", self.docker.restart_container(container_id, Some(options))).await?)
     }
 
     async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()> {
         let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
-        match self.docker.remove_container(container_id, Some(options)).await {
+        match spans::engine("remove", self.docker.remove_container(container_id, Some(options))).await {
             Ok(()) => {}
             Err(e) if is_not_found(&e) || is_being_removed(&e) => {}
             Err(e) => return Err(e.into()),
@@ -512,9 +511,10 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()> {
         let options = UploadToContainerOptionsBuilder::default().path(dest_dir).build();
-        self.docker
-            .upload_to_container(container_id, Some(options), bollard::body_full(tar.into()))
-            .await?;
+        let upload = self
+            .docker
+            .upload_to_container(container_id, Some(options), bollard::body_full(tar.into()));
+        spans::engine("upload", upload).await?;
         Ok(())
     }
 
@@ -561,8 +561,10 @@ impl ContainerRuntime for DockerRuntime {
             &Uuid::new_v4().simple().to_string()[..8]
         );
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let id = self.docker.create_container(Some(options), body).await?.id;
-        let result = async {
+        let id = spans::engine("create", self.docker.create_container(Some(options), body))
+            .await?
+            .id;
+        let result = spans::engine("run_installer", async {
             self.docker.start_container(&id, None).await?;
             let mut wait = self.docker.wait_container(&id, None);
             // A non-zero exit arrives as an error; the state tells the code.
@@ -579,7 +581,7 @@ impl ContainerRuntime for DockerRuntime {
                 output: self.output(&id).await,
                 timed_out,
             })
-        }
+        })
         .await;
         self.remove(&id, None).await?;
         result

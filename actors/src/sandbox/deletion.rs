@@ -48,8 +48,8 @@ pub(super) fn begin_deletion(
             id: state.record.id,
             why: why.to_string(),
         };
-        for job in state.queue.drain(..) {
-            job.refuse(SandboxError::Ended {
+        for waiting in state.queue.drain(..) {
+            waiting.job.refuse(SandboxError::Ended {
                 id: state.record.id,
                 why: why.to_string(),
             });

@@ -6,7 +6,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{warn, Instrument, Span};
 
 use super::{join_notices, snapshot, SandboxActor, SandboxState};
 use crate::agent::Work;
@@ -34,6 +34,20 @@ pub(super) enum Job {
 }
 
 impl Job {
+    /// Its name in traces.
+    fn kind(&self) -> &'static str {
+        match self {
+            Job::Run(_) => "run",
+            Job::Install { .. } => "install",
+            Job::Queued(Queued::Upload { .. }) => "upload",
+            Job::Queued(Queued::Restart { .. }) => "restart",
+            Job::Queued(Queued::ResetPython { .. }) => "reset_python",
+            Job::Queued(Queued::Snapshot { .. }) => "snapshot",
+            Job::Recover => "recover",
+            Job::Revive => "revive",
+        }
+    }
+
     /// Answers the caller of a job that will not run.
     pub(super) fn refuse(self, error: SandboxError) {
         match self {
@@ -46,10 +60,48 @@ impl Job {
     }
 }
 
-/// Spawns a job's task; if it panics, the actor hears of it (the link the
-/// task held is gone with it) instead of waiting for it forever.
-fn spawn_job(me: ActorRef<SandboxMsg>, job: impl std::future::Future<Output = ()> + Send + 'static) {
-    let task = tokio::spawn(job);
+/// A queued job with the span of the call that asked for it, and the span
+/// that times its wait (both none for the actor's own jobs).
+pub(super) struct Waiting {
+    pub(super) job: Job,
+    caller: Span,
+    queued: Span,
+}
+
+impl Waiting {
+    pub(super) fn new(job: Job, caller: &Span) -> Self {
+        let queued = match caller.is_none() {
+            true => Span::none(),
+            false => tracing::info_span!(parent: caller, "queued", job = job.kind()),
+        };
+        Self {
+            job,
+            caller: caller.clone(),
+            queued,
+        }
+    }
+
+    /// A job of the actor's own, traced by no call.
+    pub(super) fn own(job: Job) -> Self {
+        Self::new(job, &Span::none())
+    }
+
+    /// The job, its wait over, and the span its work runs in.
+    fn start(self) -> (Job, Span) {
+        drop(self.queued);
+        let span = match self.caller.is_none() {
+            true => Span::none(),
+            false => tracing::info_span!(parent: &self.caller, "job", job = self.job.kind()),
+        };
+        (self.job, span)
+    }
+}
+
+/// Spawns a job's task within `span`; if it panics, the actor hears of it
+/// (the link the task held is gone with it) instead of waiting for it
+/// forever.
+fn spawn_job(me: ActorRef<SandboxMsg>, span: Span, job: impl std::future::Future<Output = ()> + Send + 'static) {
+    let task = tokio::spawn(job.instrument(span));
     tokio::spawn(async move {
         if let Err(e) = task.await {
             if e.is_panic() {
@@ -70,9 +122,10 @@ impl SandboxActor {
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
         while state.link.is_some() && state.deletion.is_none() {
-            let Some(job) = state.queue.pop_front() else {
+            let Some(waiting) = state.queue.pop_front() else {
                 return Ok(());
             };
+            let (job, span) = waiting.start();
             let mut link = state.link.take().expect("checked");
             let me = myself.clone();
             match job {
@@ -82,7 +135,7 @@ impl SandboxActor {
                         continue;
                     }
                     let notice = state.notice.take();
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
@@ -103,11 +156,12 @@ impl SandboxActor {
                         package,
                         specs,
                         report: me,
+                        span,
                     };
                     Actor::spawn_linked(None, InstallTask, args, myself.get_cell()).await?;
                 }
                 Job::Queued(Queued::Upload { source, dest, reply }) => {
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let what = match &source {
                             UploadSource::Host(path) => format!("{} → {dest}", path.display()),
@@ -121,7 +175,7 @@ impl SandboxActor {
                 }
                 Job::Queued(Queued::Restart { reply }) => {
                     state.restarting = true;
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let result = link.restart().await;
                         let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
@@ -131,7 +185,7 @@ impl SandboxActor {
                 }
                 Job::Queued(Queued::ResetPython { reply }) => {
                     let notice = state.notice.take();
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let result = link.reset_python().await.map(|n| join_notices(notice, n));
                         let call = outcome_record(started, CallKind::ResetPython, "reset_python", &result, "reset");
@@ -141,7 +195,7 @@ impl SandboxActor {
                 }
                 Job::Queued(Queued::Snapshot { op, reply }) => {
                     let notice = state.notice.take();
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let what = op.to_string();
                         let result = snapshot::carry_out(&mut link, op).await;
@@ -168,13 +222,13 @@ impl SandboxActor {
                 }
                 Job::Recover => {
                     state.restarting = true;
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         link.restart_unresponsive().await;
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, None))));
                     });
                 }
                 Job::Revive => {
-                    spawn_job(me.clone(), async move {
+                    spawn_job(me.clone(), span, async move {
                         let revived = link.revive().await;
                         if let Err(e) = &revived {
                             warn!(sandbox = %link.paths.id, error = %e, "could not bring a stopped sandbox back; retrying");
@@ -290,7 +344,7 @@ mod tests {
     async fn a_panicking_job_is_reported_instead_of_lost() {
         let (tx, rx) = oneshot::channel();
         let (relay, handle) = Actor::spawn(None, Relay, tx).await.unwrap();
-        spawn_job(relay.clone(), async { panic!("job exploded") });
+        spawn_job(relay.clone(), Span::none(), async { panic!("job exploded") });
         let why = tokio::time::timeout(Duration::from_secs(10), rx)
             .await
             .unwrap()

@@ -38,7 +38,7 @@ use crate::runtime::ContainerState;
 use crate::snapshots::SnapshotTotals;
 use crate::status::SandboxStatus;
 use deletion::{begin_deletion, Deletion};
-use jobs::Job;
+use jobs::{Job, Waiting};
 
 pub use deletion::remove_everything;
 
@@ -60,7 +60,10 @@ pub struct SandboxState {
     record: SandboxRecord,
     /// `None` while a job holds it.
     link: Option<Link>,
-    queue: VecDeque<Job>,
+    queue: VecDeque<Waiting>,
+    /// The span of the call whose message is being handled (none outside
+    /// [`SandboxMsg::Traced`]): the parent of the job it queues.
+    caller: tracing::Span,
     installs: HashMap<String, watch::Sender<InstallRecord>>,
     notice: Option<String>,
     /// Set once the sandbox is being deleted or has expired.
@@ -127,7 +130,7 @@ impl Actor for SandboxActor {
             link.found_paused();
         }
         if stopped && !record.deleting {
-            queue.push_back(Job::Revive);
+            queue.push_back(Waiting::own(Job::Revive));
         }
         let snapshots = ctx.snapshots.totals(record.id);
         Ok(SandboxState {
@@ -135,6 +138,7 @@ impl Actor for SandboxActor {
             record,
             link: Some(link),
             queue,
+            caller: tracing::Span::none(),
             installs: HashMap::new(),
             notice,
             deletion,
@@ -154,9 +158,15 @@ impl Actor for SandboxActor {
         msg: SandboxMsg,
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
+        let mut msg = msg;
+        state.caller = tracing::Span::none();
+        while let SandboxMsg::Traced(span, inner) = msg {
+            state.caller = span;
+            msg = *inner;
+        }
         match msg {
             SandboxMsg::Run(req) => match admit(state) {
-                Ok(()) => state.queue.push_back(Job::Run(req)),
+                Ok(()) => state.push(Job::Run(req)),
                 Err(e) => {
                     let _ = req.reply.send(Err(e));
                 }
@@ -185,7 +195,7 @@ impl Actor for SandboxActor {
                     state.record.installs.insert(package.clone(), record.clone());
                     state.ctx.store.put_install(state.record.id, record, forget).await?;
                     let _ = reply.send(Ok(rx));
-                    state.queue.push_back(Job::Install { package, specs });
+                    state.push(Job::Install { package, specs });
                 }
             }
             SandboxMsg::InstallStatus { package, reply } => {
@@ -246,12 +256,14 @@ impl Actor for SandboxActor {
                 );
             }
             SandboxMsg::Unhealthy => {
-                let queued = state.queue.iter().any(|j| matches!(j, Job::Recover));
+                let queued = state.queue.iter().any(|w| matches!(w.job, Job::Recover));
                 if state.deletion.is_none() && !queued && !state.restarting {
                     warn!(sandbox = %state.record.id, "the sandbox missed a deadline; restarting its container");
-                    state.queue.push_back(Job::Recover);
+                    state.push(Job::Recover);
                 }
             }
+            // Unwrapped above.
+            SandboxMsg::Traced(..) => {}
             SandboxMsg::Removed(result) => {
                 let deletion = state.deletion.as_mut().expect("a removal follows a deletion");
                 deletion.removing = false;
@@ -322,6 +334,12 @@ fn new_link(ctx: &Arc<Context>, record: &SandboxRecord, retirement: &Retirement)
 }
 
 impl SandboxState {
+    /// Queues `job` within the span of the call being handled.
+    fn push(&mut self, job: Job) {
+        let waiting = Waiting::new(job, &self.caller);
+        self.queue.push_back(waiting);
+    }
+
     /// A call that ended: into the history, and onto its tenant's usage.
     fn remember(&mut self, call: CallRecord) {
         let seconds = call.duration_ms as f64 / 1000.0;
@@ -341,7 +359,7 @@ impl SandboxState {
 /// Queues a caller's job, or answers it at once when the sandbox takes no more.
 fn enqueue(state: &mut SandboxState, job: Job) {
     match admit(state) {
-        Ok(()) => state.queue.push_back(job),
+        Ok(()) => state.push(job),
         Err(e) => job.refuse(e),
     }
 }
@@ -426,13 +444,13 @@ impl SandboxActor {
         let link = state.link.as_mut().expect("idle");
         if state.stopped && link.is_disconnected() {
             // An earlier attempt failed (the engine was down, say): retry.
-            state.queue.push_back(Job::Revive);
+            state.push(Job::Revive);
             return;
         }
         if link.agent_gone() {
             tracing::info!(sandbox = %state.record.id, "the sandbox's agent went away while idle; bringing it back");
             state.stopped = true;
-            state.queue.push_back(Job::Revive);
+            state.push(Job::Revive);
             return;
         }
         let pause_after = state.ctx.settings.sandbox.pause_after_seconds;

@@ -93,7 +93,10 @@ impl Sandboxes {
             &source,
             id,
             source
-                .call(|reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }), None)
+                .call(
+                    |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
+                    None,
+                )
                 .await,
         )?? {
             (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
@@ -205,7 +208,10 @@ async fn seed(actor: &ActorRef<SandboxMsg>, id: Uuid, export: Arc<Export>) -> Re
         actor,
         id,
         actor
-            .call(|reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }), None)
+            .call(
+                |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
+                None,
+            )
             .await,
     )?? {
         (SnapshotDone::Seeded(python), _) => Ok(python),

@@ -190,7 +190,7 @@ impl Sandboxes {
         msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
     ) -> Result<T> {
         let actor = self.actor(scope, id)?;
-        answer(&actor, id, actor.call(msg, deadline).await)
+        answer(&actor, id, actor.call(|reply| msg(reply).traced(), deadline).await)
     }
 
     /// A question answered from the actor's own state.

@@ -9,6 +9,7 @@ mod link;
 mod pool;
 mod registry;
 mod snapshot;
+mod spans;
 mod supervisor;
 mod usage;
 
