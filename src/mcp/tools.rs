@@ -13,8 +13,10 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
-    Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig, UpdateTaskParams,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams,
+    GetTaskResult, Implementation, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    ResultType, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler};
@@ -25,6 +27,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::access::caller::Caller;
+use crate::mcp::app;
 use crate::ops::files::{FileListing, Read, ReadResult, WriteResult};
 use crate::ops::inline_images::{self, ImageNote, Inliner, NotInlined};
 use crate::ops::mcp_results::{failure, success};
@@ -402,6 +405,19 @@ impl SandboxServer {
     }
 
     #[tool(
+        description = "The sandbox view's own call (an MCP App): a sandbox as list_sandboxes lists it, its files \
+            under /app/results with links, and its recent calls. Agents use list_sandboxes and list_files.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn view_sandbox(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<SandboxParams>,
+    ) -> CallToolResult {
+        reply(self.ops.view(&self.caller(&ctx), &p.sandbox_id).await)
+    }
+
+    #[tool(
         description = "List files and folders under /app/results in a sandbox, with size, modified time and a download \
             link per file. Links are shown as links and never followed. Then read one with read_file.",
         output_schema = schema_for_output::<FileListing>(),
@@ -710,10 +726,64 @@ impl ServerHandler for SandboxServer {
         self.tool_router.call(call).instrument(span).await
     }
 
+    /// The tools, with the sandbox view named on those it accompanies for a
+    /// client of MCP Apps ([`app::offer`]); the list differs by client, so
+    /// only the client itself may cache it.
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut tools = self.tool_router.list_all();
+        app::offer(&mut tools, app::declared(&ctx));
+        let hints = ctx
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        Ok(ListToolsResult {
+            result_type: Some(ResultType::COMPLETE),
+            tools,
+            meta: None,
+            next_cursor: None,
+            ttl_ms: hints.then_some(0),
+            cache_scope: hints.then_some(CacheScope::Private),
+        })
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let mut list = ListResourcesResult::default();
+        if app::declared(&ctx) {
+            list.resources.push(app::resource());
+        }
+        Ok(list)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        match request.uri.as_str() {
+            app::VIEW_URI => Ok(ReadResourceResult::new(vec![app::contents()]).into()),
+            other => Err(McpError::resource_not_found(
+                format!("no resource {other:?}: this server serves only {}", app::VIEW_URI),
+                None,
+            )),
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
+        // Resources: the sandbox view, listed to clients of MCP Apps only.
         let capabilities = match self.ops.tasks.enabled() {
-            true => ServerCapabilities::builder().enable_tools().enable_tasks().build(),
-            false => ServerCapabilities::builder().enable_tools().build(),
+            true => ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_tasks()
+                .build(),
+            false => ServerCapabilities::builder().enable_tools().enable_resources().build(),
         };
         let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("mcp-sandbox", env!("CARGO_PKG_VERSION"));

@@ -37,7 +37,7 @@ use crate::ops::files::{FileListing, Read, WriteResult};
 use crate::ops::inline_images::{Inliner, RunImages};
 use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, PythonResult, ResetResult, RestoreResult,
-    SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
+    SandboxView, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::ops::tasks::Tasks;
 
@@ -314,18 +314,47 @@ impl Ops {
         depth: Option<u64>,
         max_entries: Option<u64>,
     ) -> Result<FileListing> {
-        self.on_sandbox("list_files", raw_id, |id| async move {
-            let options = ListOptions {
-                depth: in_range("depth", depth, DEFAULT_LIST_DEPTH, MAX_LIST_DEPTH)?,
-                max_entries: in_range("max_entries", max_entries, DEFAULT_LIST_ENTRIES, MAX_LIST_ENTRIES)?,
-                files_only: false,
-            };
-            let folder = ResultsPath::parse(path)?;
-            let listing = self
-                .sandboxes
-                .list_files(caller.scope(), id, folder.clone(), options)
-                .await?;
-            Ok(FileListing::new(&folder, listing, &self.links, id))
+        self.on_sandbox("list_files", raw_id, |id| {
+            self.listing(caller, id, path, depth, max_entries)
+        })
+        .await
+    }
+
+    async fn listing(
+        &self,
+        caller: &Caller,
+        id: Uuid,
+        path: &str,
+        depth: Option<u64>,
+        max_entries: Option<u64>,
+    ) -> Result<FileListing> {
+        let options = ListOptions {
+            depth: in_range("depth", depth, DEFAULT_LIST_DEPTH, MAX_LIST_DEPTH)?,
+            max_entries: in_range("max_entries", max_entries, DEFAULT_LIST_ENTRIES, MAX_LIST_ENTRIES)?,
+            files_only: false,
+        };
+        let folder = ResultsPath::parse(path)?;
+        let listing = self
+            .sandboxes
+            .list_files(caller.scope(), id, folder.clone(), options)
+            .await?;
+        Ok(FileListing::new(&folder, listing, &self.links, id))
+    }
+
+    /// One sandbox as the sandbox view shows it: its listing, its files
+    /// (two levels, the default number of entries) and its recent calls.
+    pub async fn view(&self, caller: &Caller, raw_id: &str) -> Result<SandboxView> {
+        self.on_sandbox("view_sandbox", raw_id, |id| async move {
+            let (info, files, history) = tokio::try_join!(
+                self.sandboxes.info(caller.scope(), id),
+                self.listing(caller, id, "/app/results", None, None),
+                self.sandboxes.history(caller.scope(), id),
+            )?;
+            Ok(SandboxView {
+                sandbox: info.into(),
+                files,
+                history,
+            })
         })
         .await
     }

@@ -3,12 +3,13 @@
 //! ([`crate::ops::mcp_results`]) and the REST API as JSON.
 
 use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
-use sandbox_actors::{DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};
+use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};
 use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::access::links::Links;
+use crate::ops::files::FileListing;
 use crate::ops::inline_images::ImageNote;
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -467,4 +468,14 @@ impl CommandResult {
             notice: ran.notice,
         }
     }
+}
+
+/// What the sandbox view (the MCP App) shows of one sandbox: it as
+/// `list_sandboxes` lists it, its files under `/app/results` with their
+/// links, and its most recent calls, oldest first.
+#[derive(Debug, Serialize)]
+pub struct SandboxView {
+    pub sandbox: ListedSandbox,
+    pub files: FileListing,
+    pub history: Vec<CallRecord>,
 }

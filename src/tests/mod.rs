@@ -11,6 +11,7 @@
 //! paused clock where they wait; REST tests talk HTTP to a loopback port on
 //! the real clock.
 
+mod app;
 mod mcp;
 mod rest;
 mod tasks;
@@ -86,6 +87,15 @@ impl App {
     /// An rmcp client speaking for `caller` to the tool handler over an
     /// in-memory pipe; `tasks`: it declares the tasks extension.
     pub async fn client(&self, caller: Caller, tasks: bool) -> Client {
+        let capabilities = match tasks {
+            true => ClientCapabilities::builder().enable_tasks().build(),
+            false => ClientCapabilities::default(),
+        };
+        self.client_with(caller, capabilities).await
+    }
+
+    /// An rmcp client for `caller` that declares `capabilities`.
+    pub async fn client_with(&self, caller: Caller, capabilities: ClientCapabilities) -> Client {
         let (server_end, client_end) = tokio::io::duplex(1 << 20);
         let handler = SandboxServer::new(self.ops.clone(), Some(caller));
         tokio::spawn(async move {
@@ -93,10 +103,6 @@ impl App {
                 let _ = running.waiting().await;
             }
         });
-        let capabilities = match tasks {
-            true => ClientCapabilities::builder().enable_tasks().build(),
-            false => ClientCapabilities::default(),
-        };
         let info = ClientConfig::new(capabilities, Implementation::new("engine-free-tests", "1"));
         Client(info.serve(client_end).await.expect("initialize"))
     }

@@ -3,6 +3,7 @@ server with its own state, results and upload folders (hence its own server
 id), and removes exactly the Docker objects labelled with that id."""
 
 import asyncio
+import http.client
 import json
 import os
 import shlex
@@ -192,3 +193,73 @@ def in_sandbox(server, scenario):
             await call(c, "delete_sandbox", sandbox_id=sid)
 
     asyncio.run(go())
+
+
+# Headless Chromium as these machines run it: no GPU, no sandbox as root,
+# and none of the background connections a closed network refuses.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Writes a 64x48 PNG with the standard library only (no plotting package).
+PNG_CODE = """
+import struct, zlib
+w, h = 64, 48
+raw = b"".join(b"\\x00" + b"".join(bytes((x * 4 % 256, y * 5 % 256, 128)) for x in range(w)) for y in range(h))
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+png = b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+open("plot.png", "wb").write(png)
+print("wrote", len(png), "bytes")
+"""
+
+
+PROTOCOL = "2025-06-18"
+
+
+class Session:
+    """A Streamable HTTP session that speaks JSON-RPC by hand."""
+
+    def __init__(self, server, key, capabilities, protocol=PROTOCOL):
+        self.protocol = protocol
+        self.server, self.key, self.next_id, self.sid = server, key, 0, None
+        init = self.request("initialize", {"protocolVersion": protocol, "capabilities": capabilities,
+                                           "clientInfo": {"name": "e2e-raw", "version": "1"}})
+        assert "result" in init, init
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def post(self, message):
+        c = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=200)
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json",
+                   "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": self.protocol}
+        if self.sid:
+            headers["Mcp-Session-Id"] = self.sid
+        c.request("POST", "/mcp", body=json.dumps(message), headers=headers)
+        r = c.getresponse()
+        body = r.read().decode()
+        self.sid = self.sid or r.getheader("mcp-session-id")
+        c.close()
+        assert r.status in (200, 202), (r.status, body)
+        return body
+
+    def request(self, method, params):
+        self.next_id += 1
+        body = self.post({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        for line in body.splitlines() if not body.startswith("{") else ["data:" + body]:
+            if line.startswith("data:") and line[5:].strip():
+                msg = json.loads(line[5:])
+                if msg.get("id") == self.next_id:
+                    return msg
+        raise AssertionError(f"no response to {method}: {body}")
+
+    def call(self, tool, **arguments):
+        return self.request("tools/call", {"name": tool, "arguments": arguments})["result"]
+
+    def get_task(self, task_id):
+        return self.request("tasks/get", {"taskId": task_id})

@@ -7,17 +7,14 @@ polling or cancelling the task is told it does not exist; a client without
 the extension gets the plain result; a tenant at its cap of tasks gets the
 plain result too, and a fetched result frees its place."""
 
-import http.client
-import json
 import time
 
 import pytest
 
-from harness import Server, new_key
+from harness import Server, Session, new_key
 
 ALICE, ALICE_SHA = new_key("alice")
 BOB, BOB_SHA = new_key("bob")
-PROTOCOL = "2025-06-18"
 TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
 PER_TENANT = 3
 
@@ -35,47 +32,6 @@ def server():
     ).start()
     yield s
     s.cleanup()
-
-
-class Session:
-    """A Streamable HTTP session that speaks JSON-RPC by hand."""
-
-    def __init__(self, server, key, capabilities):
-        self.server, self.key, self.next_id, self.sid = server, key, 0, None
-        init = self.request("initialize", {"protocolVersion": PROTOCOL, "capabilities": capabilities,
-                                           "clientInfo": {"name": "tasks-test", "version": "1"}})
-        assert "result" in init, init
-        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def post(self, message):
-        c = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=200)
-        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json",
-                   "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": PROTOCOL}
-        if self.sid:
-            headers["Mcp-Session-Id"] = self.sid
-        c.request("POST", "/mcp", body=json.dumps(message), headers=headers)
-        r = c.getresponse()
-        body = r.read().decode()
-        self.sid = self.sid or r.getheader("mcp-session-id")
-        c.close()
-        assert r.status in (200, 202), (r.status, body)
-        return body
-
-    def request(self, method, params):
-        self.next_id += 1
-        body = self.post({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        for line in body.splitlines() if not body.startswith("{") else ["data:" + body]:
-            if line.startswith("data:") and line[5:].strip():
-                msg = json.loads(line[5:])
-                if msg.get("id") == self.next_id:
-                    return msg
-        raise AssertionError(f"no response to {method}: {body}")
-
-    def call(self, tool, **arguments):
-        return self.request("tools/call", {"name": tool, "arguments": arguments})["result"]
-
-    def get_task(self, task_id):
-        return self.request("tasks/get", {"taskId": task_id})
 
 
 def structured(result):

@@ -11,38 +11,15 @@ import zlib
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from harness import ROOT, Server, api, get, new_key
+from harness import PNG_CODE, ROOT, Server, api, get, new_key
 
 ALICE, ALICE_SHA = new_key("alice")
 BOB, BOB_SHA = new_key("bob")
 OPS, OPS_SHA = new_key("ops")
 REVOKED, REVOKED_SHA = new_key("gone")
 ARTIFACTS = Path(os.environ.get("SANDBOX_TEST_ARTIFACTS", ROOT / "target" / "e2e-artifacts"))
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# Writes a 64x48 PNG with the standard library only (no plotting package).
-PNG_CODE = """
-import struct, zlib
-w, h = 64, 48
-raw = b"".join(b"\\x00" + b"".join(bytes((x * 4 % 256, y * 5 % 256, 128)) for x in range(w)) for y in range(h))
-def chunk(kind, data):
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-png = b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-open("plot.png", "wb").write(png)
-print("wrote", len(png), "bytes")
-"""
-
-
 @pytest.fixture(scope="module")
 def server():
     keys = (
@@ -61,14 +38,6 @@ def server():
     ).start()
     yield s
     s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
-        yield b
-        b.close()
 
 
 def sign_in(browser, server, key, **context_options):
