@@ -17,7 +17,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
@@ -30,11 +30,13 @@ use tracing_subscriber::Layer;
 
 /// The crates whose spans are exported (not the HTTP or MCP libraries').
 const TRACED: [&str; 2] = ["mcp_sandbox", "sandbox_actors"];
-/// The W3C trace-context fields read from a request's `_meta` or headers.
-const CONTEXT_FIELDS: [&str; 2] = ["traceparent", "tracestate"];
-/// Longest field read: a `traceparent` is 55 characters, a `tracestate` at
-/// most 32 members of 256 (W3C Trace Context); longer values are ignored.
-const MAX_FIELD: usize = 8192;
+/// A `traceparent` is exactly this long (version 00, W3C Trace Context);
+/// other lengths are not a context this server reads.
+const TRACEPARENT_LEN: usize = 55;
+/// Longest `tracestate` carried on (the W3C's limit for what a vendor must
+/// propagate); a longer one is dropped, so that no client makes every span
+/// of its calls large.
+const MAX_TRACESTATE: usize = 512;
 const TRACES_PATH: &str = "/v1/traces";
 
 /// `[telemetry]`
@@ -121,7 +123,11 @@ where
         .with_endpoint(config.traces_url(base))
         .with_timeout(std::time::Duration::from_secs(10))
         .build()?;
+    // Every call is recorded, whatever the client's sampled flag says: a
+    // client could otherwise hide its calls from the operator, or force
+    // the recording of all of them past the operator's choice.
     let provider = SdkTracerProvider::builder()
+        .with_sampler(Sampler::AlwaysOn)
         .with_batch_exporter(exporter)
         .with_resource(
             Resource::builder()
@@ -141,31 +147,38 @@ where
     Ok(Some((layer, Exporter(provider))))
 }
 
-/// The span of one MCP tool call: a child of the caller's trace when the
-/// request's `_meta` (or, over HTTP, its headers) carries a W3C
+/// The span of one MCP tool call (`tool`: the tool's name, `None` when the
+/// client named no tool of this server's): a child of the caller's trace
+/// when the request's `_meta` (or, over HTTP, its headers) carries a W3C
 /// `traceparent`; a root otherwise.
-pub fn call_span(tool: &str, ctx: &RequestContext<RoleServer>) -> Span {
-    let span = tracing::info_span!("tools/call", tool, rpc.system = "mcp");
-    let mut fields: HashMap<String, String> = HashMap::new();
-    for name in CONTEXT_FIELDS {
-        let from_meta = ctx.meta.get(name).and_then(|v| v.as_str());
-        let from_headers = || {
-            ctx.extensions
-                .get::<axum::http::request::Parts>()
-                .and_then(|parts| parts.headers.get(name))
-                .and_then(|v| v.to_str().ok())
-        };
-        if let Some(value) = from_meta.or_else(from_headers).filter(|v| v.len() <= MAX_FIELD) {
-            fields.insert(name.to_string(), value.to_string());
-        }
-    }
-    if fields.contains_key("traceparent") {
+pub fn call_span(tool: Option<&str>, ctx: &RequestContext<RoleServer>) -> Span {
+    let span = tracing::info_span!("tools/call", tool = tool.unwrap_or("unknown"), rpc.system = "mcp");
+    let meta = |name: &str| ctx.meta.get(name).and_then(|v| v.as_str());
+    let header = |name: &str| {
+        ctx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.headers.get(name))
+            .and_then(|v| v.to_str().ok())
+    };
+    if let Some(fields) = context_fields(meta).or_else(|| context_fields(header)) {
         let parent = TraceContextPropagator::new().extract(&fields);
         // Fails only when no OpenTelemetry layer is installed: then there
         // is nothing to parent.
         let _ = span.set_parent(parent);
     }
     span
+}
+
+/// The trace context one source (`_meta` or the headers) carries: its
+/// `traceparent` when it has the one valid length, with its `tracestate`
+/// when that is within bounds.
+fn context_fields<'a>(field: impl Fn(&str) -> Option<&'a str>) -> Option<HashMap<String, String>> {
+    let parent = field("traceparent").filter(|v| v.len() == TRACEPARENT_LEN)?;
+    let mut fields = HashMap::from([("traceparent".to_string(), parent.to_string())]);
+    if let Some(state) = field("tracestate").filter(|v| v.len() <= MAX_TRACESTATE) {
+        fields.insert("tracestate".to_string(), state.to_string());
+    }
+    Some(fields)
 }
 
 #[cfg(test)]
@@ -186,5 +199,26 @@ mod tests {
         assert_eq!(c.traces_url("http://c:4318/v1/traces"), "http://c:4318/v1/traces");
         c.service_name = String::new();
         assert!(matches!(c.validate(), Err(TelemetryError::ServiceName)));
+    }
+
+    #[test]
+    fn only_a_traceparent_of_its_length_and_a_bounded_tracestate_are_read() {
+        let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let from = |p: &'static str, s: &'static str| {
+            move |name: &str| match name {
+                "traceparent" => Some(p),
+                _ => Some(s),
+            }
+        };
+        let read = context_fields(from(parent, "a=1")).unwrap();
+        assert_eq!(read["traceparent"], parent);
+        assert_eq!(read["tracestate"], "a=1");
+        let long_state: &'static str = Box::leak("a=1,".repeat(200).into_boxed_str());
+        assert!(!context_fields(from(parent, long_state))
+            .unwrap()
+            .contains_key("tracestate"));
+        let long_parent: &'static str = Box::leak(format!("{parent}-00").into_boxed_str());
+        assert!(context_fields(from(long_parent, "a=1")).is_none());
+        assert!(context_fields(|_| None).is_none());
     }
 }

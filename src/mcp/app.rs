@@ -39,9 +39,10 @@ pub fn declared(ctx: &RequestContext<RoleServer>) -> bool {
     let Some(ui) = caps.extensions.as_ref().and_then(|e| e.get(EXTENSION)) else {
         return false;
     };
-    match ui.get("mimeTypes").and_then(Value::as_array) {
-        Some(types) => types.iter().any(|t| t.as_str() == Some(VIEW_MIME)),
+    match ui.get("mimeTypes") {
         None => true,
+        Some(Value::Array(types)) => types.iter().any(|t| t.as_str() == Some(VIEW_MIME)),
+        Some(_) => false,
     }
 }
 
@@ -121,8 +122,20 @@ mod tests {
     fn the_page_renders_sandbox_text_as_text() {
         // Everything shown comes from a hostile sandbox: the page never
         // parses it as HTML.
-        assert!(!VIEW_HTML.contains("innerHTML") && !VIEW_HTML.contains("insertAdjacentHTML"));
-        assert!(!VIEW_HTML.contains("eval("));
+        for sink in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "srcdoc",
+            "eval(",
+            "new Function",
+            "setAttribute",
+            "location",
+            ".href",
+        ] {
+            assert!(!VIEW_HTML.contains(sink), "{sink}");
+        }
         assert!(VIEW_HTML.contains("ui/initialize"));
     }
 }

@@ -715,37 +715,53 @@ fn resource_link(result: &ReadResult) -> (String, String) {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
     /// Every call runs in its span, a child of the caller's trace context
-    /// when it sends one ([`telemetry::call_span`]).
+    /// when it sends one ([`telemetry::call_span`]). The view's own tool
+    /// answers clients of MCP Apps only, as only they are offered it.
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let span = telemetry::call_span(&request.name, &ctx);
+        if request.name == app::VIEW_TOOL && !app::declared(&ctx) {
+            return Err(McpError::invalid_params(
+                format!(
+                    "{}: the sandbox view's own tool, for clients of MCP Apps",
+                    app::VIEW_TOOL
+                ),
+                None,
+            ));
+        }
+        let known = self.tool_router.has_route(&request.name);
+        let span = telemetry::call_span(known.then_some(request.name.as_ref()), &ctx);
         let call = ToolCallContext::new(self, request, ctx);
         self.tool_router.call(call).instrument(span).await
     }
 
     /// The tools, with the sandbox view named on those it accompanies for a
-    /// client of MCP Apps ([`app::offer`]); the list differs by client, so
-    /// only the client itself may cache it.
+    /// client of MCP Apps ([`app::offer`]); that list is the client's own to
+    /// cache, the plain one anyone's.
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let mut tools = self.tool_router.list_all();
-        app::offer(&mut tools, app::declared(&ctx));
+        let declared = app::declared(&ctx);
+        app::offer(&mut tools, declared);
         let hints = ctx
             .protocol_version()
             .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        let scope = match declared {
+            true => CacheScope::Private,
+            false => CacheScope::Public,
+        };
         Ok(ListToolsResult {
             result_type: Some(ResultType::COMPLETE),
             tools,
             meta: None,
             next_cursor: None,
             ttl_ms: hints.then_some(0),
-            cache_scope: hints.then_some(CacheScope::Private),
+            cache_scope: hints.then_some(scope),
         })
     }
 

@@ -23,6 +23,12 @@ async fn a_client_of_mcp_apps_is_offered_the_view_and_others_see_todays_tools() 
     let tools = plain.0.list_all_tools().await.unwrap();
     assert!(tools.iter().all(|t| t.name != VIEW_TOOL && t.meta.is_none()));
     assert!(plain.0.list_all_resources().await.unwrap().is_empty());
+    let id = plain.create().await;
+    let hidden = plain
+        .0
+        .call_tool(super::params(VIEW_TOOL, json!({"sandbox_id": id})))
+        .await;
+    assert!(hidden.is_err(), "a tool not offered is not answered: {hidden:?}");
 
     let host = app.client_with(Caller::tenant("alice", false), apps()).await;
     let tools = host.0.list_all_tools().await.unwrap();

@@ -57,6 +57,7 @@ def open_view(browser, bundle, session, html, tool_input, tool_result):
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: (errors.append("a dialog opened: " + d.message), d.dismiss()))
     page.expose_function("callTool", lambda name, arguments: session.request(
         "tools/call", {"name": name, "arguments": arguments})["result"])
     page.add_script_tag(content=bundle, type="module")
@@ -75,6 +76,10 @@ def test_only_a_client_of_mcp_apps_is_offered_the_view(server):
     assert all("_meta" not in t or "ui" not in t["_meta"] for t in tools)
     assert "view_sandbox" not in {t["name"] for t in tools}
     assert plain.request("resources/list", {})["result"]["resources"] == []
+    sid = structured(plain.call("create_sandbox"))["sandbox_id"]
+    hidden = plain.request("tools/call", {"name": "view_sandbox", "arguments": {"sandbox_id": sid}})
+    assert "error" in hidden or hidden["result"].get("isError"), hidden
+    structured(plain.call("delete_sandbox", sandbox_id=sid))
 
     host = Session(server, ALICE, APPS)
     tools = {t["name"]: t for t in host.request("tools/list", {})["result"]["tools"]}
@@ -101,13 +106,15 @@ def test_the_view_shows_a_run_and_calls_tools_through_the_host(server, host_bund
         time.sleep(1)
         installed = structured(alice.call("check_package_installation_status", sandbox_id=sid, package_name="six"))
     assert installed["status"] == "success", installed
-    code = PNG_CODE + "\nprint('drew the plot')"
+    # Names and output of the sandbox's own choosing, markup included.
+    code = PNG_CODE + "\nprint('drew the plot <i>markup</i>')\nopen('<img src=x onerror=alert(1)>.txt', 'w').write('x')"
     ran = alice.call("execute_python_code", sandbox_id=sid, code=code)
     assert any(c["type"] == "image" for c in ran["content"]), "the run's image comes inline"
 
     page, errors = open_view(browser, host_bundle, alice, html, {"sandbox_id": sid, "code": code}, ran)
     frame = page.frame_locator("iframe")
-    expect(frame.locator("#stdout")).to_contain_text("drew the plot")
+    expect(frame.locator("#stdout")).to_contain_text("drew the plot <i>markup</i>")
+    assert frame.locator("#stdout i").count() == 0
     plot = frame.locator("#images img")
     expect(plot).to_have_count(1)
     assert plot.evaluate("img => img.naturalWidth") == 64, "the plot is decoded, not a broken image"
@@ -115,6 +122,8 @@ def test_the_view_shows_a_run_and_calls_tools_through_the_host(server, host_bund
     expect(frame.locator("#title")).to_have_text("viewed")
     expect(frame.locator("#files button[data-path='/app/results/plot.png']")).to_be_visible()
     expect(frame.locator("#history")).to_contain_text("python")
+    expect(frame.locator("#files button", has_text="<img src=x onerror=alert(1)>.txt")).to_have_count(1)
+    assert frame.locator("#files img").count() == 0
     expect(frame.locator("#packages")).to_contain_text("six ")
     assert forwarded(page) == ["view_sandbox"]
 

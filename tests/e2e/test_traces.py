@@ -10,6 +10,7 @@ import os
 import secrets
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -88,6 +89,11 @@ def server(receiver):
         MCP_SANDBOX_TELEMETRY_SERVICE_NAME="sandbox-under-test",
         # The batch processor's delay: spans reach the receiver in a moment.
         OTEL_BSP_SCHEDULE_DELAY="200",
+        # Upkeep that calls the engine (a pool to refill, sandboxes paused
+        # between calls) runs meanwhile, and must make no traces.
+        MCP_SANDBOX_POOL_MIN="1",
+        MCP_SANDBOX_POOL_MAX="1",
+        MCP_SANDBOX_SANDBOX_PAUSE_AFTER_SECONDS="1",
     ).start()
     yield s
     s.cleanup()
@@ -121,7 +127,8 @@ def test_a_call_is_one_trace_under_the_callers_context_with_its_queue_job_and_ag
         async with client(server) as c:
             sid = (await call(c, "create_sandbox"))["sandbox_id"]
             code = f"{CODE_MARKER} = 1\nprint('{OUTPUT_MARKER}')"
-            ran = await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": code}, meta={"traceparent": run_ctx})
+            meta = {"traceparent": run_ctx, "tracestate": "vendor=abc"}
+            ran = await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": code}, meta=meta)
             assert not ran.is_error and OUTPUT_MARKER in ran.structured_content["stdout"]
             upload = {"sandbox_id": sid, "local_file_path": str(server.uploads / "data.csv")}
             uploaded = await c.call_tool("upload_file_to_sandbox", upload, meta={"traceparent": upload_ctx})
@@ -135,6 +142,7 @@ def test_a_call_is_one_trace_under_the_callers_context_with_its_queue_job_and_ag
     assert {"tools/call", "tool", "queued", "job", "agent", "inline_images"} <= names, names
     (root,) = by_name(spans, "tools/call")
     assert root.parent_span_id.hex() == run_parent, "the call's span is a child of the client's"
+    assert root.trace_state == "vendor=abc"
     assert attrs(root)["tool"] == "execute_python_code"
     (tool,) = by_name(spans, "tool")
     assert tool.parent_span_id == root.span_id
@@ -150,9 +158,10 @@ def test_a_call_is_one_trace_under_the_callers_context_with_its_queue_job_and_ag
 
     upload = receiver.trace(upload_trace, {"tools/call", "job", "engine"})
     engine = by_name(upload, "engine")
-    assert [attrs(e)["op"] for e in engine] == ["upload"], [attrs(e) for e in engine]
+    assert "upload" in [attrs(e)["op"] for e in engine], [attrs(e) for e in engine]
     assert {attrs(j)["job"] for j in by_name(upload, "job")} == {"upload"}
 
+    time.sleep(4)  # the pool refills and the idle sandbox is paused meanwhile
     with receiver.lock:
         everything = list(receiver.spans)
     assert {r.get("service.name") for r, _ in everything} == {"sandbox-under-test"}
@@ -196,10 +205,51 @@ def test_the_http_header_carries_the_context_and_a_call_without_one_is_a_root(se
     assert parent.parent_span_id == b"", "a call without a context is a trace of its own"
 
 
-def test_a_malformed_traceparent_is_ignored(server, receiver):
+def root_of_a_call_on(receiver, sid):
+    """The `tools/call` span of the one call made on sandbox `sid`."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with receiver.lock:
+            spans = [s for _, s in receiver.spans]
+        tools = [s for s in spans if s.name == "tool" and attrs(s).get("sandbox_id") == sid]
+        roots = {s.span_id: s for s in spans if s.name == "tools/call"}
+        if tools and tools[0].parent_span_id in roots:
+            return roots[tools[0].parent_span_id]
+        time.sleep(0.2)
+    raise AssertionError(f"no trace of the call on {sid}")
+
+
+def test_what_a_client_puts_in_a_context_or_a_tool_name_stays_bounded(server, receiver):
+    zero_ctx = f"00-{'0' * 32}-{'1' * 16}-01"
+    malformed = ["00-zz-" + "x" * 9000, "ff-" + "a" * 32 + "-" + "b" * 16 + "-01", zero_ctx, "00-" + "A" * 32 + "-" + "B" * 16 + "-01"]
+    unsampled_ctx, unsampled_trace, unsampled_parent = context()
+    unsampled_ctx = unsampled_ctx[:-2] + "00"
+    long_state_ctx, long_state_trace, _ = context()
+    name_ctx, name_trace, _ = context()
+    missing = [str(uuid.uuid4()) for _ in malformed]
+
     async def go():
         async with client(server) as c:
-            r = await c.call_tool("list_sandboxes", {}, meta={"traceparent": "00-zz-" + "x" * 9000})
+            for value, sid in zip(malformed, missing):
+                r = await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": "1"}, meta={"traceparent": value})
+                assert r.is_error, "an unknown sandbox"
+            r = await c.call_tool("list_sandboxes", {}, meta={"traceparent": unsampled_ctx})
             assert not r.is_error
+            r = await c.call_tool("list_sandboxes", {}, meta={"traceparent": long_state_ctx, "tracestate": "a=1," * 200})
+            assert not r.is_error
+            try:
+                await c.call_tool("x" * 200_000, {}, meta={"traceparent": name_ctx})
+            except Exception:
+                pass  # refused: no such tool
 
     asyncio.run(go())
+    for value, sid in zip(malformed, missing):
+        root = root_of_a_call_on(receiver, sid)
+        assert root.parent_span_id == b"", f"{value[:40]!r} was taken for a context"
+    unsampled = receiver.trace(unsampled_trace, {"tools/call", "tool"})
+    assert by_name(unsampled, "tools/call"), "a client's unsampled flag does not hide its calls"
+    (long_state,) = by_name(receiver.trace(long_state_trace, {"tools/call"}), "tools/call")
+    assert long_state.trace_state == "", "an oversized tracestate is dropped"
+    (named,) = by_name(receiver.trace(name_trace, {"tools/call"}), "tools/call")
+    assert attrs(named)["tool"] == "unknown", "a name of no tool is not recorded"
+    assert len(named.SerializeToString()) < 2048

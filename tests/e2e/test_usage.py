@@ -9,10 +9,9 @@ import subprocess
 import time
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from harness import BINARY, Server, api, new_key
-from test_ui import CHROMIUM_FLAGS
 
 ALICE, ALICE_SHA = new_key("alice")
 OPS, OPS_SHA = new_key("ops")
@@ -49,7 +48,7 @@ def cli(server, *args):
     return out.stdout
 
 
-def test_a_busy_run_is_billed_and_kept_across_a_restart_and_the_cli_agrees(server):
+def test_a_busy_run_is_billed_and_kept_across_a_restart_and_the_cli_agrees(server, browser):
     status, made = api(server, "POST", "/api/sandboxes", ALICE, {})
     assert status == 201, made
     sid = made["sandbox_id"]
@@ -64,22 +63,20 @@ def test_a_busy_run_is_billed_and_kept_across_a_restart_and_the_cli_agrees(serve
 
     # The web UI's usage page shows the same, charts and rows, with no
     # complaint from the page's content security policy.
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_FLAGS)
-        page = browser.new_context().new_page()
-        complaints = []
-        # (The browser's own favicon requests get 401 and are not the page's.)
-        page.on("console", lambda m: complaints.append(m.text) if "Content Security Policy" in m.text else None)
-        page.goto(server.url + "/ui")
-        page.fill("#key", ALICE)
-        page.click("#sign-in button[type=submit]")
-        page.click("#usage-link")
-        expect(page.locator("#usage[data-loaded=true]")).to_have_count(1)
-        expect(page.locator("#usage tbody tr[data-tenant=alice]")).not_to_have_count(0)
-        shown = sum(float(t) for t in page.locator("#usage tbody td.cpu").all_inner_texts())
-        assert abs(shown * 3600 - cpu(server, ALICE)) < 3600 * 0.0002 + 5, shown
-        expect(page.locator(".chart[data-measure='CPU hours'] .bar")).not_to_have_count(0)
-        browser.close()
+    page = browser.new_context().new_page()
+    complaints = []
+    # (The browser's own favicon requests get 401 and are not the page's.)
+    page.on("console", lambda m: complaints.append(m.text) if "Content Security Policy" in m.text else None)
+    page.goto(server.url + "/ui")
+    page.fill("#key", ALICE)
+    page.click("#sign-in button[type=submit]")
+    page.click("#usage-link")
+    expect(page.locator("#usage[data-loaded=true]")).to_have_count(1)
+    expect(page.locator("#usage tbody tr[data-tenant=alice]")).not_to_have_count(0)
+    shown = sum(float(t) for t in page.locator("#usage tbody td.cpu").all_inner_texts())
+    assert abs(shown * 3600 - cpu(server, ALICE)) < 3600 * 0.0002 + 5, shown
+    expect(page.locator(".chart[data-measure='CPU hours'] .bar")).not_to_have_count(0)
+    page.context.close()
     assert complaints == [], complaints
 
     # The operator's command: the same figures, as CSV and as a table.

@@ -159,11 +159,58 @@ impl Actor for SandboxActor {
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
         let mut msg = msg;
-        state.caller = tracing::Span::none();
         while let SandboxMsg::Traced(span, inner) = msg {
             state.caller = span;
             msg = *inner;
         }
+        let handled = self.dispatch(myself, msg, state).await;
+        // A call's span is held no longer than its message.
+        state.caller = tracing::Span::none();
+        handled
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The only children are install tasks. One that failed took the link
+        // with it: make a new one and record the install as failed.
+        if let SupervisionEvent::ActorFailed(_, err) = event {
+            warn!(sandbox = %state.record.id, error = %err, "an install task failed");
+            let link = new_link(&state.ctx, &state.record, &state.retirement);
+            let failed = state
+                .installs
+                .iter()
+                .find(|(_, tx)| tx.borrow().status == InstallState::Installing)
+                .map(|(_, tx)| {
+                    let mut r = tx.borrow().clone();
+                    r.status = InstallState::Failed;
+                    r.message = format!("Installation of {} failed inside the server: {err}", r.package);
+                    r.finished_at = Some(OffsetDateTime::now_utc());
+                    r
+                });
+            let finished = match failed {
+                Some(record) => Finished::install(link, record, None),
+                None => Finished::job(link, None),
+            };
+            self.finished(state, finished).await?;
+            self.pump(&myself, state).await?;
+        }
+        Ok(())
+    }
+}
+
+impl SandboxActor {
+    /// Handles one message (unwrapped of its call's span), then starts
+    /// the next job if the sandbox is free.
+    async fn dispatch(
+        &self,
+        myself: ActorRef<SandboxMsg>,
+        msg: SandboxMsg,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SandboxMsg::Run(req) => match admit(state) {
                 Ok(()) => state.push(Job::Run(req)),
@@ -259,10 +306,10 @@ impl Actor for SandboxActor {
                 let queued = state.queue.iter().any(|w| matches!(w.job, Job::Recover));
                 if state.deletion.is_none() && !queued && !state.restarting {
                     warn!(sandbox = %state.record.id, "the sandbox missed a deadline; restarting its container");
-                    state.push(Job::Recover);
+                    state.queue.push_back(Waiting::own(Job::Recover));
                 }
             }
-            // Unwrapped above.
+            // Unwrapped by `handle`.
             SandboxMsg::Traced(..) => {}
             SandboxMsg::Removed(result) => {
                 let deletion = state.deletion.as_mut().expect("a removal follows a deletion");
@@ -287,38 +334,6 @@ impl Actor for SandboxActor {
             }
         }
         self.pump(&myself, state).await?;
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        event: SupervisionEvent,
-        state: &mut SandboxState,
-    ) -> Result<(), ActorProcessingErr> {
-        // The only children are install tasks. One that failed took the link
-        // with it: make a new one and record the install as failed.
-        if let SupervisionEvent::ActorFailed(_, err) = event {
-            warn!(sandbox = %state.record.id, error = %err, "an install task failed");
-            let link = new_link(&state.ctx, &state.record, &state.retirement);
-            let failed = state
-                .installs
-                .iter()
-                .find(|(_, tx)| tx.borrow().status == InstallState::Installing)
-                .map(|(_, tx)| {
-                    let mut r = tx.borrow().clone();
-                    r.status = InstallState::Failed;
-                    r.message = format!("Installation of {} failed inside the server: {err}", r.package);
-                    r.finished_at = Some(OffsetDateTime::now_utc());
-                    r
-                });
-            let finished = match failed {
-                Some(record) => Finished::install(link, record, None),
-                None => Finished::job(link, None),
-            };
-            self.finished(state, finished).await?;
-            self.pump(&myself, state).await?;
-        }
         Ok(())
     }
 }
@@ -444,13 +459,13 @@ impl SandboxActor {
         let link = state.link.as_mut().expect("idle");
         if state.stopped && link.is_disconnected() {
             // An earlier attempt failed (the engine was down, say): retry.
-            state.push(Job::Revive);
+            state.queue.push_back(Waiting::own(Job::Revive));
             return;
         }
         if link.agent_gone() {
             tracing::info!(sandbox = %state.record.id, "the sandbox's agent went away while idle; bringing it back");
             state.stopped = true;
-            state.push(Job::Revive);
+            state.queue.push_back(Waiting::own(Job::Revive));
             return;
         }
         let pause_after = state.ctx.settings.sandbox.pause_after_seconds;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::ActorRef;
 use time::OffsetDateTime;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 use uuid::Uuid;
 
 use crate::config::EgressPolicy;
@@ -164,14 +164,17 @@ impl Sandboxes {
         let egress = options.egress.unwrap_or(self.ctx.egress.default_policy());
         let creation = self.creation(owner, name, egress, options.lifetime);
         let (mut tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let _reservation = reservation;
-            let created = creation.run(tx.closed()).await;
-            if let Err(Ok((info, actor))) = tx.send(created) {
-                info!(sandbox = %info.sandbox_id, "the creator went away; removing the sandbox it asked for");
-                creation.abandon(info.sandbox_id, actor).await;
+        tokio::spawn(
+            async move {
+                let _reservation = reservation;
+                let created = creation.run(tx.closed()).await;
+                if let Err(Ok((info, actor))) = tx.send(created) {
+                    info!(sandbox = %info.sandbox_id, "the creator went away; removing the sandbox it asked for");
+                    creation.abandon(info.sandbox_id, actor).await;
+                }
             }
-        });
+            .in_current_span(),
+        );
         let (info, _) = rx
             .await
             .map_err(|_| SandboxError::Internal("the creation ended inside the server; try again".into()))??;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use ractor::ActorRef;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, Instrument};
 use uuid::Uuid;
 
 use super::{answer, unexpected, CreateOptions, Creation, Quota, Sandboxes};
@@ -118,26 +118,29 @@ impl Sandboxes {
         let _hung_up = gone.clone().drop_guard();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.ctx.store.clone();
-        tokio::spawn(async move {
-            let _reservation = reservation;
-            let made = match make(&creations, export, &gone).await {
-                Ok(forks) => {
-                    let ids = forks.iter().map(|(f, _)| f.info.sandbox_id).collect();
-                    match store.mark_seeded(ids).await {
-                        Ok(()) => Ok(forks),
-                        Err(e) => {
-                            abandon(&creations, forks).await;
-                            Err(e)
+        tokio::spawn(
+            async move {
+                let _reservation = reservation;
+                let made = match make(&creations, export, &gone).await {
+                    Ok(forks) => {
+                        let ids = forks.iter().map(|(f, _)| f.info.sandbox_id).collect();
+                        match store.mark_seeded(ids).await {
+                            Ok(()) => Ok(forks),
+                            Err(e) => {
+                                abandon(&creations, forks).await;
+                                Err(e)
+                            }
                         }
                     }
+                    Err(e) => Err(e),
+                };
+                if let Err(Ok(forks)) = tx.send(made) {
+                    info!(%fork, "the caller of a fork went away; removing the sandboxes it made");
+                    abandon(&creations, forks).await;
                 }
-                Err(e) => Err(e),
-            };
-            if let Err(Ok(forks)) = tx.send(made) {
-                info!(%fork, "the caller of a fork went away; removing the sandboxes it made");
-                abandon(&creations, forks).await;
             }
-        });
+            .in_current_span(),
+        );
         let forks = rx
             .await
             .map_err(|_| SandboxError::Internal("the fork ended inside the server; try again".into()))??;
