@@ -139,6 +139,18 @@ def test_the_view_shows_a_run_and_calls_tools_through_the_host(server, host_bund
     page.screenshot(path=str(ROOT / "target" / "e2e-artifacts" / "app-view.png"), full_page=True)
     assert errors == [], errors
     page.close()
+
+    # Beside a listing (no run), the view shows the newest images instead.
+    listing = alice.call("list_files", sandbox_id=sid)
+    page, errors = open_view(browser, host_bundle, alice, html, {"sandbox_id": sid}, listing)
+    frame = page.frame_locator("iframe")
+    newest = frame.locator("#newest img")
+    expect(newest).to_have_count(1)
+    assert newest.evaluate("img => img.naturalWidth") == 64
+    assert frame.locator("#run").is_hidden()
+    assert forwarded(page) == ["view_sandbox", "read_file"]
+    assert errors == [], errors
+    page.close()
     structured(alice.call("delete_sandbox", sandbox_id=sid))
 
 
