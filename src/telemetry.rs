@@ -5,8 +5,8 @@
 //! The spans are the `tracing` spans of the two crates: the call
 //! (`tools/call`, a child of the client's W3C trace context when the
 //! request carries one), the operation (`tool`), the wait in the sandbox's
-//! queue (`queued`), the job (`job`), the agent exchange (`agent`), the
-//! install (`install`), engine calls (`engine`) and image inlining
+//! queue (`queued`), the job (`job`: a run, an install, an upload…), the
+//! agent exchange (`agent`), engine calls (`engine`) and image inlining
 //! (`inline_images`). Their fields are names, ids, sizes and outcomes:
 //! spans never carry code, output or keys, and log events are not exported
 //! (they may quote a sandbox's own words).
@@ -82,14 +82,14 @@ impl TelemetryConfig {
         }
         Ok(())
     }
+}
 
-    /// Where spans are posted.
-    fn traces_url(&self, base: &str) -> String {
-        let base = base.trim_end_matches('/');
-        match base.ends_with(TRACES_PATH) {
-            true => base.to_string(),
-            false => format!("{base}{TRACES_PATH}"),
-        }
+/// Where spans are posted, for the endpoint `base`.
+fn traces_url(base: &str) -> String {
+    let base = base.trim_end_matches('/');
+    match base.ends_with(TRACES_PATH) {
+        true => base.to_string(),
+        false => format!("{base}{TRACES_PATH}"),
     }
 }
 
@@ -120,7 +120,7 @@ where
     };
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_endpoint(config.traces_url(base))
+        .with_endpoint(traces_url(base))
         .with_timeout(std::time::Duration::from_secs(10))
         .build()?;
     // Every call is recorded, whatever the client's sampled flag says: a
@@ -195,8 +195,8 @@ mod tests {
         }
         c.otlp_endpoint = Some("http://collector:4318".into());
         assert!(c.validate().is_ok());
-        assert_eq!(c.traces_url("http://c:4318/"), "http://c:4318/v1/traces");
-        assert_eq!(c.traces_url("http://c:4318/v1/traces"), "http://c:4318/v1/traces");
+        assert_eq!(traces_url("http://c:4318/"), "http://c:4318/v1/traces");
+        assert_eq!(traces_url("http://c:4318/v1/traces"), "http://c:4318/v1/traces");
         c.service_name = String::new();
         assert!(matches!(c.validate(), Err(TelemetryError::ServiceName)));
     }
