@@ -10,7 +10,7 @@
 //! source), and `create_sandbox` with the same pool (`--pool-min`, 0: every
 //! sandbox made cold), which a fork pays once per copy.
 //!
-//! `cargo build --release && cargo bench --bench fork [-- --runtime runc --sizes-mb 10,200 --files-mb 50 --n 5 --many 8 --pool-min 0]`
+//! `cargo build --release && cargo bench --bench fork [-- --runtime runc --sizes-mb 10,200 --files-mb 50 --n 5 --many 8 --pool-min 0 --log info]`
 
 mod common;
 
@@ -49,6 +49,9 @@ async fn main() {
     let n: usize = arg("--n", 5).max(1);
     let many: usize = arg("--many", 8).clamp(1, 16);
     let pool_min: usize = arg("--pool-min", 0);
+    // `--log info` shows the server's own split of each fork (the export
+    // out of the source, each seed into a new sandbox).
+    let log: String = arg("--log", "warn".to_string());
     let sizes: Vec<usize> = sizes.split(',').filter_map(|s| s.trim().parse().ok()).collect();
 
     let server = Server::start(
@@ -61,7 +64,7 @@ async fn main() {
             ("MCP_SANDBOX_POOL_MAX", pool_min.max(many).to_string()),
             ("MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT", (many + 2).to_string()),
             ("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "10000".into()),
-            ("RUST_LOG", "warn".into()),
+            ("RUST_LOG", log),
         ],
     )
     .await;

@@ -175,7 +175,10 @@ async fn reset_python_forgets_variables_and_keeps_files() {
     let id = h.create().await;
     let sb = h.sb();
     let ran = h
-        .py(id, &format!("import json\nx = 41\nopen('kept.txt', 'w').write('kept')\n{BOOTED}"))
+        .py(
+            id,
+            &format!("import json\nx = 41\nopen('kept.txt', 'w').write('kept')\n{BOOTED}"),
+        )
         .await;
     assert_eq!(ran.output.exit_code, 0, "{}", ran.output.stderr);
     let booted = ran.output.stdout;
@@ -184,7 +187,9 @@ async fn reset_python_forgets_variables_and_keeps_files() {
     let after = sb.run(
         OWNER,
         id,
-        Work::Python(format!("print('x' in globals(), 'json' in globals(), open('kept.txt').read())\n{BOOTED}")),
+        Work::Python(format!(
+            "print('x' in globals(), 'json' in globals(), open('kept.txt').read())\n{BOOTED}"
+        )),
         None,
         None,
     );

@@ -1,6 +1,6 @@
 """Forks with the Python MCP SDK 2.3.0 against the real server and Docker:
-a fork of a sandbox holding a DataFrame, a function of its own and an
-installed package answers in the copy and then goes its own way, with what
+a fork of a sandbox holding a DataFrame, a function of its own, an
+installed package and links into the host's folders answers in the copy and then goes its own way, with what
 could not be carried named; a fork from a snapshot; forks count against the
 tenant's quota, all or none; the REST API. Another tenant's fork of a
 sandbox or snapshot is refused in test_security.py."""
@@ -46,7 +46,10 @@ def test_forks_carry_a_dataframe_a_function_a_file_and_a_package(server):
             "def double(x):\n    return 2 * x\n"
             "same = df\n"
             "stream = (i for i in range(3))\n"
-            "open('notes.txt', 'w').write('from the source')",
+            "open('notes.txt', 'w').write('from the source')\n"
+            # Links the server reads on the host, where they lead into the
+            # host's own folders: a fork gets them as links, never their targets.
+            "import os\nos.symlink('/root', 'host-root')\nos.symlink('/etc/shadow', 'shadow')",
         )
         forked = await call(c, "fork_sandbox", sandbox_id=sid, count=2)
         assert len(forked["forks"]) == 2 and forked["packages_copied"] is True, forked
@@ -58,6 +61,8 @@ def test_forks_carry_a_dataframe_a_function_a_file_and_a_package(server):
                 assert "generator" in f["not_carried"][0]["reason"], f
                 out = await py(c, f["sandbox_id"], "print(df.shape, double(21), same is df, open('notes.txt').read())")
                 assert out == "(1000, 2) 42 True from the source\n", out
+                links = "import os\nprint([(os.path.islink(n), os.readlink(n)) for n in ('host-root', 'shadow')])"
+                assert await py(c, f["sandbox_id"], links) == "[(True, '/root'), (True, '/etc/shadow')]\n"
             # Each goes its own way; the source is untouched.
             await py(c, ids[0], "df = df.head(3)\nopen('notes.txt', 'w').write('changed')")
             assert await py(c, ids[1], "print(len(df), open('notes.txt').read())") == "1000 from the source\n"

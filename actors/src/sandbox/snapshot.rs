@@ -2,17 +2,22 @@
 //! agent parks, resumes or ends a copy of the Python worker, and the host
 //! saves or brings back the files and packages ([`crate::snapshots`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::join_notices;
-use crate::error::Result;
+use crate::error::{Result, SandboxError};
 use crate::host;
 use crate::link::Link;
 use crate::snapshots::{merge, slot, Carried, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
+
+/// The longest a fork's new sandbox waits for its source to be copied:
+/// past any export's own bounds (the source's queue, the namespace's dump,
+/// the copy's deadline), so it only ends a wait for a source that is stuck.
+const SEED_WAIT: Duration = Duration::from_secs(20 * 60);
 
 /// Said with a restore whose Python state did not survive.
 const PYTHON_LOST: &str = "The Python state saved in this snapshot is gone: a saved Python state lives as long as \
@@ -75,7 +80,7 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
             };
             Ok((SnapshotDone::Restored(restored), join_notices(notice, lost)))
         }
-        SnapshotOp::Export { fork, from } => {
+        SnapshotOp::Export { fork, from, into } => {
             host::check_free_disk(&ctx.settings)?;
             let from = from.map(|s| store.find(id, s)).transpose()?;
             let started = Instant::now();
@@ -87,21 +92,37 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
                 }
             };
             let dumped = started.elapsed();
-            let export = store.export(&link.paths, from.as_ref(), fork, python).await?;
+            let count = into.len();
+            let export = store.export(&link.paths, from.as_ref(), fork, python, into).await?;
             info!(
-                sandbox = %id, %fork, python_ms = dumped.as_millis() as u64,
+                sandbox = %id, %fork, count, python_ms = dumped.as_millis() as u64,
                 files_ms = (started.elapsed() - dumped).as_millis() as u64,
                 python = ?export.python.python, files = export.files, bytes = export.bytes, "fork exported"
             );
             Ok((SnapshotDone::Exported(export), notice))
         }
-        SnapshotOp::Seed { export } => {
-            let placed = store.seed(&link.paths, &export).await?;
-            if !placed {
-                return Ok((SnapshotDone::Seeded(export.python.clone()), None));
-            }
-            let (read, notice) = link.load_python(&slot(export.fork)).await?;
-            Ok((SnapshotDone::Seeded(merge(&export.python, read)), notice))
+        SnapshotOp::Seed { fork, mut export } => {
+            let export = match tokio::time::timeout(SEED_WAIT, export.wait_for(Option::is_some)).await {
+                Ok(Ok(export)) => export.clone().expect("waited for"),
+                _ => {
+                    return Err(SandboxError::Internal(format!(
+                        "the sandbox of fork {fork} could not be copied into this one, which the fork removes"
+                    )))
+                }
+            };
+            let started = Instant::now();
+            let (python, notice) = match store.seed(&link.paths, &export).await? {
+                true => {
+                    let (read, notice) = link.load_python(&slot(export.fork)).await?;
+                    (merge(&export.python, read), notice)
+                }
+                false => (export.python.clone(), None),
+            };
+            info!(
+                sandbox = %id, fork = %export.fork, python_ms = started.elapsed().as_millis() as u64,
+                python = ?python.python, "fork seeded"
+            );
+            Ok((SnapshotDone::Seeded(python), notice))
         }
         SnapshotOp::Delete { snapshot } => {
             let info = store.find(id, snapshot)?;

@@ -2,24 +2,27 @@
 //! live sandbox (or of one of its snapshots): its files, its packages and,
 //! carried by serialisation, its Python namespace.
 //!
-//! The source's actor writes what the forks carry (its agent serialises
-//! the namespace, the host copies the folders: [`crate::snapshots`]), in
-//! turn with its other calls; the new sandboxes are then created as any
-//! other (quota, pool) under the source's egress policy, and each actor
-//! seeds its sandbox from the copy, in turn with its calls. A fork is all
-//! or nothing: one that fails midway, or whose caller hung up, removes the
+//! The new sandboxes are created first, as any other (quota, pool) under
+//! the source's egress policy. The source's actor then, in turn with its
+//! other calls, has its agent serialise the namespace and clones its
+//! folders straight into the new sandboxes' ([`crate::snapshots`]); each new
+//! actor then loads the namespace, in turn with its calls. A fork is all or
+//! nothing: one that fails midway, or whose caller hung up, removes the
 //! sandboxes it made, and so does the next start of a server that stopped
 //! midway (their records are marked until they are seeded).
 
 use std::sync::Arc;
 
 use futures_util::future::join_all;
-use ractor::ActorRef;
+use ractor::rpc::CallResult;
+use ractor::{ActorRef, MessagingErr};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 use uuid::Uuid;
 
 use super::{answer, unexpected, CreateOptions, Creation, Quota, Sandboxes};
+use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::host;
 use crate::messages::{Queued, SandboxMsg};
@@ -88,20 +91,6 @@ impl Sandboxes {
         host::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, count)?;
         let fork = Uuid::new_v4();
-        let op = SnapshotOp::Export { fork, from };
-        let (export, notice) = match answer(
-            &source,
-            id,
-            source
-                .call(
-                    |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
-                    None,
-                )
-                .await,
-        )?? {
-            (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
-            (other, _) => return Err(unexpected(other)),
-        };
         let creations: Vec<Creation> = (1..=count)
             .map(|i| {
                 let name = format!("{} fork {i}", name.chars().take(MAX_NAME - 10).collect::<String>());
@@ -111,83 +100,69 @@ impl Sandboxes {
                 }
             })
             .collect();
-        let (files, packages) = (export.files, export.packages);
         // Cancelled when this call is dropped (the caller hung up): claims
         // still waiting for the pool give up, and no fork is seeded.
         let gone = CancellationToken::new();
         let _hung_up = gone.clone().drop_guard();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let store = self.ctx.store.clone();
+        let ctx = self.ctx.clone();
         tokio::spawn(
             async move {
                 let _reservation = reservation;
-                let made = match make(&creations, export, &gone).await {
-                    Ok(forks) => {
-                        let ids = forks.iter().map(|(f, _)| f.info.sandbox_id).collect();
-                        match store.mark_seeded(ids).await {
-                            Ok(()) => Ok(forks),
-                            Err(e) => {
-                                abandon(&creations, forks).await;
-                                Err(e)
-                            }
+                let made = match make(&creations, &gone).await {
+                    Ok(made) => made,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let source = Source {
+                    actor: source,
+                    id,
+                    fork,
+                    from,
+                };
+                match source.carry(&ctx, &made, &gone).await {
+                    Ok(forked) => {
+                        if tx.send(Ok(forked)).is_err() {
+                            info!(%fork, "the caller of a fork went away; removing the sandboxes it made");
+                            abandon(&creations, made).await;
                         }
                     }
-                    Err(e) => Err(e),
-                };
-                if let Err(Ok(forks)) = tx.send(made) {
-                    info!(%fork, "the caller of a fork went away; removing the sandboxes it made");
-                    abandon(&creations, forks).await;
+                    Err(e) => {
+                        abandon(&creations, made).await;
+                        let _ = tx.send(Err(e));
+                    }
                 }
             }
             .in_current_span(),
         );
-        let forks = rx
+        let forked = rx
             .await
             .map_err(|_| SandboxError::Internal("the fork ended inside the server; try again".into()))??;
         info!(sandbox = %id, %fork, count, "forked");
-        Ok(Forked {
-            forks: forks.into_iter().map(|(f, _)| f).collect(),
-            files,
-            packages,
-            notice,
-        })
+        Ok(forked)
     }
 }
 
-/// Creates the forks and seeds each from `export`, all at once; if any
-/// fails, or `gone` is cancelled, removes those made and answers the first error.
-async fn make(
-    creations: &[Creation],
-    export: Arc<Export>,
-    gone: &CancellationToken,
-) -> Result<Vec<(Fork, ActorRef<SandboxMsg>)>> {
-    let made = join_all(creations.iter().map(|c| {
-        let export = export.clone();
-        async move {
-            let (info, actor) = c.run(gone.cancelled()).await?;
-            let python = match gone.is_cancelled() {
-                true => Err(SandboxError::Internal(
-                    "the caller went away before its fork was ready".into(),
-                )),
-                false => seed(&actor, info.sandbox_id, export).await,
-            };
-            Ok::<_, SandboxError>((info, actor, python))
-        }
-    }))
-    .await;
+/// Creates the forks, all at once; if any fails, or `gone` is cancelled,
+/// removes those made and answers the first error.
+async fn make(creations: &[Creation], gone: &CancellationToken) -> Result<Vec<Made>> {
+    let made = join_all(creations.iter().map(|c| c.run(gone.cancelled()))).await;
     let mut forks = Vec::with_capacity(made.len());
     let mut failed = None;
     for m in made {
         match m {
-            Ok((info, actor, Ok(python))) => forks.push((Fork { info, python }, actor)),
-            Ok((info, actor, Err(e))) => {
-                creations[0].abandon(info.sandbox_id, actor).await;
-                failed.get_or_insert(e);
-            }
+            Ok(made) => forks.push(made),
             Err(e) => {
                 failed.get_or_insert(e);
             }
         }
+    }
+    if gone.is_cancelled() {
+        failed.get_or_insert(SandboxError::Internal(
+            "the caller went away before its fork was ready".into(),
+        ));
     }
     match failed {
         None => Ok(forks),
@@ -198,26 +173,105 @@ async fn make(
     }
 }
 
-async fn abandon(creations: &[Creation], forks: Vec<(Fork, ActorRef<SandboxMsg>)>) {
-    for (fork, actor) in forks {
-        creations[0].abandon(fork.info.sandbox_id, actor).await;
+/// A new sandbox of a fork, and its actor.
+type Made = (SandboxInfo, ActorRef<SandboxMsg>);
+
+/// What a fork is made from.
+struct Source {
+    actor: ActorRef<SandboxMsg>,
+    id: Uuid,
+    fork: Uuid,
+    from: Option<Uuid>,
+}
+
+impl Source {
+    /// Has each new sandbox of `made` wait in its queue for the source,
+    /// the source's actor give them its folders and namespace, then each
+    /// new actor load the namespace; marks them seeded.
+    async fn carry(self, ctx: &Context, made: &[Made], gone: &CancellationToken) -> Result<Forked> {
+        let Source { actor, id, fork, from } = self;
+        // Queued first, so that a call sent to a new sandbox meanwhile runs
+        // after its seeding, never beside the copy into it.
+        let (exported, export) = watch::channel(None);
+        let seeded = made
+            .iter()
+            .map(|(info, actor)| seed(actor, info.sandbox_id, fork, export.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let into = made.iter().map(|(info, _)| ctx.paths(info.sandbox_id)).collect();
+        let op = SnapshotOp::Export { fork, from, into };
+        let (export, notice) = match answer(
+            &actor,
+            id,
+            actor
+                .call(
+                    |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
+                    None,
+                )
+                .await,
+        )?? {
+            (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
+            (other, _) => return Err(unexpected(other)),
+        };
+        if gone.is_cancelled() {
+            return Err(SandboxError::Internal(
+                "the caller went away before its fork was ready".into(),
+            ));
+        }
+        let (files, packages) = (export.files, export.packages);
+        exported.send_replace(Some(export));
+        let mut forks = Vec::with_capacity(made.len());
+        for ((info, _), python) in made.iter().zip(join_all(seeded).await) {
+            forks.push(Fork {
+                info: info.clone(),
+                python: python?,
+            });
+        }
+        ctx.store
+            .mark_seeded(made.iter().map(|(info, _)| info.sandbox_id).collect())
+            .await?;
+        Ok(Forked {
+            forks,
+            files,
+            packages,
+            notice,
+        })
     }
 }
 
-/// Has a fork's actor make its sandbox hold what `export` carries.
-async fn seed(actor: &ActorRef<SandboxMsg>, id: Uuid, export: Arc<Export>) -> Result<Carried> {
-    let op = SnapshotOp::Seed { export };
-    match answer(
-        actor,
-        id,
-        actor
-            .call(
-                |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
-                None,
-            )
-            .await,
-    )?? {
-        (SnapshotDone::Seeded(python), _) => Ok(python),
-        (other, _) => Err(unexpected(other)),
+async fn abandon(creations: &[Creation], forks: Vec<Made>) {
+    for (info, actor) in forks {
+        creations[0].abandon(info.sandbox_id, actor).await;
     }
+}
+
+/// Queues on a fork's actor the loading of the namespace `export` will
+/// carry (its job waits for it, holding the queue); answers when it is done.
+fn seed(
+    actor: &ActorRef<SandboxMsg>,
+    id: Uuid,
+    fork: Uuid,
+    export: watch::Receiver<Option<Arc<Export>>>,
+) -> Result<impl std::future::Future<Output = Result<Carried>>> {
+    let (reply, answered) = ractor::concurrency::oneshot();
+    let op = SnapshotOp::Seed { fork, export };
+    actor
+        .send_message(
+            SandboxMsg::Queued(Queued::Snapshot {
+                op,
+                reply: reply.into(),
+            })
+            .traced(),
+        )
+        .map_err(|_| SandboxError::NotFound(id))?;
+    let actor = actor.clone();
+    Ok(async move {
+        let answered = answered
+            .await
+            .map(CallResult::Success)
+            .map_err(|_| MessagingErr::ChannelClosed);
+        match answer(&actor, id, answered)?? {
+            (SnapshotDone::Seeded(python), _) => Ok(python),
+            (other, _) => Err(unexpected(other)),
+        }
+    })
 }

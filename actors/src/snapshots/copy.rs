@@ -1,12 +1,13 @@
-//! Copies of a sandbox's folders on the host: saved into a snapshot, and
-//! brought back from one.
+//! Copies of a sandbox's folders on the host: saved into a snapshot,
+//! brought back from one, and cloned into a new fork's.
 //!
 //! The sandbox writes the folders these read (`save`) and write (`restore`)
 //! while the server, as root, walks them, so every name is looked up from
 //! its folder's descriptor without following links ([`crate::nofollow`]):
 //! a folder swapped for a link on the way cannot lead the copy elsewhere on
-//! the host. The snapshot's own folders are the server's (under the state
-//! folder), read and written by path.
+//! the host. A clone reads one sandbox's folder and writes another's, so
+//! both sides are walked that way. The snapshot's own folders are the
+//! server's (under the state folder), read and written by path.
 //!
 //! A save hard-links a file unchanged since the previous snapshot (same
 //! size, modification time and mode: rsync's quick check) instead of
@@ -21,7 +22,7 @@ use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -199,6 +200,111 @@ struct Saving<'a> {
     stop: &'a AtomicBool,
 }
 
+/// Where a save writes.
+enum Dest {
+    /// A new folder of the server's (a snapshot's), written by path.
+    Store(PathBuf),
+    /// A sandbox's folder (a new fork's), each name made from its folder's
+    /// descriptor without following links, and given to `owner`: the
+    /// sandbox's code may run while it is written.
+    Sandbox { dir: OwnedFd, owner: u32 },
+}
+
+impl Dest {
+    /// Makes the folder `name` (reusing a folder the sandbox already has
+    /// there) and opens it.
+    fn folder(&self, name: &OsStr) -> io::Result<Dest> {
+        match self {
+            Dest::Store(dir) => {
+                let path = dir.join(name);
+                fs::DirBuilder::new().mode(0o700).create(&path)?;
+                Ok(Dest::Store(path))
+            }
+            Dest::Sandbox { dir, owner } => {
+                if !make_room(dir, name, true)? {
+                    nofollow::mkdir_at(dir, name, 0o700)?;
+                    give(dir, name, *owner)?;
+                }
+                let inner = nofollow::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                Ok(Dest::Sandbox {
+                    dir: inner,
+                    owner: *owner,
+                })
+            }
+        }
+    }
+
+    /// Gives a folder made by [`Self::folder`] the mode it had, once filled.
+    fn seal(self, mode: u32) -> io::Result<()> {
+        let permissions = fs::Permissions::from_mode(mode);
+        match self {
+            Dest::Store(path) => fs::set_permissions(path, permissions),
+            Dest::Sandbox { dir, .. } => File::from(dir).set_permissions(permissions),
+        }
+    }
+
+    /// Creates the file `name` with `mode`, to be written.
+    fn file(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+        let file = match self {
+            Dest::Store(dir) => fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join(name))?,
+            Dest::Sandbox { dir, owner } => {
+                make_room(dir, name, false)?;
+                let file = File::from(nofollow::create_file(dir, name, 0o600)?);
+                give(dir, name, *owner)?;
+                file
+            }
+        };
+        // Not left to the server's umask: a mode that differs from the
+        // sandbox's would never match it again.
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        Ok(file)
+    }
+
+    /// Makes the symbolic link `name` pointing at `target` (stored, not resolved).
+    fn link(&self, name: &OsStr, target: &Path) -> io::Result<()> {
+        match self {
+            Dest::Store(dir) => std::os::unix::fs::symlink(target, dir.join(name)),
+            Dest::Sandbox { dir, owner } => {
+                make_room(dir, name, false)?;
+                nofollow::symlink_at(target.as_os_str(), dir, name)?;
+                give(dir, name, *owner)
+            }
+        }
+    }
+
+    /// Links `name` to the previous snapshot's `before` (the store only).
+    fn hard_link(&self, before: &Path, name: &OsStr) -> io::Result<()> {
+        match self {
+            Dest::Store(dir) => fs::hard_link(before, dir.join(name)),
+            Dest::Sandbox { .. } => Err(io::Error::other("a sandbox's folder is never linked to the store")),
+        }
+    }
+}
+
+/// Clears `name` in the sandbox's folder `dir` for a new entry; a folder
+/// is kept when a folder is wanted (says so).
+fn make_room(dir: &OwnedFd, name: &OsStr, folder: bool) -> io::Result<bool> {
+    match Found::open(dir, name) {
+        Ok(there) if folder && there.kind() == EntryKind::Folder => Ok(true),
+        Ok(_) => nofollow::remove_at(dir, name, MAX_DEPTH).map(|()| false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives a new entry to the sandbox's user. A server that is not root
+/// cannot, and needs not: what it makes is then its own, as the folder is.
+fn give(dir: &OwnedFd, name: &OsStr, owner: u32) -> io::Result<()> {
+    match nofollow::chown_at(dir, name, owner) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(()),
+        other => other,
+    }
+}
+
 /// Copies the folder `src` (the sandbox's) into the new folder `dst`,
 /// linking files unchanged since `previous` (the last snapshot's copy of
 /// the same folder). FIFOs, sockets and devices are left out.
@@ -209,8 +315,33 @@ pub(crate) fn save(
     budget: Budget,
     stop: &AtomicBool,
 ) -> Result<Saved, CopyError> {
-    let root = File::open(src)?;
     fs::DirBuilder::new().mode(0o700).create(dst)?;
+    walk_into(src, Dest::Store(dst.to_path_buf()), previous, budget, stop)
+}
+
+/// Copies the folder `src` (one sandbox's) into the folder `dst` (a new
+/// fork's, which `owner` gets everything in): one copy from disk to disk,
+/// neither side's links followed. What `dst` holds under the same names is
+/// replaced; the rest of it stays.
+pub(crate) fn clone_into(
+    src: &Path,
+    dst: &Path,
+    owner: u32,
+    budget: Budget,
+    stop: &AtomicBool,
+) -> Result<Saved, CopyError> {
+    let dir = File::open(dst)?.into();
+    walk_into(src, Dest::Sandbox { dir, owner }, None, budget, stop)
+}
+
+fn walk_into(
+    src: &Path,
+    dst: Dest,
+    previous: Option<&Path>,
+    budget: Budget,
+    stop: &AtomicBool,
+) -> Result<Saved, CopyError> {
+    let root = File::open(src)?;
     let mut saving = Saving {
         left: budget,
         limit: budget,
@@ -219,7 +350,7 @@ pub(crate) fn save(
         tally: Tally::new(),
         stop,
     };
-    saving.folder(&root.into(), dst, previous, 0)?;
+    saving.folder(&root.into(), &dst, previous, 0)?;
     Ok(Saved {
         files: saving.files,
         bytes: saving.bytes,
@@ -228,7 +359,7 @@ pub(crate) fn save(
 }
 
 impl Saving<'_> {
-    fn folder(&mut self, src: &OwnedFd, dst: &Path, previous: Option<&Path>, depth: usize) -> Result<(), CopyError> {
+    fn folder(&mut self, src: &OwnedFd, dst: &Dest, previous: Option<&Path>, depth: usize) -> Result<(), CopyError> {
         if depth > MAX_DEPTH {
             return Err(CopyError::TooDeep { max: MAX_DEPTH });
         }
@@ -245,13 +376,12 @@ impl Saving<'_> {
             }
             // Gone since it was listed: the sandbox's to remove.
             let Ok(found) = Found::open(src, &name) else { continue };
-            let target = dst.join(&name);
             let before = previous.map(|p| p.join(&name));
             match found.kind() {
                 EntryKind::Folder => {
                     self.spend(0)?;
                     self.tally.entry(&name, &found.st, None);
-                    fs::DirBuilder::new().mode(0o700).create(&target)?;
+                    let target = dst.folder(&name)?;
                     let inner = found.reopen(libc::O_RDONLY | libc::O_DIRECTORY)?;
                     let len = self.tally.enter(&name);
                     // The previous snapshot holds the sandbox's links as
@@ -260,7 +390,7 @@ impl Saving<'_> {
                     let before = before.filter(|b| fs::symlink_metadata(b).is_ok_and(|m| m.is_dir()));
                     self.folder(&inner, &target, before.as_deref(), depth + 1)?;
                     self.tally.leave(len);
-                    fs::set_permissions(&target, fs::Permissions::from_mode(found.st.st_mode & 0o777))?;
+                    target.seal(found.st.st_mode & 0o777)?;
                 }
                 EntryKind::File => {
                     let size = found.st.st_size as u64;
@@ -271,20 +401,13 @@ impl Saving<'_> {
                         .and_then(|b| fs::symlink_metadata(b).ok().map(|m| (b.to_path_buf(), m)))
                         .filter(|(_, m)| m.is_file() && same_file(&found.st, m));
                     if let Some((before, _)) = unchanged {
-                        fs::hard_link(before, &target)?;
+                        dst.hard_link(&before, &name)?;
                         // Linked, not stored: give the bytes back.
                         self.left.bytes += size;
                         continue;
                     }
                     let from = File::from(found.reopen(libc::O_RDONLY)?);
-                    let mut to = fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .open(&target)?;
-                    // Not left to the server's umask: a mode that differs
-                    // from the sandbox's would never match it again.
-                    to.set_permissions(fs::Permissions::from_mode(found.st.st_mode & 0o777))?;
+                    let mut to = dst.file(&name, found.st.st_mode & 0o777)?;
                     // The file may grow while it is read: never past the budget.
                     let copied = io::copy(&mut from.take(self.left.bytes + size + 1), &mut to)?;
                     if copied > size {
@@ -302,7 +425,7 @@ impl Saving<'_> {
                     self.spend(0)?;
                     let link = found.read_link()?;
                     self.tally.entry(&name, &found.st, Some(&link));
-                    std::os::unix::fs::symlink(link, &target)?;
+                    dst.link(&name, &link)?;
                 }
                 EntryKind::Other => {}
             }
@@ -403,7 +526,7 @@ impl Restoring<'_> {
                 if !there.as_ref().is_some_and(|f| f.kind() == EntryKind::Folder) {
                     self.clear(dst, name, there.is_some())?;
                     nofollow::mkdir_at(dst, name, 0o700)?;
-                    self.give(dst, name)?;
+                    give(dst, name, self.owner)?;
                 }
                 let inner = nofollow::openat(dst, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
                 self.fill(&from, &inner, depth + 1)?;
@@ -426,7 +549,7 @@ impl Restoring<'_> {
             } else {
                 continue;
             }
-            self.give(dst, name)?;
+            give(dst, name, self.owner)?;
         }
         Ok(())
     }
@@ -435,15 +558,6 @@ impl Restoring<'_> {
         match present {
             true => nofollow::remove_at(dst, name, MAX_DEPTH),
             false => Ok(()),
-        }
-    }
-
-    /// Gives a new entry to the sandbox's user. A server that is not root
-    /// cannot, and needs not: what it makes is then its own, as the folder is.
-    fn give(&self, dst: &OwnedFd, name: &OsStr) -> io::Result<()> {
-        match nofollow::chown_at(dst, name, self.owner) {
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(()),
-            other => other,
         }
     }
 }
@@ -551,7 +665,6 @@ fn open_folder(root: &Path, rel: &[&str]) -> Result<OwnedFd, CopyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     /// Saves `live` as `tmp/name`, linking from `tmp/previous`.
     fn save_as(tmp: &Path, live: &Path, name: &str, previous: Option<&str>) -> Saved {
@@ -663,6 +776,54 @@ mod tests {
         fs::write(root.join("a/b/data.txt"), "hello").unwrap();
         fs::write(root.join("top.txt"), "top").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+    }
+
+    #[test]
+    fn a_clone_copies_one_sandboxs_folder_into_anothers_without_following_links_on_either_side() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (sandbox, host, _) = fork_folders(tmp.path());
+        tree(&sandbox);
+        fs::set_permissions(sandbox.join("top.txt"), fs::Permissions::from_mode(0o640)).unwrap();
+        // The source's folder leads to the host: copied as the link it is.
+        std::os::unix::fs::symlink(&host, sandbox.join("to-host")).unwrap();
+        // The new sandbox already has a folder of the same name, a file the
+        // source has too, and links where the source has a folder and a file.
+        let fork = tmp.path().join("fork");
+        fs::create_dir_all(fork.join(".mcp-sandbox/spool")).unwrap();
+        fs::create_dir_all(sandbox.join(".mcp-sandbox")).unwrap();
+        fs::write(sandbox.join(".mcp-sandbox/kept"), "from the source").unwrap();
+        fs::write(fork.join("top.txt"), "the fork's").unwrap();
+        std::os::unix::fs::symlink(host.join(".mcp-sandbox"), fork.join("a")).unwrap();
+        std::os::unix::fs::symlink(host.join(".mcp-sandbox/fork/f.pickle"), fork.join("link")).unwrap();
+        let cloned = clone_into(&sandbox, &fork, 4242, budget(), &AtomicBool::new(false)).unwrap();
+        assert_eq!(
+            (cloned.files, cloned.bytes),
+            (8, 8 + 15),
+            "a, a/b, data.txt, top.txt, link, to-host, .mcp-sandbox, kept"
+        );
+        assert_eq!(fs::read_to_string(fork.join("a/b/data.txt")).unwrap(), "hello");
+        assert_eq!(fs::read_to_string(fork.join("top.txt")).unwrap(), "top");
+        let top = fs::metadata(fork.join("top.txt")).unwrap();
+        assert_eq!((top.mode() & 0o777, top.uid()), (0o640, 4242));
+        assert_eq!(top.mtime(), fs::metadata(sandbox.join("top.txt")).unwrap().mtime());
+        assert_eq!(fs::read_link(fork.join("link")).unwrap(), Path::new("/etc/passwd"));
+        assert_eq!(fs::read_link(fork.join("to-host")).unwrap(), host);
+        assert!(fork.join(".mcp-sandbox/spool").is_dir(), "what only the fork has stays");
+        assert_eq!(
+            fs::read_to_string(fork.join(".mcp-sandbox/kept")).unwrap(),
+            "from the source"
+        );
+        assert_eq!(fs::symlink_metadata(fork.join("a")).unwrap().uid(), 4242);
+        // Nothing was written through the fork's links.
+        assert_eq!(fs::read_dir(host.join(".mcp-sandbox")).unwrap().count(), 1);
+        assert_eq!(
+            fs::read_to_string(host.join(".mcp-sandbox/fork/f.pickle")).unwrap(),
+            "host secret"
+        );
+        // A clone past its budget fails.
+        let small = Budget { bytes: 4, files: 100 };
+        let err = clone_into(&sandbox, &fork, 4242, small, &AtomicBool::new(false)).unwrap_err();
+        assert!(matches!(err, CopyError::TooLarge { .. }), "{err}");
     }
 
     #[test]

@@ -1,17 +1,18 @@
 //! The host side of a fork: what a sandbox (or one of its snapshots) gives
 //! the new sandboxes made from it.
 //!
-//! An export is `state_dir/forks/<fork>/`: the results and package folders
-//! copied from the sandbox's live folders or from a snapshot's saved ones
-//! (files unchanged since that snapshot are hard-linked, not copied), and
-//! `python.pickle`, the Python namespace the agent wrote for the fork
-//! (`docker/agent.py`, `dump`), moved out of the sandbox's results. Each
-//! new sandbox is then seeded from it: its folders made those of the
-//! export, and the namespace placed in its results for its agent to load.
+//! The new sandboxes are made first; the export then clones the source's
+//! results and package folders (live, or a snapshot's saved ones) straight
+//! into each new sandbox's, one copy from disk to disk, while the source's
+//! job holds it still. The Python namespace the agent wrote for the fork
+//! (`docker/agent.py`, `dump`) is moved out of the source's results to
+//! `state_dir/forks/<fork>/python.pickle`, and each new sandbox is then
+//! seeded from it: the file placed in its results for its agent to load.
 //! The export goes when the last holder drops it; one left by a server that
 //! stopped mid-fork is removed at the next start.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 
 use tracing::warn;
 use uuid::Uuid;
@@ -37,7 +38,7 @@ pub struct Export {
     /// How much of the namespace the source wrote (and whether the file
     /// came out of its sandbox: `Lost` otherwise).
     pub python: Carried,
-    /// Files, folders and links carried, and the bytes newly copied for them.
+    /// Files, folders and links each new sandbox received, and their bytes.
     pub files: u64,
     pub bytes: u64,
     /// Whether the packages were carried (only where the package volume is
@@ -73,16 +74,17 @@ impl Snapshots {
         self.root.with_file_name("forks")
     }
 
-    /// Copies what a fork of the sandbox carries: its folders as they are
-    /// now, or those of the snapshot `from`; and the namespace the agent
-    /// wrote for fork `fork` (`python` says how much), moved out of the
-    /// sandbox's results.
+    /// Gives the new sandboxes `into` what a fork of the sandbox carries:
+    /// its folders as they are now, or those of the snapshot `from`, cloned
+    /// into theirs (all at once); and takes the namespace the agent wrote
+    /// for fork `fork` (`python` says how much) out of the sandbox's results.
     pub(crate) async fn export(
         &self,
         paths: &SandboxPaths,
         from: Option<&SnapshotInfo>,
         fork: Uuid,
         python: Carried,
+        into: Vec<SandboxPaths>,
     ) -> Result<Export, SnapshotError> {
         let (store, paths, from) = (self.clone(), paths.clone(), from.cloned());
         bounded(move |stop| {
@@ -104,29 +106,33 @@ impl Snapshots {
                     export.python = Carried::lost(format!("could not take the namespace out of the sandbox: {e}"));
                 }
             }
-            let latest = store.list(paths.id).pop();
+            let mut sources = vec![];
             for (folder, live) in Folder::of(&paths) {
-                let tree = |s: &SnapshotInfo| s.trees.get(folder).map(|t| store.trees(paths.id).join(t));
                 let source = match &from {
-                    Some(snapshot) => match tree(snapshot) {
-                        Some(tree) => tree,
+                    Some(snapshot) => match snapshot.trees.get(folder) {
+                        Some(tree) => store.trees(paths.id).join(tree),
                         None => continue,
                     },
                     None => live.to_path_buf(),
                 };
-                // Unchanged files are linked from the snapshot's tree.
-                let previous = from.as_ref().or(latest.as_ref()).and_then(tree);
-                let saved = copy::save(
-                    &source,
-                    &export.dir.join(format!("{folder:?}")),
-                    previous.as_deref(),
-                    store.budget(folder),
-                    stop,
-                )
-                .map_err(SnapshotError::Export)?;
-                export.files += saved.files;
-                export.bytes += saved.bytes;
-                export.packages |= matches!(folder, Folder::Packages);
+                sources.push((folder, source));
+            }
+            let cloned = std::thread::scope(|scope| {
+                let clones: Vec<_> = into
+                    .iter()
+                    .map(|fork| {
+                        let (store, sources) = (&store, &sources);
+                        scope.spawn(move || store.clone_folders(sources, fork, stop))
+                    })
+                    .collect();
+                clones
+                    .into_iter()
+                    .map(|c| c.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(SnapshotError::Export)?;
+            if let Some(&(files, bytes, packages)) = cloned.first() {
+                (export.files, export.bytes, export.packages) = (files, bytes, packages);
             }
             Ok(export)
         })
@@ -137,17 +143,33 @@ impl Snapshots {
         })
     }
 
-    /// Makes a new sandbox's folders those of `export`, and places the
-    /// namespace in its results for its agent to load; says whether it did.
+    /// Clones each of `sources` into the same folder of the new sandbox
+    /// `fork`; answers the entries and bytes it wrote, and whether the
+    /// packages were among them.
+    fn clone_folders(
+        &self,
+        sources: &[(Folder, PathBuf)],
+        fork: &SandboxPaths,
+        stop: &AtomicBool,
+    ) -> Result<(u64, u64, bool), CopyError> {
+        let (mut files, mut bytes, mut packages) = (0, 0, false);
+        for (folder, live) in Folder::of(fork) {
+            let Some((_, source)) = sources.iter().find(|(f, _)| *f == folder) else {
+                continue;
+            };
+            let cloned = copy::clone_into(source, live, SANDBOX_UID, self.budget(folder), stop)?;
+            files += cloned.files;
+            bytes += cloned.bytes;
+            packages |= folder == Folder::Packages;
+        }
+        Ok((files, bytes, packages))
+    }
+
+    /// Places the namespace `export` carries in a new sandbox's results for
+    /// its agent to load; says whether it did.
     pub(crate) async fn seed(&self, paths: &SandboxPaths, export: &Export) -> Result<bool, SnapshotError> {
         let (paths, dir, fork, pickled) = (paths.clone(), export.dir.clone(), export.fork, export.pickled());
-        bounded(move |stop| {
-            for (folder, live) in Folder::of(&paths) {
-                let saved = dir.join(format!("{folder:?}"));
-                if saved.is_dir() {
-                    copy::restore(&saved, live, SANDBOX_UID, stop)?;
-                }
-            }
+        bounded(move |_stop| {
             if !pickled || !dir.join(PYTHON).is_file() {
                 return Ok(false);
             }

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use tokio::sync::watch;
 use tracing::warn;
 use uuid::Uuid;
 
@@ -113,7 +114,7 @@ impl Trees {
 }
 
 /// The sandbox folders a snapshot saves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Folder {
     Results,
     Packages,
@@ -164,14 +165,18 @@ pub enum SnapshotOp {
     Delete {
         snapshot: Uuid,
     },
-    /// Copies what fork `fork` carries: the sandbox as it is, or snapshot `from`.
+    /// Gives the new sandboxes `into` what fork `fork` carries: the
+    /// sandbox as it is, or snapshot `from`.
     Export {
         fork: Uuid,
         from: Option<Uuid>,
+        into: Vec<SandboxPaths>,
     },
-    /// Makes a new sandbox (a fork) hold what `export` carries.
+    /// Gives a new sandbox of fork `fork` the namespace its export carries,
+    /// once the source has made it (the job holds the queue till then).
     Seed {
-        export: Arc<Export>,
+        fork: Uuid,
+        export: watch::Receiver<Option<Arc<Export>>>,
     },
 }
 
@@ -187,7 +192,7 @@ impl std::fmt::Display for SnapshotOp {
                 from: Some(snapshot), ..
             } => write!(f, "fork from snapshot {snapshot}"),
             SnapshotOp::Export { from: None, .. } => write!(f, "fork"),
-            SnapshotOp::Seed { export } => write!(f, "seeded by fork {}", export.fork),
+            SnapshotOp::Seed { fork, .. } => write!(f, "seeded by fork {fork}"),
         }
     }
 }

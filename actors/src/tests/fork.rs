@@ -66,6 +66,30 @@ async fn forks_start_with_the_variables_and_files_then_go_their_own_way() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_call_sent_to_a_fork_before_it_is_ready_runs_after_its_seeding() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    // The source is busy, so the fork's copy waits in its queue while the
+    // new sandbox is already listed.
+    let busy = s.run(id, "sleep 10");
+    let forked = fork(&s, id, 1, None);
+    let early = async {
+        let fork = loop {
+            if let Some(info) = s.sb().list(OWNER).await.into_iter().find(|i| i.sandbox_id != id) {
+                break info.sandbox_id;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        (fork, s.stdout(fork, "get x").await)
+    };
+    let (busy, forked, (fork, early)) = tokio::join!(busy, forked, early);
+    busy.unwrap();
+    assert_eq!(forked.unwrap().forks[0].info.sandbox_id, fork);
+    assert_eq!(early.trim(), "1", "the call found the namespace the fork carried");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_fork_from_a_snapshot_starts_where_the_snapshot_was() {
     let s = Server::start().await;
     let id = s.create().await;

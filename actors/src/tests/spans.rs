@@ -11,9 +11,12 @@ use tracing_subscriber::{Layer, Registry};
 
 use super::Server;
 
-/// Every span made: its name and its parent's.
+/// A span's name and its parent's.
+type Seen = (&'static str, Option<&'static str>);
+
+/// Every span made.
 #[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<(&'static str, Option<&'static str>)>>>);
+struct Recorder(Arc<Mutex<Vec<Seen>>>);
 
 impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
