@@ -226,7 +226,7 @@ pub enum SnapshotError {
     Save(#[source] CopyError),
     #[error("could not restore the sandbox's files: {0}. They may be partly restored: restore again, or delete the sandbox.")]
     Restore(#[source] CopyError),
-    #[error("could not copy the sandbox's files for a fork: {0}. No sandbox was made; the sandbox is unchanged.")]
+    #[error("could not copy the sandbox's files for a fork: {0}. The fork was undone; the sandbox is unchanged.")]
     Export(#[source] CopyError),
     #[error(
         "could not copy the files into a fork: {0}. The fork was undone; free disk space or fork fewer at once, then try again."

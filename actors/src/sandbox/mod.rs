@@ -30,12 +30,12 @@ use crate::context::{Context, Counters};
 use crate::error::{DockerError, Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
 use crate::link::{Link, Retirement};
-use crate::messages::{Finished, SandboxMsg};
+use crate::messages::{Finished, Queued, SandboxMsg};
 use crate::packages;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
 use crate::results::{InstallStatus, InstallStatusKind, SandboxInfo};
 use crate::runtime::ContainerState;
-use crate::snapshots::SnapshotTotals;
+use crate::snapshots::{SnapshotOp, SnapshotTotals};
 use crate::status::SandboxStatus;
 use deletion::{begin_deletion, Deletion};
 use jobs::{Job, Waiting};
@@ -212,7 +212,7 @@ impl SandboxActor {
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SandboxMsg::Run(req) => match admit(state) {
+            SandboxMsg::Run(req) => match admit(state, false) {
                 Ok(()) => state.push(Job::Run(req)),
                 Err(e) => {
                     let _ = req.reply.send(Err(e));
@@ -225,7 +225,7 @@ impl SandboxActor {
                     .filter(|tx| tx.borrow().status == InstallState::Installing)
                 {
                     let _ = reply.send(Ok(tx.subscribe()));
-                } else if let Err(e) = admit(state) {
+                } else if let Err(e) = admit(state, false) {
                     let _ = reply.send(Err(e));
                 } else {
                     let record = InstallRecord {
@@ -373,15 +373,31 @@ impl SandboxState {
 /// Whether another call may join the queue.
 /// Queues a caller's job, or answers it at once when the sandbox takes no more.
 fn enqueue(state: &mut SandboxState, job: Job) {
-    match admit(state) {
+    let seed = matches!(
+        &job,
+        Job::Queued(Queued::Snapshot {
+            op: SnapshotOp::Seed { .. },
+            ..
+        })
+    );
+    match admit(state, seed) {
         Ok(()) => state.push(job),
         Err(e) => job.refuse(e),
     }
 }
 
-fn admit(state: &SandboxState) -> Result<()> {
+/// `seed`: the job that seeds a fork, the only one a fork takes before.
+fn admit(state: &SandboxState, seed: bool) -> Result<()> {
     if state.deletion.is_some() {
         return Err(state.retirement_error());
+    }
+    // Nothing of the caller's runs in a fork while the server still copies
+    // into it (it is listed from its creation on).
+    if let Some(fork) = state.record.seeding.filter(|_| !seed) {
+        return Err(SandboxError::Quota(format!(
+            "sandbox {} is being made by fork {fork}, which copies into it: call it once fork_sandbox has answered",
+            state.record.id
+        )));
     }
     let max = state.ctx.settings.sandbox.max_queued_calls;
     if state.queue.len() >= max {

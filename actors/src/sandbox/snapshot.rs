@@ -80,7 +80,12 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
             };
             Ok((SnapshotDone::Restored(restored), join_notices(notice, lost)))
         }
-        SnapshotOp::Export { fork, from, into } => {
+        SnapshotOp::Export { fork, from, into, hold } => {
+            let Some(_running) = hold.begin().await else {
+                return Err(SandboxError::Internal(format!(
+                    "fork {fork} was given up before its copy began"
+                )));
+            };
             host::check_free_disk(&ctx.settings)?;
             let from = from.map(|s| store.find(id, s)).transpose()?;
             let started = Instant::now();
@@ -93,7 +98,9 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
             };
             let dumped = started.elapsed();
             let count = into.len();
-            let export = store.export(&link.paths, from.as_ref(), fork, python, into).await?;
+            let export = store
+                .export(&link.paths, from.as_ref(), fork, python, into, &hold)
+                .await?;
             info!(
                 sandbox = %id, %fork, count, python_ms = dumped.as_millis() as u64,
                 files_ms = (started.elapsed() - dumped).as_millis() as u64,

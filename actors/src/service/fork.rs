@@ -12,6 +12,7 @@
 //! midway (their records are marked until they are seeded).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use ractor::rpc::CallResult;
@@ -28,10 +29,13 @@ use crate::host;
 use crate::messages::{Queued, SandboxMsg};
 use crate::results::SandboxInfo;
 use crate::scope::Scope;
-use crate::snapshots::{Carried, Export, SnapshotDone, SnapshotOp};
+use crate::snapshots::{Carried, Export, ExportHold, SnapshotDone, SnapshotOp};
 
 /// The most sandboxes one fork makes.
 pub const MAX_FORKS: usize = 16;
+/// The longest a fork waits for its source to take it up and copy itself:
+/// within the new sandboxes' own wait for the copy.
+const EXPORT_WAIT: Duration = Duration::from_secs(15 * 60);
 /// The longest name a fork is given, in characters (as any sandbox's).
 const MAX_NAME: usize = 100;
 
@@ -190,25 +194,44 @@ impl Source {
     /// new actor load the namespace; marks them seeded.
     async fn carry(self, ctx: &Context, made: &[Made], gone: &CancellationToken) -> Result<Forked> {
         let Source { actor, id, fork, from } = self;
-        // Queued first, so that a call sent to a new sandbox meanwhile runs
-        // after its seeding, never beside the copy into it.
+        // Queued first: each new sandbox's queue waits for the copy (and
+        // refuses the caller's calls until it is seeded).
         let (exported, export) = watch::channel(None);
         let seeded = made
             .iter()
             .map(|(info, actor)| seed(actor, info.sandbox_id, fork, export.clone()))
             .collect::<Result<Vec<_>>>()?;
         let into = made.iter().map(|(info, _)| ctx.paths(info.sandbox_id)).collect();
-        let op = SnapshotOp::Export { fork, from, into };
-        let (export, notice) = match answer(
-            &actor,
-            id,
-            actor
-                .call(
-                    |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
-                    None,
-                )
-                .await,
-        )?? {
+        let hold = ExportHold::child_of(gone);
+        let op = SnapshotOp::Export {
+            fork,
+            from,
+            into,
+            hold: hold.clone(),
+        };
+        let exported_by_source = actor.call(
+            |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
+            None,
+        );
+        // Given up when the caller hangs up or the source's queue holds the
+        // copy too long; the new sandboxes are removed once nothing of the
+        // copy runs.
+        let called = tokio::select! {
+            called = exported_by_source => called,
+            () = gone.cancelled() => {
+                hold.give_up().await;
+                return Err(SandboxError::Internal("the caller went away before its fork was ready".into()));
+            }
+            () = tokio::time::sleep(EXPORT_WAIT) => {
+                hold.give_up().await;
+                return Err(SandboxError::Quota(format!(
+                    "sandbox {id} was busy for {} minutes with calls queued before the fork; nothing was forked. \
+                     Fork it when its queue is shorter.",
+                    EXPORT_WAIT.as_secs() / 60
+                )));
+            }
+        };
+        let (export, notice) = match answer(&actor, id, called)?? {
             (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
             (other, _) => return Err(unexpected(other)),
         };

@@ -234,6 +234,25 @@ impl Dest {
         }
     }
 
+    /// Removes from a sandbox's folder what the source's folder, holding
+    /// `names`, lacks (first, so that a full disk has room for what comes):
+    /// a fork holds the source's files, not those of its image besides.
+    /// A store folder is new, and holds nothing to remove.
+    fn prune(&self, names: &[OsString], depth: usize, stop: &AtomicBool) -> Result<(), CopyError> {
+        let Dest::Sandbox { dir, .. } = self else { return Ok(()) };
+        for entry in nofollow::read_dir(dir)? {
+            if stop.load(Ordering::Relaxed) {
+                return Err(CopyError::Stopped);
+            }
+            let name = entry?.file_name();
+            if (depth == 0 && name == LOST_FOUND) || names.binary_search(&name).is_ok() {
+                continue;
+            }
+            nofollow::remove_at(dir, &name, MAX_DEPTH)?;
+        }
+        Ok(())
+    }
+
     /// Gives a folder made by [`Self::folder`] the mode it had, once filled.
     fn seal(self, mode: u32) -> io::Result<()> {
         let permissions = fs::Permissions::from_mode(mode);
@@ -319,10 +338,10 @@ pub(crate) fn save(
     walk_into(src, Dest::Store(dst.to_path_buf()), previous, budget, stop)
 }
 
-/// Copies the folder `src` (one sandbox's) into the folder `dst` (a new
-/// fork's, which `owner` gets everything in): one copy from disk to disk,
-/// neither side's links followed. What `dst` holds under the same names is
-/// replaced; the rest of it stays.
+/// Makes the folder `dst` (a new fork's, which `owner` gets everything
+/// in) hold what the folder `src` (another sandbox's, or a snapshot's)
+/// holds: one copy from disk to disk, neither side's links followed; what
+/// `dst` held is replaced or removed (its file system's `lost+found` stays).
 pub(crate) fn clone_into(
     src: &Path,
     dst: &Path,
@@ -367,6 +386,7 @@ impl Saving<'_> {
             CopyError::TooLarge { .. } => self.too_large(),
             other => other,
         })?;
+        dst.prune(&names, depth, self.stop)?;
         for name in names {
             if depth == 0 && name == LOST_FOUND {
                 continue;
@@ -787,9 +807,12 @@ mod tests {
         // The source's folder leads to the host: copied as the link it is.
         std::os::unix::fs::symlink(&host, sandbox.join("to-host")).unwrap();
         // The new sandbox already has a folder of the same name, a file the
-        // source has too, and links where the source has a folder and a file.
+        // source has too, links where the source has a folder and a file,
+        // and what the source lacks.
         let fork = tmp.path().join("fork");
         fs::create_dir_all(fork.join(".mcp-sandbox/spool")).unwrap();
+        fs::create_dir_all(fork.join(LOST_FOUND)).unwrap();
+        fs::write(fork.join("from-the-image.py"), "old").unwrap();
         fs::create_dir_all(sandbox.join(".mcp-sandbox")).unwrap();
         fs::write(sandbox.join(".mcp-sandbox/kept"), "from the source").unwrap();
         fs::write(fork.join("top.txt"), "the fork's").unwrap();
@@ -808,7 +831,11 @@ mod tests {
         assert_eq!(top.mtime(), fs::metadata(sandbox.join("top.txt")).unwrap().mtime());
         assert_eq!(fs::read_link(fork.join("link")).unwrap(), Path::new("/etc/passwd"));
         assert_eq!(fs::read_link(fork.join("to-host")).unwrap(), host);
-        assert!(fork.join(".mcp-sandbox/spool").is_dir(), "what only the fork has stays");
+        assert!(
+            !fork.join(".mcp-sandbox/spool").exists(),
+            "what only the fork had is gone"
+        );
+        assert!(!fork.join("from-the-image.py").exists() && fork.join(LOST_FOUND).is_dir());
         assert_eq!(
             fs::read_to_string(fork.join(".mcp-sandbox/kept")).unwrap(),
             "from the source"

@@ -3,8 +3,8 @@
 //!
 //! The new sandboxes are made first; the export then clones the source's
 //! results and package folders (live, or a snapshot's saved ones) straight
-//! into each new sandbox's, one copy from disk to disk, while the source's
-//! job holds it still. The Python namespace the agent wrote for the fork
+//! into each new sandbox's, one copy from disk to disk, in the source's job
+//! (its calls wait; processes it left running may still write). The Python namespace the agent wrote for the fork
 //! (`docker/agent.py`, `dump`) is moved out of the source's results to
 //! `state_dir/forks/<fork>/python.pickle`, and each new sandbox is then
 //! seeded from it: the file placed in its results for its agent to load.
@@ -12,13 +12,16 @@
 //! stopped mid-fork is removed at the next start.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
 
 use tracing::warn;
 use uuid::Uuid;
 
 use super::copy;
-use super::{bounded, slot, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots};
+use super::{bounded, bounded_until, slot, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots};
 use crate::agent::{Carried, CarriedState};
 use crate::error::CopyError;
 use crate::runtime::{SandboxPaths, SANDBOX_UID};
@@ -44,6 +47,39 @@ pub struct Export {
     /// Whether the packages were carried (only where the package volume is
     /// a capped disk of the server's).
     pub packages: bool,
+}
+
+/// A fork's hold on the export it queued at its source. Once given up (the
+/// caller hung up, or the source's queue kept the export too long), an
+/// export not yet begun never begins and one under way stops at its next
+/// entry, so that the new sandboxes can be removed with nothing writing
+/// into them.
+#[derive(Debug, Clone)]
+pub struct ExportHold {
+    given_up: CancellationToken,
+    running: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl ExportHold {
+    /// Given up as well when `token` is cancelled.
+    pub fn child_of(token: &CancellationToken) -> Self {
+        Self {
+            given_up: token.child_token(),
+            running: Default::default(),
+        }
+    }
+
+    /// Gives the export up; returns once none of it runs.
+    pub async fn give_up(&self) {
+        self.given_up.cancel();
+        drop(self.running.lock().await);
+    }
+
+    /// Held by the export while it runs; none once it was given up.
+    pub(crate) async fn begin(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let running = self.running.lock().await;
+        (!self.given_up.is_cancelled()).then_some(running)
+    }
 }
 
 impl Export {
@@ -85,9 +121,10 @@ impl Snapshots {
         fork: Uuid,
         python: Carried,
         into: Vec<SandboxPaths>,
+        hold: &ExportHold,
     ) -> Result<Export, SnapshotError> {
         let (store, paths, from) = (self.clone(), paths.clone(), from.cloned());
-        bounded(move |stop| {
+        bounded_until(&hold.given_up, move |stop| {
             let dir = store.forks().join(fork.to_string());
             std::fs::create_dir_all(&dir).map_err(SnapshotError::Store)?;
             let mut export = Export {
@@ -122,15 +159,27 @@ impl Snapshots {
                     .iter()
                     .map(|fork| {
                         let (store, sources) = (&store, &sources);
-                        scope.spawn(move || store.clone_folders(sources, fork, stop))
+                        // The first failure stops the other copies.
+                        let clone = move || {
+                            store
+                                .clone_folders(sources, fork, stop)
+                                .inspect_err(|_| stop.store(true, Ordering::Relaxed))
+                        };
+                        std::thread::Builder::new()
+                            .name("fork copy".into())
+                            .spawn_scoped(scope, clone)
+                            .inspect_err(|_| stop.store(true, Ordering::Relaxed))
                     })
                     .collect();
-                clones
-                    .into_iter()
-                    .map(|c| c.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(SnapshotError::Export)?;
+                let mut done = Vec::with_capacity(clones.len());
+                for clone in clones {
+                    let result = clone
+                        .map_err(CopyError::from)
+                        .and_then(|c| c.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+                    done.push(result);
+                }
+                first_failure(done)
+            })?;
             if let Some(&(files, bytes, packages)) = cloned.first() {
                 (export.files, export.bytes, export.packages) = (files, bytes, packages);
             }
@@ -190,6 +239,28 @@ impl Snapshots {
         if let Err(e) = super::remove_dir(self.forks()).await {
             warn!(error = %e, "could not remove unfinished forks' exports");
         }
+    }
+}
+
+/// The copies' results, or the first real failure among them (the others
+/// then stopped): one that filled a new sandbox's disk is the fork's, any
+/// other the source's.
+fn first_failure<T>(done: Vec<Result<T, CopyError>>) -> Result<Vec<T>, SnapshotError> {
+    let mut stopped = None;
+    let mut ok = Vec::with_capacity(done.len());
+    for result in done {
+        match result {
+            Ok(t) => ok.push(t),
+            Err(CopyError::Stopped) => stopped = Some(CopyError::Stopped),
+            Err(CopyError::Io(e)) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+                return Err(SnapshotError::Seed(CopyError::Io(e)))
+            }
+            Err(e) => return Err(SnapshotError::Export(e)),
+        }
+    }
+    match stopped {
+        Some(e) => Err(SnapshotError::Export(e)),
+        None => Ok(ok),
     }
 }
 

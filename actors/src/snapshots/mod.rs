@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 use uuid::Uuid;
 
@@ -38,7 +39,7 @@ pub use crate::error::{CopyError, SnapshotError};
 use crate::runtime::{SandboxPaths, SANDBOX_UID};
 use copy::{Budget, Saved};
 pub(crate) use fork::merge;
-pub use fork::Export;
+pub use fork::{Export, ExportHold};
 
 /// How long copying a snapshot's files (either way) may take.
 const COPY_DEADLINE: Duration = Duration::from_secs(300);
@@ -171,6 +172,7 @@ pub enum SnapshotOp {
         fork: Uuid,
         from: Option<Uuid>,
         into: Vec<SandboxPaths>,
+        hold: ExportHold,
     },
     /// Gives a new sandbox of fork `fork` the namespace its export carries,
     /// once the source has made it (the job holds the queue till then).
@@ -526,7 +528,7 @@ async fn remove_dir(dir: PathBuf) -> io::Result<()> {
 
 enum Bounded<E> {
     Failed(E),
-    /// Past [`COPY_DEADLINE`]: the copy was told to stop.
+    /// Past [`COPY_DEADLINE`], or given up: the copy was told to stop.
     Late,
 }
 
@@ -535,12 +537,24 @@ enum Bounded<E> {
 async fn bounded<T: Send + 'static, E: Send + 'static>(
     work: impl FnOnce(&AtomicBool) -> Result<T, E> + Send + 'static,
 ) -> Result<T, Bounded<E>> {
+    bounded_until(&CancellationToken::new(), work).await
+}
+
+/// [`bounded`], and told to stop as well once `given_up` is cancelled.
+async fn bounded_until<T: Send + 'static, E: Send + 'static>(
+    given_up: &CancellationToken,
+    work: impl FnOnce(&AtomicBool) -> Result<T, E> + Send + 'static,
+) -> Result<T, Bounded<E>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let mut task = tokio::task::spawn_blocking(move || work(&flag));
-    let joined = match tokio::time::timeout(COPY_DEADLINE, &mut task).await {
-        Ok(joined) => joined,
-        Err(_) => {
+    let joined = tokio::select! {
+        joined = tokio::time::timeout(COPY_DEADLINE, &mut task) => joined.ok(),
+        () = given_up.cancelled() => None,
+    };
+    let joined = match joined {
+        Some(joined) => joined,
+        None => {
             // The copy stops at its next entry (a file in flight ends
             // first): waited for, so the sandbox's next call never runs
             // beside it.

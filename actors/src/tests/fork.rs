@@ -2,12 +2,13 @@
 //! live sandbox and from a snapshot, the bounds, tenancy and cleanup.
 
 use std::fs;
+use std::time::Duration;
 
 use uuid::Uuid;
 
 use super::{until, Server, OWNER};
 use crate::snapshots::CarriedState;
-use crate::{Forked, Quota, SandboxError};
+use crate::{Forked, Quota, SandboxError, Work};
 
 const FOR_ALL: Quota = Quota::UNLIMITED;
 
@@ -66,7 +67,7 @@ async fn forks_start_with_the_variables_and_files_then_go_their_own_way() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_call_sent_to_a_fork_before_it_is_ready_runs_after_its_seeding() {
+async fn a_fork_refuses_calls_until_it_is_seeded() {
     let s = Server::start().await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
@@ -79,14 +80,55 @@ async fn a_call_sent_to_a_fork_before_it_is_ready_runs_after_its_seeding() {
             if let Some(info) = s.sb().list(OWNER).await.into_iter().find(|i| i.sandbox_id != id) {
                 break info.sandbox_id;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        (fork, s.stdout(fork, "get x").await)
+        (fork, s.run(fork, "set x 2").await)
     };
     let (busy, forked, (fork, early)) = tokio::join!(busy, forked, early);
     busy.unwrap();
     assert_eq!(forked.unwrap().forks[0].info.sandbox_id, fork);
-    assert_eq!(early.trim(), "1", "the call found the namespace the fork carried");
+    let err = early.unwrap_err();
+    assert!(
+        err.to_string().contains("call it once fork_sandbox has answered"),
+        "{err}"
+    );
+    assert_eq!(
+        s.stdout(fork, "get x").await.trim(),
+        "1",
+        "the fork holds the source's namespace"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_behind_a_long_queue_gives_up_and_leaves_no_sandbox() {
+    let s = Server::with(|c| c.pool.min = 0).await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    // Ten minutes each: the fork's copy would wait behind both.
+    let sleep = |_| s.sb().run(OWNER, id, Work::Python("sleep 600".into()), Some(600), None);
+    let (first, second, forked) = tokio::join!(sleep(1), sleep(2), fork(&s, id, 2, None));
+    let err = forked.unwrap_err();
+    assert!(err.to_string().contains("was busy for 15 minutes"), "{err}");
+    assert!(first.is_ok() && second.is_ok());
+    until("the forks made are removed", || s.fake.containers().len() == 1).await;
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+    assert_eq!(s.stdout(id, "get x").await.trim(), "1", "the source serves on");
+    assert!(!s.settings.state_dir.join("forks").exists(), "the copy never began");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_whose_caller_hangs_up_while_its_source_is_busy_leaves_no_sandbox() {
+    let s = Server::with(|c| c.pool.min = 0).await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    let busy = s.run(id, "sleep 20");
+    let hung_up = tokio::time::timeout(Duration::from_secs(5), fork(&s, id, 2, None));
+    let (busy, hung_up) = tokio::join!(busy, hung_up);
+    assert!(busy.is_ok() && hung_up.is_err());
+    until("the forks made are removed", || s.fake.containers().len() == 1).await;
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+    assert_eq!(s.stdout(id, "get x").await.trim(), "1", "the source serves on");
+    assert!(!s.settings.state_dir.join("forks").exists(), "the copy never began");
 }
 
 #[tokio::test(start_paused = true)]
