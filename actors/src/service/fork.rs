@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, MessagingErr};
 use tokio::sync::watch;
@@ -36,6 +37,8 @@ pub const MAX_FORKS: usize = 16;
 /// The longest a fork waits for its source to take it up and copy itself:
 /// within the new sandboxes' own wait for the copy.
 const EXPORT_WAIT: Duration = Duration::from_secs(15 * 60);
+/// How many new sandboxes load the namespace at once.
+const LOADS_AT_ONCE: usize = 4;
 /// The longest name a fork is given, in characters (as any sandbox's).
 const MAX_NAME: usize = 100;
 
@@ -196,11 +199,13 @@ impl Source {
         let Source { actor, id, fork, from } = self;
         // Queued first: each new sandbox's queue waits for the copy (and
         // refuses the caller's calls until it is seeded).
-        let (exported, export) = watch::channel(None);
-        let seeded = made
-            .iter()
-            .map(|(info, actor)| seed(actor, info.sandbox_id, fork, export.clone()))
-            .collect::<Result<Vec<_>>>()?;
+        let mut releases = Vec::with_capacity(made.len());
+        let mut seeds = Vec::with_capacity(made.len());
+        for (info, actor) in made {
+            let (release, export) = watch::channel(None);
+            seeds.push(seed(actor, info.sandbox_id, fork, export)?);
+            releases.push(release);
+        }
         let into = made.iter().map(|(info, _)| ctx.paths(info.sandbox_id)).collect();
         let hold = ExportHold::child_of(gone);
         let op = SnapshotOp::Export {
@@ -241,14 +246,31 @@ impl Source {
             ));
         }
         let (files, packages) = (export.files, export.packages);
-        exported.send_replace(Some(export));
-        let mut forks = Vec::with_capacity(made.len());
-        for ((info, _), python) in made.iter().zip(join_all(seeded).await) {
-            forks.push(Fork {
-                info: info.clone(),
-                python: python?,
-            });
+        // A few loads at once: each writes the namespace into its sandbox's
+        // disk, and many at once leave the host's kernel writing them back
+        // while the loads wait.
+        let mut pythons: Vec<Option<Carried>> = vec![None; made.len()];
+        let mut waiting = seeds.into_iter().zip(&releases).enumerate();
+        let mut loading = FuturesUnordered::new();
+        loop {
+            while loading.len() < LOADS_AT_ONCE {
+                let Some((i, (seeded, release))) = waiting.next() else {
+                    break;
+                };
+                release.send_replace(Some(export.clone()));
+                loading.push(async move { (i, seeded.await) });
+            }
+            let Some((i, python)) = loading.next().await else { break };
+            pythons[i] = Some(python?);
         }
+        let forks = made
+            .iter()
+            .zip(pythons)
+            .map(|((info, _), python)| Fork {
+                info: info.clone(),
+                python: python.expect("every fork loaded"),
+            })
+            .collect();
         ctx.store
             .mark_seeded(made.iter().map(|(info, _)| info.sandbox_id).collect())
             .await?;

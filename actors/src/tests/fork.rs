@@ -67,6 +67,19 @@ async fn forks_start_with_the_variables_and_files_then_go_their_own_way() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn sixteen_forks_load_a_few_at_a_time_and_all_hold_the_namespace() {
+    let s = Server::with(|c| c.pool.min = 0).await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    let forked = fork(&s, id, crate::MAX_FORKS, None).await.unwrap();
+    assert_eq!(forked.forks.len(), crate::MAX_FORKS);
+    for f in &forked.forks {
+        assert_eq!(f.python.python, CarriedState::Carried, "{f:?}");
+        assert_eq!(s.stdout(f.info.sandbox_id, "get x").await.trim(), "1");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_fork_refuses_calls_until_it_is_seeded() {
     let s = Server::start().await;
     let id = s.create().await;
