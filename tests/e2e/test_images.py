@@ -40,6 +40,21 @@ def images(r):
     return [b for b in r.content if b.type == "image"]
 
 
+# Why an image is linked and not shown when the machine, not the image, is
+# slow: the server's 5 s for a result's images ran out, or its decoders were taken.
+LOADED = ("the time for this result's images ran out", "the server is busy decoding other images")
+
+
+async def patiently(ask, notes):
+    """A result whose images must be shown, asked again (three times at
+    most) only while a loaded machine is the reason one is not."""
+    for _ in range(3):
+        r, out = await ask()
+        if not any(n.get("reason") in LOADED for n in notes(out)):
+            break
+    return r, out
+
+
 def links(r):
     return [b for b in r.content if b.type == "resource_link"]
 
@@ -94,7 +109,7 @@ def test_plots_come_back_inline_within_the_budget_next_to_their_links(server):
                 "x = np.linspace(0, 60, 20000)\nplt.plot(x, np.sin(x) * np.cos(7 * x))\nplt.grid(True)\n"
                 "fig.savefig('large.png')\nimport os\nprint(os.path.getsize('large.png'))"
             )
-            r, out = await python(c, sid, code)
+            r, out = await patiently(lambda: python(c, sid, code), lambda out: out["images"])
             assert int(out["stdout"]) > MAX_BYTES, "the plot must need shrinking"
             [item] = images(r)
             assert len(base64.b64decode(item.data)) <= MAX_BYTES
@@ -106,8 +121,11 @@ def test_plots_come_back_inline_within_the_budget_next_to_their_links(server):
             assert status == 200 and len(body) == int(out["stdout"])
 
             # read_file shows it the same way: its link, then the image.
-            r = await call(c, "read_file", sandbox_id=sid, path="/app/results/large.png")
-            read = r.structured_content
+            async def read_large():
+                r = await call(c, "read_file", sandbox_id=sid, path="/app/results/large.png")
+                return r, r.structured_content
+
+            r, read = await patiently(read_large, lambda read: [read.get("image", {})])
             assert read["type"] == "image" and read["mime_type"] == "image/png" and read["size"] == len(body)
             assert [b.type for b in r.content] == ["text", "resource_link", "image"]
             [link] = links(r)
