@@ -14,9 +14,10 @@ use crate::host;
 use crate::link::Link;
 use crate::snapshots::{merge, slot, Carried, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
 
-/// The longest a fork's new sandbox waits for its source to be copied:
-/// past any export's own bounds (the source's queue, the namespace's dump,
-/// the copy's deadline), so it only ends a wait for a source that is stuck.
+/// The longest a fork's new sandbox waits for its turn to load: past the
+/// fork's own wait for its source (15 minutes) and, in any ordinary run,
+/// the loads of the new sandboxes released before it (four at a time). A
+/// new sandbox whose wait runs out fails its fork, which is then undone.
 const SEED_WAIT: Duration = Duration::from_secs(20 * 60);
 
 /// Said with a restore whose Python state did not survive.

@@ -167,9 +167,7 @@ async fn make(creations: &[Creation], gone: &CancellationToken) -> Result<Vec<Ma
         }
     }
     if gone.is_cancelled() {
-        failed.get_or_insert(SandboxError::Internal(
-            "the caller went away before its fork was ready".into(),
-        ));
+        failed.get_or_insert(caller_gone());
     }
     match failed {
         None => Ok(forks),
@@ -225,7 +223,7 @@ impl Source {
             called = exported_by_source => called,
             () = gone.cancelled() => {
                 hold.give_up().await;
-                return Err(SandboxError::Internal("the caller went away before its fork was ready".into()));
+                return Err(caller_gone());
             }
             () = tokio::time::sleep(EXPORT_WAIT) => {
                 hold.give_up().await;
@@ -241,9 +239,7 @@ impl Source {
             (other, _) => return Err(unexpected(other)),
         };
         if gone.is_cancelled() {
-            return Err(SandboxError::Internal(
-                "the caller went away before its fork was ready".into(),
-            ));
+            return Err(caller_gone());
         }
         let (files, packages) = (export.files, export.packages);
         // A few loads at once: each writes the namespace into its sandbox's
@@ -281,6 +277,11 @@ impl Source {
             notice,
         })
     }
+}
+
+/// Why a fork whose caller hung up ends (nobody reads it but the logs).
+fn caller_gone() -> SandboxError {
+    SandboxError::Internal("the caller went away before its fork was ready".into())
 }
 
 async fn abandon(creations: &[Creation], forks: Vec<Made>) {

@@ -273,8 +273,11 @@ impl Dest {
             Dest::Sandbox { dir, owner } => {
                 make_room(dir, name, false)?;
                 let file = File::from(nofollow::create_file(dir, name, 0o600)?);
-                give(dir, name, *owner)?;
-                file
+                // Through the descriptor: the name may be another file by now.
+                match std::os::unix::fs::fchown(&file, Some(*owner), Some(*owner)) {
+                    Err(e) if e.raw_os_error() != Some(libc::EPERM) => return Err(e),
+                    _ => file,
+                }
             }
         };
         // Not left to the server's umask: a mode that differs from the

@@ -4,10 +4,11 @@
 //! The new sandboxes are made first; the export then clones the source's
 //! results and package folders (live, or a snapshot's saved ones) straight
 //! into each new sandbox's, one copy from disk to disk, in the source's job
-//! (its calls wait; processes it left running may still write). The Python namespace the agent wrote for the fork
-//! (`docker/agent.py`, `dump`) is moved out of the source's results to
-//! `state_dir/forks/<fork>/python.pickle`, and each new sandbox is then
-//! seeded from it: the file placed in its results for its agent to load.
+//! (its calls wait; processes it left running may still write). The Python
+//! namespace the agent wrote for the fork (`docker/agent.py`, `dump`) is
+//! moved out of the source's results to `state_dir/forks/<fork>/python.pickle`,
+//! and each new sandbox is then seeded from it: the file placed in its
+//! results for its agent to load.
 //! The export goes when the last holder drops it; one left by a server that
 //! stopped mid-fork is removed at the next start.
 

@@ -112,21 +112,27 @@ async fn a_fork_refuses_calls_until_it_is_seeded() {
     );
 }
 
+/// The fork given up left no sandbox and no copy, and its source (holding
+/// `x = 1`) serves on.
+async fn nothing_was_forked(s: &Server, id: Uuid) {
+    until("the forks made are removed", || s.fake.containers().len() == 1).await;
+    assert_eq!(s.sb().list(OWNER).await.len(), 1);
+    assert_eq!(s.stdout(id, "get x").await.trim(), "1", "the source serves on");
+    assert!(!s.settings.state_dir.join("forks").exists(), "the copy never began");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fork_behind_a_long_queue_gives_up_and_leaves_no_sandbox() {
     let s = Server::with(|c| c.pool.min = 0).await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     // Ten minutes each: the fork's copy would wait behind both.
-    let sleep = |_| s.sb().run(OWNER, id, Work::Python("sleep 600".into()), Some(600), None);
-    let (first, second, forked) = tokio::join!(sleep(1), sleep(2), fork(&s, id, 2, None));
+    let sleep = || s.sb().run(OWNER, id, Work::Python("sleep 600".into()), Some(600), None);
+    let (first, second, forked) = tokio::join!(sleep(), sleep(), fork(&s, id, 2, None));
     let err = forked.unwrap_err();
     assert!(err.to_string().contains("was busy for 15 minutes"), "{err}");
     assert!(first.is_ok() && second.is_ok());
-    until("the forks made are removed", || s.fake.containers().len() == 1).await;
-    assert_eq!(s.sb().list(OWNER).await.len(), 1);
-    assert_eq!(s.stdout(id, "get x").await.trim(), "1", "the source serves on");
-    assert!(!s.settings.state_dir.join("forks").exists(), "the copy never began");
+    nothing_was_forked(&s, id).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -138,10 +144,7 @@ async fn a_fork_whose_caller_hangs_up_while_its_source_is_busy_leaves_no_sandbox
     let hung_up = tokio::time::timeout(Duration::from_secs(5), fork(&s, id, 2, None));
     let (busy, hung_up) = tokio::join!(busy, hung_up);
     assert!(busy.is_ok() && hung_up.is_err());
-    until("the forks made are removed", || s.fake.containers().len() == 1).await;
-    assert_eq!(s.sb().list(OWNER).await.len(), 1);
-    assert_eq!(s.stdout(id, "get x").await.trim(), "1", "the source serves on");
-    assert!(!s.settings.state_dir.join("forks").exists(), "the copy never began");
+    nothing_was_forked(&s, id).await;
 }
 
 #[tokio::test(start_paused = true)]
