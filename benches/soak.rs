@@ -16,7 +16,10 @@
 //! table and exits non-zero when an invariant fails.
 //!
 //! `cargo build --release && cargo bench --bench soak -- --minutes 2 --seed 1`
-//! (`--sandboxes N`, `--faults kill,pause,agent,worker,memory,fork,flood,tmp,server,engine`)
+//! (`--sandboxes N`, `--faults kill,pause,agent,worker,memory,fork,flood,tmp,server,engine`,
+//! `--gap-seconds 4-9` before each fault; `--rounds N` ends the run once
+//! every chosen fault was injected N times, and fails it when `--minutes`
+//! pass first)
 
 mod common;
 
@@ -29,6 +32,7 @@ use std::time::{Duration, Instant};
 use common::arg;
 use common::mcp::{CallError, McpClient, Server};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -522,17 +526,38 @@ async fn restart_engine() {
     panic!("dockerd did not come back");
 }
 
+/// When faults come: the pause before each, and how many rounds to inject
+/// (each round every chosen kind once, in a seeded order); `None` injects
+/// rounds until the run's minutes are up.
+struct Schedule {
+    faults: Vec<&'static str>,
+    gap_ms: std::ops::Range<u64>,
+    rounds: Option<u64>,
+}
+
 /// Injects one fault after another on the seeded schedule, and times how
-/// long the server takes to serve a probe sandbox again after each.
-async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_id: String) {
+/// long the server takes to serve a probe sandbox again after each. Faults
+/// come in rounds, so that every kind is injected once before any is
+/// injected twice. Returns when the schedule's rounds are over.
+async fn injector(soak: Arc<Soak>, seed: u64, schedule: Schedule, server_id: String) {
     let mut rng = StdRng::seed_from_u64(seed);
     let Some(c) = soak.connect(KEYS[0], false).await else {
         return;
     };
     let mut c = c;
     let mut probe: Option<String> = None;
+    let mut round: Vec<&'static str> = Vec::new();
+    let mut rounds_done = 0;
     while !soak.stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(4000..9000))).await;
+        if round.is_empty() {
+            if schedule.rounds.is_some_and(|n| rounds_done == n) {
+                break;
+            }
+            round = schedule.faults.clone();
+            round.shuffle(&mut rng);
+            rounds_done += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(schedule.gap_ms.clone()))).await;
         if soak.stop.load(Ordering::SeqCst) {
             break;
         }
@@ -546,7 +571,7 @@ async fn injector(soak: Arc<Soak>, seed: u64, faults: Vec<&'static str>, server_
             reconnect(&soak, &mut c, KEYS[0], false).await;
             continue;
         };
-        let fault = faults[rng.random_range(0..faults.len())];
+        let fault = round.pop().expect("a round in progress");
         let containers = sandbox_containers(&server_id).await;
         let victim = containers.get(rng.random_range(0..containers.len().max(1))).cloned();
         let started = Instant::now();
@@ -819,6 +844,21 @@ async fn main() -> std::process::ExitCode {
         .copied()
         .filter(|f| faults.split(',').any(|g| g == *f))
         .collect();
+    let rounds: u64 = arg("--rounds", 0);
+    let gap: String = arg("--gap-seconds", "4-9".to_string());
+    let Some((low, high)) = gap
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.parse::<f64>().ok()?)))
+        .filter(|(a, b)| 0.0 <= *a && a < b)
+    else {
+        eprintln!("--gap-seconds takes LOW-HIGH in seconds, LOW below HIGH (for example 4-9)");
+        return std::process::ExitCode::FAILURE;
+    };
+    let schedule = Schedule {
+        faults: faults.clone(),
+        gap_ms: (low * 1000.0) as u64..(high * 1000.0) as u64,
+        rounds: (rounds > 0).then_some(rounds),
+    };
     let keys = KEYS
         .iter()
         .enumerate()
@@ -862,21 +902,27 @@ async fn main() -> std::process::ExitCode {
     let start = rss_and_fds(&*soak.server.read().await);
     soak.ledger.lock().unwrap().baseline = start;
     let mut peak = start;
+    let length = match schedule.rounds {
+        Some(n) => format!("{n} round(s) of faults {gap} s apart (within {minutes} min)"),
+        None => format!("{minutes} min, faults {gap} s apart"),
+    };
     println!(
-        "soak: {minutes} min, seed {seed}, {sandboxes} workers, faults {}",
+        "soak: {length}, seed {seed}, {sandboxes} workers, faults {}",
         faults.join(",")
     );
 
     let mut tasks = vec![tokio::spawn(prober(soak.clone()))];
     tasks.extend((0..sandboxes).map(|n| tokio::spawn(worker(soak.clone(), n, seed))));
-    tasks.push(tokio::spawn(injector(soak.clone(), seed, faults, server_id.clone())));
+    let rounds = schedule.rounds;
+    let injecting = tokio::spawn(injector(soak.clone(), seed, schedule, server_id.clone()));
     let until = Instant::now() + Duration::from_secs_f64(minutes * 60.0);
-    while Instant::now() < until {
+    while Instant::now() < until && !(rounds.is_some() && injecting.is_finished()) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = rss_and_fds(&*soak.server.read().await);
         peak = (peak.0.max(now.0), peak.1.max(now.1));
     }
     soak.stop.store(true, Ordering::SeqCst);
+    tasks.push(injecting);
     for t in tasks {
         let _ = tokio::time::timeout(CALL_DEADLINE * 2, t).await;
     }
@@ -930,6 +976,16 @@ async fn main() -> std::process::ExitCode {
     let mut failed: Vec<String> = l.violations.clone();
     failed.extend(problems.into_iter().map(|p| format!("lost: {p}")));
     failed.extend(left.into_iter().map(|o| format!("orphan: {o}")));
+    if let Some(n) = rounds {
+        for kind in &faults {
+            let injected = l.faults.get(kind).map_or(0, |s| s.injected);
+            if injected < n {
+                failed.push(format!(
+                    "the {kind} fault was injected {injected} of {n} times within {minutes} min"
+                ));
+            }
+        }
+    }
     // Against the baseline of the server process that ran last.
     let baseline = l.baseline;
     if end.1 > baseline.1 + 16 {
