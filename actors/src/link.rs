@@ -35,6 +35,10 @@ pub const AGENT_QUERY: Duration = Duration::from_secs(10);
 /// How long the agent may take to write a Python namespace to a fork file,
 /// or to read one (a namespace of gigabytes takes seconds).
 pub const CARRY_TIMEOUT: Duration = Duration::from_secs(60);
+/// When a run is first checked for a container frozen behind the server's
+/// back (`docker pause`); the checks then come at doubling intervals, so a
+/// long run costs the engine a few inspections only.
+const FROZEN_CHECK: Duration = Duration::from_secs(2);
 
 /// Set once when a sandbox is deleted or expires: the link's work ends at
 /// once, with the reason, and no recovery brings the container back.
@@ -157,18 +161,34 @@ impl Link {
             let result = {
                 let client = self.client.as_mut().expect("connected");
                 let interrupter = client.interrupter();
-                let watchdog = timeout + WATCHDOG_SLACK;
+                let watchdog = tokio::time::Instant::now() + timeout + WATCHDOG_SLACK;
                 let run = spans::agent("run", client.run(work, timeout.as_secs_f64(), cap, progress));
                 tokio::pin!(run);
                 let mut interrupted = false;
+                let mut frozen_check = FROZEN_CHECK;
+                let check = tokio::time::sleep(frozen_check);
+                tokio::pin!(check);
                 loop {
                     tokio::select! {
-                        r = tokio::time::timeout(watchdog, &mut run) => break Some(r),
+                        r = tokio::time::timeout_at(watchdog, &mut run) => break Some(r),
                         _ = retired.cancelled() => break None,
                         _ = cancel.cancelled(), if !interrupted => {
                             interrupted = true;
                             // The agent's own socket may be full; never wait on it.
                             let _ = tokio::time::timeout(AGENT_CONNECT, interrupter.interrupt()).await;
+                        }
+                        () = &mut check => {
+                            // Frozen, the agent cannot answer; thawed, the
+                            // run goes on (its own timeout starts when the
+                            // agent reads it) instead of waiting out the
+                            // watchdog and a restart.
+                            let state = tokio::time::timeout(AGENT_CONNECT, self.ctx.runtime.state(&self.container_id)).await;
+                            if let Ok(Ok(ContainerState::Paused)) = state {
+                                warn!(sandbox = %self.paths.id, "the container was frozen during a run, not by the server; thawing it");
+                                let _ = tokio::time::timeout(AGENT_CONNECT, self.ctx.runtime.unpause(&self.container_id)).await;
+                            }
+                            frozen_check *= 2;
+                            check.as_mut().reset(tokio::time::Instant::now() + frozen_check);
                         }
                     }
                 }

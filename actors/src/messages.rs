@@ -43,8 +43,11 @@ pub enum SandboxMsg {
     },
     /// A call that waits its turn with the sandbox's runs.
     Queued(Queued),
+    /// `by_owner`: the owner's call, refused while a fork still copies
+    /// into the sandbox; the fork's own undo of a new sandbox is not.
     Delete {
         reply: RpcReplyPort<Result<()>>,
+        by_owner: bool,
     },
     Info(RpcReplyPort<SandboxInfo>),
     History(RpcReplyPort<Vec<CallRecord>>),

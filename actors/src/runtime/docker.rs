@@ -347,9 +347,10 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef> {
-        let volume = match volume {
-            Some(v) => v.to_string(),
-            None => format!("mcp-sandbox-{}-venv", paths.id),
+        // A new sandbox's volume is made here and goes with a failed creation.
+        let (volume, own_volume) = match volume {
+            Some(v) => (v.to_string(), false),
+            None => (format!("mcp-sandbox-{}-venv", paths.id), true),
         };
         // Made here, labelled, when it does not exist: Docker would make a
         // missing volume itself, without labels, and nothing would remove it.
@@ -370,16 +371,21 @@ impl ContainerRuntime for DockerRuntime {
         let name = Self::container_name(paths.id);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let body = self.sandbox_body(paths, &volume)?;
-        let created = spans::engine("create", self.docker.create_container(Some(options), body)).await?;
-        let container = ContainerRef {
-            container_id: created.id,
-            volume,
+        let made = async {
+            let created = spans::engine("create", self.docker.create_container(Some(options), body)).await?;
+            spans::engine("start", self.docker.start_container(&created.id, None)).await?;
+            Ok::<_, bollard::errors::Error>(created.id)
         };
-        if let Err(e) = spans::engine("start", self.docker.start_container(&container.container_id, None)).await {
-            let _ = self.remove(&container.container_id, None).await;
-            return Err(e.into());
+        match made.await {
+            Ok(container_id) => Ok(ContainerRef { container_id, volume }),
+            Err(e) => {
+                // By name: the engine may have made the container though
+                // its answer was lost. While the engine is down this fails
+                // too, and the stop's or the next start's sweep removes it.
+                let _ = self.remove(&name, own_volume.then_some(volume.as_str())).await;
+                Err(e.into())
+            }
         }
-        Ok(container)
     }
 
     async fn start(&self, container_id: &str) -> Result<()> {

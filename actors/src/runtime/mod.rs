@@ -103,7 +103,8 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Whether the engine answers.
     async fn ping(&self) -> Result<()>;
     /// Creates and starts the container of a sandbox, with a fresh package
-    /// volume unless `volume` names an existing one to keep.
+    /// volume unless `volume` names an existing one to keep. A failure
+    /// removes what it made, where the engine still answers.
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef>;
     async fn start(&self, container_id: &str) -> Result<()>;
     async fn state(&self, container_id: &str) -> Result<ContainerState>;

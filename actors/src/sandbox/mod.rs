@@ -287,7 +287,12 @@ impl SandboxActor {
             SandboxMsg::History(reply) => {
                 let _ = reply.send(state.history.to_vec());
             }
-            SandboxMsg::Delete { reply } => begin_deletion(&myself, state, "was deleted", Some(reply)),
+            SandboxMsg::Delete { reply, by_owner } => match by_owner.then(|| seeded(state)).unwrap_or(Ok(())) {
+                Ok(()) => begin_deletion(&myself, state, "was deleted", Some(reply)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             SandboxMsg::Info(reply) => {
                 let _ = reply.send(info(state));
             }
@@ -386,18 +391,26 @@ fn enqueue(state: &mut SandboxState, job: Job) {
     }
 }
 
+/// Refuses the owner's calls, a delete included, to a fork the server still
+/// copies into (it is listed from its creation on): a delete then would
+/// leave the copy writing into folders and disks being removed.
+fn seeded(state: &SandboxState) -> Result<()> {
+    match state.record.seeding {
+        Some(fork) => Err(SandboxError::Quota(format!(
+            "sandbox {} is being made by fork {fork}, which copies into it: call it once fork_sandbox has answered",
+            state.record.id
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// `seed`: the job that seeds a fork, the only one a fork takes before.
 fn admit(state: &SandboxState, seed: bool) -> Result<()> {
     if state.deletion.is_some() {
         return Err(state.retirement_error());
     }
-    // Nothing of the caller's runs in a fork while the server still copies
-    // into it (it is listed from its creation on).
-    if let Some(fork) = state.record.seeding.filter(|_| !seed) {
-        return Err(SandboxError::Quota(format!(
-            "sandbox {} is being made by fork {fork}, which copies into it: call it once fork_sandbox has answered",
-            state.record.id
-        )));
+    if !seed {
+        seeded(state)?;
     }
     let max = state.ctx.settings.sandbox.max_queued_calls;
     if state.queue.len() >= max {

@@ -257,7 +257,10 @@ impl Creation {
 
     /// Deletes a sandbox whose creator is gone.
     pub(super) async fn abandon(&self, id: Uuid, actor: ActorRef<SandboxMsg>) {
-        match actor.call(|reply| SandboxMsg::Delete { reply }, None).await {
+        match actor
+            .call(|reply| SandboxMsg::Delete { reply, by_owner: false }, None)
+            .await
+        {
             Ok(CallResult::Success(Ok(()))) => {
                 self.registry.write().expect("registry lock").remove(&id);
             }

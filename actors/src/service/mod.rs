@@ -397,16 +397,20 @@ impl Sandboxes {
     }
 
     pub async fn delete<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<()> {
-        self.ask(scope.into(), id, None, |reply| SandboxMsg::Delete { reply })
-            .await??;
+        self.ask(scope.into(), id, None, |reply| SandboxMsg::Delete {
+            reply,
+            by_owner: true,
+        })
+        .await??;
         // Gone now, not when the supervisor hears that the actor stopped.
         self.registry.write().expect("registry lock").remove(&id);
         Ok(())
     }
 
     /// Stops the actors; containers keep running and the next start adopts
-    /// them. With no sandbox left, the server's network and firewall rules
-    /// are removed too, so a stopped server leaves nothing behind.
+    /// them. What no record explains is removed; with no sandbox left, the
+    /// server's network and firewall rules are removed too, so a stopped
+    /// server leaves nothing behind.
     pub async fn shutdown(&self) {
         let sampler = self.sampler.lock().expect("sampler lock").take();
         if let Some(sampler) = sampler {
@@ -429,6 +433,9 @@ impl Sandboxes {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Err(e) = self.sweep().await {
+            warn!(error = %e, "could not look for leftovers at the stop; the next start removes them");
         }
         if none_left {
             if let Err(e) = self.ctx.runtime.release().await {

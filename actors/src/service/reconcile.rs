@@ -1,5 +1,5 @@
-//! Start-up reconciliation: what the records say against what the engine
-//! and the host's folders hold.
+//! Reconciliation, at start and at a clean stop: what the records say
+//! against what the engine and the host's folders hold.
 
 use std::collections::HashMap;
 
@@ -45,6 +45,35 @@ impl Sandboxes {
             self.remount(&record).await?;
             self.spawn(record).await?;
         }
+        self.remove_unexplained(&known).await?;
+        info!(
+            server_id = %self.server_id,
+            adopted = known.len(),
+            "reconciled sandbox records with Docker"
+        );
+        Ok(())
+    }
+
+    /// At a clean stop, once the actors have stopped: removes what no record
+    /// explains, as the next start would. A creation whose answer the
+    /// engine lost (it restarted mid-call) can leave a container and volume
+    /// that nothing else knows of; the server leaves nothing of its own.
+    pub(super) async fn sweep(&self) -> Result<()> {
+        let known = self
+            .ctx
+            .store
+            .all()
+            .await?
+            .into_iter()
+            .map(|r| (r.id, r.container_id))
+            .collect();
+        self.remove_unexplained(&known).await
+    }
+
+    /// Removes labelled containers, volumes, disks, snapshots and folders
+    /// of sandboxes not in `known` (sandbox → its current container), and
+    /// containers of known sandboxes that are not their current one.
+    async fn remove_unexplained(&self, known: &HashMap<Uuid, String>) -> Result<()> {
         let runtime = &self.ctx.runtime;
         for c in runtime.list_containers().await? {
             if c.sandbox.is_none_or(|id| known.get(&id) != Some(&c.id)) {
@@ -79,11 +108,6 @@ impl Sandboxes {
                 }
             }
         }
-        info!(
-            server_id = %self.server_id,
-            adopted = known.len(),
-            "reconciled sandbox records with Docker"
-        );
         Ok(())
     }
 

@@ -80,7 +80,7 @@ async fn sixteen_forks_load_a_few_at_a_time_and_all_hold_the_namespace() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_fork_refuses_calls_until_it_is_seeded() {
+async fn a_fork_refuses_calls_and_deletes_until_it_is_seeded() {
     let s = Server::start().await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
@@ -95,16 +95,18 @@ async fn a_fork_refuses_calls_until_it_is_seeded() {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        (fork, s.run(fork, "set x 2").await)
+        (fork, s.run(fork, "set x 2").await, s.sb().delete(OWNER, fork).await)
     };
-    let (busy, forked, (fork, early)) = tokio::join!(busy, forked, early);
+    let (busy, forked, (fork, early, deleted)) = tokio::join!(busy, forked, early);
     busy.unwrap();
     assert_eq!(forked.unwrap().forks[0].info.sandbox_id, fork);
-    let err = early.unwrap_err();
-    assert!(
-        err.to_string().contains("call it once fork_sandbox has answered"),
-        "{err}"
-    );
+    // Neither a run nor a delete while the copy goes into it.
+    for err in [early.unwrap_err(), deleted.unwrap_err()] {
+        assert!(
+            err.to_string().contains("call it once fork_sandbox has answered"),
+            "{err}"
+        );
+    }
     assert_eq!(
         s.stdout(fork, "get x").await.trim(),
         "1",

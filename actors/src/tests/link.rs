@@ -84,6 +84,23 @@ async fn a_container_frozen_behind_the_servers_back_is_thawed() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_container_frozen_under_a_connected_link_is_thawed_and_the_run_goes_on() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    s.run(id, "echo connected").await.unwrap();
+    s.fake.freeze(&container);
+    let started = tokio::time::Instant::now();
+    assert_eq!(s.stdout(id, "echo thawed").await, "echo thawed\n");
+    // Found at the first check, not at the watchdog (the exec timeout and
+    // 15 s), and without a restart: the run itself went on.
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(s.fake.count(|e| *e == Event::Unpaused(container.clone())), 1);
+    assert_eq!(s.fake.count(|e| *e == Event::Restarted(container.clone())), 0);
+    assert_eq!(s.fake.state_of(&container), ContainerState::Running);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_run_past_its_timeout_and_grace_restarts_the_container() {
     let s = Server::start().await;
     let id = s.create().await;

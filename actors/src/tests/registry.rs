@@ -7,6 +7,7 @@ use futures_util::future::join_all;
 
 use super::{pass, Server, OWNER};
 use crate::error::SandboxError;
+use crate::runtime::ContainerState;
 use crate::Quota;
 
 const ONE_EACH: Quota = Quota { per_owner: 1, total: 3 };
@@ -100,22 +101,41 @@ async fn other_owners_sandboxes_are_not_found() {
     assert_eq!(s.stdout(id, "echo still").await, "echo still\n");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_restarted_server_adopts_its_sandboxes_and_removes_what_no_record_explains() {
-    let mut s = Server::start().await;
-    let id = s.create().await;
-    s.run(id, "set x 1").await.unwrap();
-    // A container and volume of this server that no record explains.
-    let stray = crate::runtime::SandboxPaths {
+/// A container and volume of this server that no record explains.
+async fn unrecorded_container(s: &Server) -> crate::runtime::ContainerRef {
+    let paths = crate::runtime::SandboxPaths {
         id: uuid::Uuid::new_v4(),
         results: Default::default(),
         agent: Default::default(),
         egress: None,
         packages: None,
     };
-    let stray = crate::runtime::ContainerRuntime::create(&s.fake, &stray, None)
+    crate::runtime::ContainerRuntime::create(&s.fake, &paths, None)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clean_stop_removes_what_no_record_explains_and_keeps_the_sandboxes() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    // What a creation leaves when the engine did its work but the answer
+    // was lost (the engine restarted mid-call).
+    let lost = unrecorded_container(&s).await;
+    s.sb().shutdown().await;
+    assert!(!s.fake.containers().iter().any(|(c, _)| *c == lost.container_id));
+    assert!(!s.fake.volumes().contains(&lost.volume));
+    // The sandbox's own container runs on, for the next start to adopt.
+    assert_eq!(s.fake.state_of(&container), ContainerState::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_server_adopts_its_sandboxes_and_removes_what_no_record_explains() {
+    let mut s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    let stray = unrecorded_container(&s).await;
     s.restart().await;
     assert_eq!(s.stdout(id, "get x").await, "1\n", "the container kept running");
     assert!(!s.fake.containers().iter().any(|(c, _)| *c == stray.container_id));

@@ -23,7 +23,7 @@ macro_rules! runtime_checks {
             an_offline_sandbox_has_no_network_but_installs_packages,
             bridged_sandboxes_cannot_reach_the_hosts_services,
             memory_and_pid_limits_hold_and_the_sandbox_recovers,
-            a_killed_container_comes_back_with_its_files,
+            a_frozen_container_is_thawed_and_a_killed_one_comes_back_with_its_files,
             a_requested_restart_waits_its_turn_keeps_files_and_is_recorded,
             a_restarted_server_adopts_its_sandboxes,
             idle_sandboxes_are_paused_and_woken_by_the_next_call,
@@ -244,10 +244,22 @@ pub async fn memory_and_pid_limits_hold_and_the_sandbox_recovers(runtime: &str) 
     assert!(n < 20, "the fork bomb's processes are gone ({n} left after 30 s)");
 }
 
-pub async fn a_killed_container_comes_back_with_its_files(runtime: &str) {
+pub async fn a_frozen_container_is_thawed_and_a_killed_one_comes_back_with_its_files(runtime: &str) {
     let h = Harness::on(runtime, |_| {}).await;
     let id = h.create().await;
-    h.py(id, "open('data.csv','w').write('1,2')").await;
+    h.py(id, "open('data.csv','w').write('1,2'); kept = 'state'").await;
+    // Frozen behind the server's back while it holds a connection to the
+    // agent: the next run finds it frozen, thaws it and goes on (its
+    // Python state kept: no restart), long before the run's watchdog.
+    assert_eq!(
+        docker(&["pause", &h.container_of(id)]),
+        format!("{}\n", h.container_of(id))
+    );
+    let started = Instant::now();
+    let r = h.py(id, "print(kept)").await;
+    assert_eq!(r.output.stdout, "state\n", "{}", r.output.stderr);
+    assert!(r.notice.is_none(), "thawed, not restarted: {:?}", r.notice);
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
     docker(&["kill", &h.container_of(id)]);
     let r = h.py(id, "print(open('data.csv').read())").await;
     assert_eq!(r.output.stdout, "1,2\n");
