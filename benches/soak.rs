@@ -882,6 +882,8 @@ async fn main() -> std::process::ExitCode {
     if let Ok(ca) = std::env::var("MCP_SANDBOX_SANDBOX_CA_BUNDLE") {
         env.push(("MCP_SANDBOX_SANDBOX_CA_BUNDLE", ca));
     }
+    // Where the run's time goes, printed at the end.
+    let mut phases: Vec<(&str, Instant)> = vec![("", Instant::now())];
     let server = Server::start(&bin, &env).await;
     let base = server.base.clone();
     let root = server.root().to_path_buf();
@@ -899,6 +901,7 @@ async fn main() -> std::process::ExitCode {
         base,
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
+    phases.push(("server started and settled", Instant::now()));
     let start = rss_and_fds(&*soak.server.read().await);
     soak.ledger.lock().unwrap().baseline = start;
     let mut peak = start;
@@ -921,26 +924,24 @@ async fn main() -> std::process::ExitCode {
         let now = rss_and_fds(&*soak.server.read().await);
         peak = (peak.0.max(now.0), peak.1.max(now.1));
     }
+    phases.push(("under load and faults", Instant::now()));
     soak.stop.store(true, Ordering::SeqCst);
     tasks.push(injecting);
     for t in tasks {
         let _ = tokio::time::timeout(CALL_DEADLINE * 2, t).await;
     }
+    phases.push(("calls in flight ended", Instant::now()));
 
     // The promises at the end: writes intact, then everything removed.
     let (lost, problems) = verify_writes(&soak).await;
+    phases.push(("writes read back", Instant::now()));
     delete_everything(&soak).await;
+    phases.push(("sandboxes deleted", Instant::now()));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let end = rss_and_fds(&*soak.server.read().await);
-    let pid = soak.server.read().await.pid();
-    let _ = run("kill", &[&pid.to_string()]).await;
-    for _ in 0..100 {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let stopped = soak.server.write().await.stop(Duration::from_secs(30)).await;
     let left = orphans(&server_id, &root).await;
+    phases.push(("server stopped, leftovers counted", Instant::now()));
 
     let l = soak.ledger.lock().unwrap();
     println!(
@@ -973,7 +974,15 @@ async fn main() -> std::process::ExitCode {
         "\n{:<34} {:>9} {:>9} {:>9}\n{:<34} {:>9.1} {:>9.1} {:>9.1}\n{:<34} {:>9} {:>9} {:>9}",
         "server", "start", "peak", "end", "RSS MB", start.0, peak.0, end.0, "descriptors", start.1, peak.1, end.1
     );
+    let took: Vec<String> = phases
+        .windows(2)
+        .map(|w| format!("{} {:.1} s", w[1].0, (w[1].1 - w[0].1).as_secs_f64()))
+        .collect();
+    println!("\ntime: {}", took.join(", "));
     let mut failed: Vec<String> = l.violations.clone();
+    if !stopped {
+        failed.push("the server did not stop within 30 s of SIGTERM".into());
+    }
     failed.extend(problems.into_iter().map(|p| format!("lost: {p}")));
     failed.extend(left.into_iter().map(|o| format!("orphan: {o}")));
     if let Some(n) = rounds {

@@ -503,6 +503,20 @@ impl Server {
             .expect("start the server (build it with cargo build --release)")
     }
 
+    /// SIGTERM, then waits for the process to end (it is reaped here, so
+    /// that it does not linger as a zombie); whether it ended `within`.
+    pub async fn stop(&mut self, within: Duration) -> bool {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     pub fn rss_mb(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         let kb: f64 = status
