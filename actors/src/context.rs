@@ -1,8 +1,9 @@
 //! What every actor of one server shares: the runtime, the records and the
 //! settings, plus where each sandbox's host folders are.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use uuid::Uuid;
 
@@ -24,6 +25,17 @@ pub struct Context {
     pub snapshots: Snapshots,
     /// Every tenant's usage, accrued as it happens.
     pub meter: Meter,
+    /// The forks under way: a new sandbox marked as being seeded by one
+    /// refuses its owner's calls only while that fork is under way (a mark
+    /// its actor could not clear never locks the sandbox).
+    pub forks: Mutex<HashSet<Uuid>>,
+}
+
+impl Context {
+    /// Whether fork `fork` is still under way.
+    pub fn fork_under_way(&self, fork: Uuid) -> bool {
+        self.forks.lock().expect("forks lock").contains(&fork)
+    }
 }
 
 /// Events counted since the server started, for its metrics.

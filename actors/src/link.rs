@@ -36,9 +36,11 @@ pub const AGENT_QUERY: Duration = Duration::from_secs(10);
 /// or to read one (a namespace of gigabytes takes seconds).
 pub const CARRY_TIMEOUT: Duration = Duration::from_secs(60);
 /// When a run is first checked for a container frozen behind the server's
-/// back (`docker pause`); the checks then come at doubling intervals, so a
-/// long run costs the engine a few inspections only.
+/// back (`docker pause`); the checks then come at doubling intervals up to
+/// [`FROZEN_CHECK_MAX`]: a short run costs the engine an inspection or two,
+/// and a freeze however late is found within the watchdog's slack.
 const FROZEN_CHECK: Duration = Duration::from_secs(2);
+const FROZEN_CHECK_MAX: Duration = Duration::from_secs(10);
 
 /// Set once when a sandbox is deleted or expires: the link's work ends at
 /// once, with the reason, and no recovery brings the container back.
@@ -168,7 +170,10 @@ impl Link {
                 let mut frozen_check = FROZEN_CHECK;
                 let check = tokio::time::sleep(frozen_check);
                 tokio::pin!(check);
-                loop {
+                // Beside the run, so that the run's answer, a cancel and a
+                // delete are never held up by a slow engine.
+                let mut thawing: Option<tokio::task::JoinHandle<()>> = None;
+                let outcome = loop {
                     tokio::select! {
                         r = tokio::time::timeout_at(watchdog, &mut run) => break Some(r),
                         _ = retired.cancelled() => break None,
@@ -178,20 +183,18 @@ impl Link {
                             let _ = tokio::time::timeout(AGENT_CONNECT, interrupter.interrupt()).await;
                         }
                         () = &mut check => {
-                            // Frozen, the agent cannot answer; thawed, the
-                            // run goes on (its own timeout starts when the
-                            // agent reads it) instead of waiting out the
-                            // watchdog and a restart.
-                            let state = tokio::time::timeout(AGENT_CONNECT, self.ctx.runtime.state(&self.container_id)).await;
-                            if let Ok(Ok(ContainerState::Paused)) = state {
-                                warn!(sandbox = %self.paths.id, "the container was frozen during a run, not by the server; thawing it");
-                                let _ = tokio::time::timeout(AGENT_CONNECT, self.ctx.runtime.unpause(&self.container_id)).await;
+                            if thawing.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {
+                                thawing = Some(tokio::spawn(thaw_if_frozen(self.ctx.clone(), self.paths.id, self.container_id.clone())));
                             }
-                            frozen_check *= 2;
+                            frozen_check = (frozen_check * 2).min(FROZEN_CHECK_MAX);
                             check.as_mut().reset(tokio::time::Instant::now() + frozen_check);
                         }
                     }
+                };
+                if let Some(thawing) = thawing {
+                    thawing.abort();
                 }
+                outcome
             };
             let Some(result) = result else {
                 self.drop_client();
@@ -614,6 +617,17 @@ async fn ready_agent(ctx: &Context, sandbox: Uuid) -> Result<AgentClient, AgentF
         Ok(Ok(())) => Ok(client),
         Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(AgentFailure::NoPong),
+    }
+}
+
+/// Thaws a container frozen during a run, not by the server: frozen, the
+/// agent cannot answer; thawed, the run goes on (its own timeout starts when
+/// the agent reads it) instead of waiting out the watchdog and a restart.
+async fn thaw_if_frozen(ctx: Arc<Context>, sandbox: Uuid, container_id: String) {
+    let state = tokio::time::timeout(AGENT_CONNECT, ctx.runtime.state(&container_id)).await;
+    if let Ok(Ok(ContainerState::Paused)) = state {
+        warn!(%sandbox, "the container was frozen during a run, not by the server; thawing it");
+        let _ = tokio::time::timeout(AGENT_CONNECT, ctx.runtime.unpause(&container_id)).await;
     }
 }
 

@@ -396,11 +396,11 @@ fn enqueue(state: &mut SandboxState, job: Job) {
 /// leave the copy writing into folders and disks being removed.
 fn seeded(state: &SandboxState) -> Result<()> {
     match state.record.seeding {
-        Some(fork) => Err(SandboxError::Quota(format!(
+        Some(fork) if state.ctx.fork_under_way(fork) => Err(SandboxError::Quota(format!(
             "sandbox {} is being made by fork {fork}, which copies into it: call it once fork_sandbox has answered",
             state.record.id
         ))),
-        None => Ok(()),
+        _ => Ok(()),
     }
 }
 

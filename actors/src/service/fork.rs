@@ -113,9 +113,11 @@ impl Sandboxes {
         let _hung_up = gone.clone().drop_guard();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let ctx = self.ctx.clone();
+        let under_way = UnderWay::begin(ctx.clone(), fork);
         tokio::spawn(
             async move {
                 let _reservation = reservation;
+                let _under_way = under_way;
                 let made = match make(&creations, &gone).await {
                     Ok(made) => made,
                     Err(e) => {
@@ -149,6 +151,26 @@ impl Sandboxes {
             .map_err(|_| SandboxError::Internal("the fork ended inside the server; try again".into()))??;
         info!(sandbox = %id, %fork, count, "forked");
         Ok(forked)
+    }
+}
+
+/// Marks a fork as under way in the context until dropped (when the fork's
+/// work, its undo included, has ended).
+struct UnderWay {
+    ctx: Arc<Context>,
+    fork: Uuid,
+}
+
+impl UnderWay {
+    fn begin(ctx: Arc<Context>, fork: Uuid) -> Self {
+        ctx.forks.lock().expect("forks lock").insert(fork);
+        Self { ctx, fork }
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.ctx.forks.lock().expect("forks lock").remove(&self.fork);
     }
 }
 

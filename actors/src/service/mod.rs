@@ -18,7 +18,7 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Progress, Work};
@@ -60,6 +60,9 @@ use snapshots::unexpected;
 /// own state; an install status may ask the agent, within its own deadline).
 const QUERY_DEADLINE: Duration = Duration::from_secs(5);
 const STATUS_DEADLINE: Duration = Duration::from_secs(15);
+/// How long a stop may spend removing what no record explains: a stop must
+/// end, and the next start does the same work.
+const SWEEP_DEADLINE: Duration = Duration::from_secs(15);
 
 /// Figures about the sandboxes of this server, for its metrics.
 #[derive(Debug, Clone, Default)]
@@ -124,6 +127,7 @@ impl Sandboxes {
             runtime,
             store,
             meter,
+            forks: Default::default(),
             counters: Counters::default(),
             egress,
             disks: Disks::new(&settings),
@@ -434,8 +438,24 @@ impl Sandboxes {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if let Err(e) = self.sweep().await {
-            warn!(error = %e, "could not look for leftovers at the stop; the next start removes them");
+        // Not while creations are under way (their records may still come):
+        // the next start removes what they leave, as it does after a crash.
+        let creating: usize = self.pending.lock().expect("pending lock").values().sum();
+        if creating > 0 {
+            info!(
+                creating,
+                "creations still under way at the stop; the next start removes what they leave"
+            );
+        } else {
+            match tokio::time::timeout(SWEEP_DEADLINE, self.sweep()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(error = %e, "could not look for leftovers at the stop; the next start removes them")
+                }
+                Err(_) => {
+                    warn!("the engine was too slow to look for leftovers at the stop; the next start removes them")
+                }
+            }
         }
         if none_left {
             if let Err(e) = self.ctx.runtime.release().await {

@@ -79,6 +79,17 @@ async fn sixteen_forks_load_a_few_at_a_time_and_all_hold_the_namespace() {
     }
 }
 
+/// The first sandbox listed beside the source `id`: a fork's new sandbox,
+/// listed from its creation on.
+async fn listed_fork(s: &Server, id: Uuid) -> Uuid {
+    loop {
+        if let Some(info) = s.sb().list(OWNER).await.into_iter().find(|i| i.sandbox_id != id) {
+            return info.sandbox_id;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fork_refuses_calls_and_deletes_until_it_is_seeded() {
     let s = Server::start().await;
@@ -89,12 +100,7 @@ async fn a_fork_refuses_calls_and_deletes_until_it_is_seeded() {
     let busy = s.run(id, "sleep 10");
     let forked = fork(&s, id, 1, None);
     let early = async {
-        let fork = loop {
-            if let Some(info) = s.sb().list(OWNER).await.into_iter().find(|i| i.sandbox_id != id) {
-                break info.sandbox_id;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let fork = listed_fork(&s, id).await;
         (fork, s.run(fork, "set x 2").await, s.sb().delete(OWNER, fork).await)
     };
     let (busy, forked, (fork, early, deleted)) = tokio::join!(busy, forked, early);
@@ -112,6 +118,30 @@ async fn a_fork_refuses_calls_and_deletes_until_it_is_seeded() {
         "1",
         "the fork holds the source's namespace"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fork_whose_actor_died_while_it_waited_is_never_locked_once_the_fork_answered() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    let busy = s.run(id, "sleep 10");
+    let forked = fork(&s, id, 1, None);
+    // The new sandbox's actor dies while its seed waits for the source;
+    // the supervisor starts it again from its record, still marked as being
+    // seeded, and the seed ends without it (the mark is never cleared).
+    let killed = async {
+        let fork = listed_fork(&s, id).await;
+        s.sb().actor_of(fork).expect("its actor").kill();
+        fork
+    };
+    let (busy, forked, fork) = tokio::join!(busy, forked, killed);
+    busy.unwrap();
+    assert_eq!(forked.unwrap().forks[0].info.sandbox_id, fork);
+    // No fork is under way any more: its owner's calls and delete go through.
+    assert_eq!(s.stdout(fork, "get x").await.trim(), "1");
+    s.sb().delete(OWNER, fork).await.unwrap();
+    assert!(s.sb().list(OWNER).await.iter().all(|i| i.sandbox_id != fork));
 }
 
 /// The fork given up left no sandbox and no copy, and its source (holding
