@@ -122,7 +122,7 @@ async fn a_fork_refuses_calls_and_deletes_until_it_is_seeded() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_whose_actor_died_while_it_waited_is_never_locked_once_the_fork_answered() {
-    let s = Server::start().await;
+    let mut s = Server::start().await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     let busy = s.run(id, "sleep 10");
@@ -139,6 +139,9 @@ async fn a_fork_whose_actor_died_while_it_waited_is_never_locked_once_the_fork_a
     busy.unwrap();
     assert_eq!(forked.unwrap().forks[0].info.sandbox_id, fork);
     // No fork is under way any more: its owner's calls and delete go through.
+    assert_eq!(s.stdout(fork, "get x").await.trim(), "1");
+    // The answered fork is kept by a restarted server.
+    s.restart().await;
     assert_eq!(s.stdout(fork, "get x").await.trim(), "1");
     s.sb().delete(OWNER, fork).await.unwrap();
     assert!(s.sb().list(OWNER).await.iter().all(|i| i.sandbox_id != fork));
