@@ -655,6 +655,10 @@ impl Agent {
                 }
                 op => json!({"id": id, "type": "error", "error": format!("unknown op {op:?}")}),
             };
+            // Frozen while it worked, it answers once thawed.
+            if self.paused.wait_for(|p| !p).await.is_err() {
+                return;
+            }
             if send_raw(w, reply.to_string().as_bytes()).await.is_err() {
                 return;
             }

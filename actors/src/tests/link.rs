@@ -101,6 +101,28 @@ async fn a_container_frozen_under_a_connected_link_is_thawed_and_the_run_goes_on
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_container_frozen_in_the_middle_of_a_run_is_thawed_and_the_run_answers() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let container = s.container(id);
+    s.run(id, "echo connected").await.unwrap();
+    let started = tokio::time::Instant::now();
+    let run = s.sb().run(OWNER, id, Work::Python("sleep 20".into()), Some(30), None);
+    let freeze = async {
+        // Late in the run: past the checks' doubling, within their 10 s.
+        tokio::time::sleep(Duration::from_secs(17)).await;
+        s.fake.freeze(&container);
+    };
+    let (ran, ()) = tokio::join!(run, freeze);
+    assert_eq!(ran.unwrap().output.exit_code, 0);
+    // Thawed at the check after the freeze (at 24 s: 2, 6, 14, then every
+    // 10 s), far from the watchdog (30 s and 15 s), and without a restart.
+    assert!(started.elapsed() < Duration::from_secs(26), "{:?}", started.elapsed());
+    assert_eq!(s.fake.count(|e| *e == Event::Unpaused(container.clone())), 1);
+    assert_eq!(s.fake.count(|e| *e == Event::Restarted(container.clone())), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_run_past_its_timeout_and_grace_restarts_the_container() {
     let s = Server::start().await;
     let id = s.create().await;
