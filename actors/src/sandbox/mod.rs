@@ -287,11 +287,11 @@ impl SandboxActor {
             SandboxMsg::History(reply) => {
                 let _ = reply.send(state.history.to_vec());
             }
-            SandboxMsg::Delete { reply, by_owner } => match by_owner.then(|| seeded(state)).unwrap_or(Ok(())) {
-                Ok(()) => begin_deletion(&myself, state, "was deleted", Some(reply)),
-                Err(e) => {
+            SandboxMsg::Delete { reply, by_owner } => match seeded(state) {
+                Err(e) if by_owner => {
                     let _ = reply.send(Err(e));
                 }
+                _ => begin_deletion(&myself, state, "was deleted", Some(reply)),
             },
             SandboxMsg::Info(reply) => {
                 let _ = reply.send(info(state));
