@@ -111,9 +111,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
     let id = h.create().await;
     // The installer of this very sandbox, running a probe instead of uv.
     let settings = common::settings(h.root.path());
-    let mut runtime = DockerRuntime::connect(&h.server_id, settings.sandbox.clone(), settings.agents_dir())
-        .await
-        .unwrap();
+    let mut runtime = DockerRuntime::connect(&h.server_id, &settings).await.unwrap();
     runtime.isolate_network().await.unwrap();
     let paths = SandboxPaths {
         id,

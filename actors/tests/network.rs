@@ -208,6 +208,38 @@ async fn the_host_and_link_local_addresses_are_out_of_reach_under_every_policy()
     }
 }
 
+/// A sandbox of every policy but `open` has loopback only, with its name
+/// (the proxy variables exempt `localhost`) in an `/etc/hosts` it cannot
+/// change, and the engine's networking off, which spares its creation the
+/// engine's network hook (docs/benchmarks.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxied_sandbox_has_loopback_only_and_its_name() {
+    let h = server().await;
+    let probe = r#"
+import os, socket
+print(sorted(os.listdir("/sys/class/net")), socket.gethostbyname("localhost"))
+try:
+    open("/etc/hosts", "a").write("10.0.0.1 pypi.org\n")
+    print("hosts written")
+except OSError:
+    print("hosts read-only")
+"#;
+    for policy in [EgressPolicy::Packages, EgressPolicy::None] {
+        let id = create(&h, OWNER, policy).await;
+        let out = py(&h, OWNER, id, probe).await.stdout;
+        assert_eq!(out.trim(), "['lo'] 127.0.0.1\nhosts read-only", "{policy:?}");
+        let container = h.container_of(id);
+        let disabled = common::docker(&["inspect", "-f", "{{.Config.NetworkDisabled}}", &container]);
+        assert_eq!(disabled.trim(), "true", "{policy:?}");
+    }
+    // The control: an open sandbox has its interface on the server's network.
+    let id = create(&h, OWNER, EgressPolicy::Open).await;
+    let out = py(&h, OWNER, id, "import os; print(len(os.listdir('/sys/class/net')))")
+        .await
+        .stdout;
+    assert_eq!(out.trim(), "2");
+}
+
 /// Fetches `url` with urllib (proxy variables as set for the sandbox).
 fn fetch(url: &str) -> String {
     format!(
@@ -523,9 +555,7 @@ async fn rules_applied_again_are_one_set_in_order_with_rate_tables_of_their_own(
     let mut settings = common::settings(h.root.path());
     settings.sandbox.egress_mb_per_minute = 64;
     settings.sandbox.egress_allow = vec!["10.9.0.0/16".into()];
-    let mut runtime = DockerRuntime::connect(&h.server_id, settings.sandbox.clone(), settings.agents_dir())
-        .await
-        .unwrap();
+    let mut runtime = DockerRuntime::connect(&h.server_id, &settings).await.unwrap();
     runtime.isolate_network().await.unwrap();
     let second = rules_of(&h.server_id);
     // One set, of the new generation alone: its bounds once each. (How

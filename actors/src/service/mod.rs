@@ -100,7 +100,7 @@ impl Sandboxes {
     pub async fn start(settings: Settings) -> Result<Self> {
         let store = open_store(&settings)?;
         let server_id = server_id(&settings.state_dir)?;
-        let mut runtime = DockerRuntime::connect(&server_id, settings.sandbox.clone(), settings.agents_dir()).await?;
+        let mut runtime = DockerRuntime::connect(&server_id, &settings).await?;
         runtime.ensure_image(&settings.state_dir).await?;
         let sandbox_net = runtime.isolate_network().await?;
         let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
@@ -111,7 +111,7 @@ impl Sandboxes {
     pub async fn build_image(settings: &Settings) -> Result<String> {
         std::fs::create_dir_all(&settings.state_dir)
             .map_err(|e| SandboxError::Internal(format!("creating the state folder: {e}")))?;
-        let runtime = DockerRuntime::connect("image-build", settings.sandbox.clone(), settings.agents_dir()).await?;
+        let runtime = DockerRuntime::connect("image-build", settings).await?;
         runtime.ensure_image(&settings.state_dir).await
     }
 
