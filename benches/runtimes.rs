@@ -68,8 +68,8 @@ impl Runtime {
     }
 
     /// The configuration of a live sandbox's container, to make bare
-    /// copies of: its image, user, environment, mounts, limits, network and
-    /// runtime, with a command that only waits and this run's label instead
+    /// copies of: its image, user, environment, mounts, limits, network
+    /// (networking disabled included) and runtime, with a command that only waits and this run's label instead
     /// of the server's (so that no server takes it for one of its own).
     async fn template(&mut self, docker: &Docker) -> Option<(ContainerCreateBody, uuid::Uuid)> {
         let info = self
@@ -89,6 +89,7 @@ impl Runtime {
             user: config.user,
             env: config.env,
             working_dir: config.working_dir,
+            network_disabled: config.network_disabled,
             entrypoint: Some(vec!["sleep".into()]),
             cmd: Some(vec!["600".into()]),
             labels: Some([(BENCH_LABEL.to_string(), label)].into()),

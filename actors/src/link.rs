@@ -631,18 +631,31 @@ async fn thaw_if_frozen(ctx: Arc<Context>, sandbox: Uuid, container_id: String) 
     }
 }
 
+/// How often a wait for a starting agent asks the engine whether its
+/// container ended: the agent's socket is tried every 10 ms, which costs a
+/// failed `connect`, but each ask is an inspection by the engine, and a
+/// burst of creations whose agents start slowly (the CPU shared by all of
+/// them) would ask hundreds of times a second.
+const EXIT_CHECK_EVERY: Duration = Duration::from_millis(250);
+
 /// Waits until a (re)started container's agent answers.
 pub async fn wait_for_agent(ctx: &Context, sandbox: Uuid, container_id: &str) -> Result<AgentClient> {
-    let deadline = tokio::time::Instant::now() + AGENT_START;
+    let started = tokio::time::Instant::now();
+    let deadline = started + AGENT_START;
+    let mut next_exit_check = started + EXIT_CHECK_EVERY;
     loop {
         let last = match ready_agent(ctx, sandbox).await {
             Ok(client) => return Ok(client),
             Err(e) => e,
         };
-        if let ContainerState::Stopped { exit_code, .. } = ctx.runtime.state(container_id).await? {
-            return Err(AgentFailure::ExitedBeforeStart(exit_code).into());
+        let now = tokio::time::Instant::now();
+        if now >= next_exit_check || now >= deadline {
+            if let ContainerState::Stopped { exit_code, .. } = ctx.runtime.state(container_id).await? {
+                return Err(AgentFailure::ExitedBeforeStart(exit_code).into());
+            }
+            next_exit_check = now + EXIT_CHECK_EVERY;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if now >= deadline {
             return Err(AgentFailure::DidNotStart {
                 within: AGENT_START,
                 last: Box::new(last),
