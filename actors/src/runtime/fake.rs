@@ -57,10 +57,13 @@ struct Container {
     life: CancellationToken,
     paused: watch::Sender<bool>,
     worker: Arc<Mutex<Worker>>,
+    /// When its current start began.
+    booted: tokio::time::Instant,
 }
 
 impl Container {
     fn boot(&mut self) {
+        self.booted = tokio::time::Instant::now();
         self.life.cancel();
         self.life = CancellationToken::new();
         self.worker = Arc::default();
@@ -129,6 +132,10 @@ struct State {
     next: u64,
     create_delay: Duration,
     fail_creates: usize,
+    /// How long a started container's agent takes to listen.
+    agent_start: Duration,
+    /// Calls of `state`: each is an inspection by a real engine.
+    inspections: usize,
 }
 
 #[derive(Default)]
@@ -182,6 +189,16 @@ impl FakeRuntime {
     /// Each creation takes this long (a slow engine).
     pub fn set_create_delay(&self, delay: Duration) {
         self.lock().create_delay = delay;
+    }
+
+    /// Agents listen this long after their container starts (a loaded host).
+    pub fn set_agent_start(&self, delay: Duration) {
+        self.lock().agent_start = delay;
+    }
+
+    /// How many times the state of a container was asked for.
+    pub fn inspections(&self) -> usize {
+        self.lock().inspections
     }
 
     /// The next `n` creations fail.
@@ -310,6 +327,7 @@ impl ContainerRuntime for FakeRuntime {
             life: CancellationToken::new(),
             paused: watch::channel(false).0,
             worker: Arc::default(),
+            booted: tokio::time::Instant::now(),
         };
         c.boot();
         state.containers.insert(container_id.clone(), c);
@@ -336,6 +354,7 @@ impl ContainerRuntime for FakeRuntime {
 
     async fn state(&self, container_id: &str) -> Result<ContainerState> {
         self.engine()?;
+        self.lock().inspections += 1;
         Ok(self.state_of(container_id))
     }
 
@@ -467,7 +486,9 @@ impl ContainerRuntime for FakeRuntime {
             let state = self.lock();
             let id = state.current.get(&sandbox).ok_or_else(refused)?;
             let c = state.containers.get(id).ok_or_else(refused)?;
-            if matches!(c.state, ContainerState::Stopped { .. } | ContainerState::Missing) {
+            if matches!(c.state, ContainerState::Stopped { .. } | ContainerState::Missing)
+                || c.booted.elapsed() < state.agent_start
+            {
                 return Err(refused());
             }
             Agent {

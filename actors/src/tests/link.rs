@@ -18,6 +18,25 @@ async fn python_state_lives_across_calls() {
     assert_eq!(s.stdout(id, "get x").await, "41\n");
 }
 
+/// A creation whose agent starts slowly (a loaded host) tries the agent's
+/// socket every 10 ms but asks the engine whether the container ended only
+/// a few times a second: each ask is an inspection by the engine.
+#[tokio::test(start_paused = true)]
+async fn a_slow_agent_start_asks_the_engine_a_few_times_a_second() {
+    let s = Server::start().await;
+    s.fake.set_agent_start(Duration::from_secs(5));
+    let (before, started) = (s.fake.inspections(), tokio::time::Instant::now());
+    let id = s.create().await;
+    // The first call waits for the agent.
+    assert_eq!(s.stdout(id, "echo up").await, "echo up\n");
+    assert!(started.elapsed() >= Duration::from_secs(5));
+    let asked = s.fake.inspections() - before;
+    assert!(
+        (10..=30).contains(&asked),
+        "{asked} inspections while the agent started"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_stopped_container_is_started_again_and_the_caller_told() {
     let s = Server::start().await;
