@@ -13,6 +13,11 @@
 //!   so Docker still fills it from the image on first use;
 //! - the agent's socket folder: a tiny tmpfs.
 //!
+//! Each image starts as a sparse copy of an empty file system made once per
+//! start for its cap (`state_dir/disks/template-*.img`): a copy costs a
+//! fraction of a millisecond where `mkfs.ext4` and the removal of
+//! `lost+found` cost a process and a mount per image.
+//!
 //! Images live in `state_dir/disks/<sandbox id>/`. Mounts belong to the host,
 //! so they outlive container restarts and a server restart; after a host
 //! reboot [`Disks::ensure`] mounts them again before an adopted sandbox's
@@ -22,10 +27,12 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::process::Command;
+use tokio::sync::OnceCell;
 use tracing::warn;
 use uuid::Uuid;
 
@@ -37,7 +44,8 @@ use crate::host;
 /// How long one `mkfs.ext4` or `mount` may take.
 const TOOL_DEADLINE: Duration = Duration::from_secs(30);
 /// The agent's folder holds one socket; this is all it may ever hold.
-const AGENT_TMPFS: &str = "size=1m,nr_inodes=64,mode=0755,nodev,nosuid,noexec";
+const AGENT_TMPFS: &str = "size=1m,nr_inodes=64,mode=0755";
+const AGENT_TMPFS_FLAGS: libc::c_ulong = libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOEXEC;
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
     move |source| DiskError::Io {
@@ -47,7 +55,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
 }
 
 /// One capped file system: its size in MiB and inode count (0 MiB: uncapped).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Cap {
     mb: u64,
     inodes: u64,
@@ -98,6 +106,8 @@ pub struct Disks {
     agents_dir: PathBuf,
     results: Cap,
     packages: Cap,
+    /// The empty image of each cap, made at its first use.
+    templates: Arc<[OnceCell<PathBuf>; 2]>,
 }
 
 impl Disks {
@@ -115,7 +125,31 @@ impl Disks {
                 mb: config.packages_mb,
                 inodes: config.packages_inodes,
             },
+            templates: Arc::default(),
         }
+    }
+
+    /// A new empty image of `cap` at `image`, copied from the cap's
+    /// template (made first if this is its first use).
+    async fn fresh_image(&self, image: &Path, cap: Cap) -> Result<(), DiskError> {
+        let slot = usize::from(cap != self.results);
+        let template = self.templates[slot]
+            .get_or_try_init(|| make_template(&self.root, cap))
+            .await?
+            .clone();
+        let target = image.to_path_buf();
+        tokio::task::spawn_blocking(move || super::sparse::copy(&template, &target))
+            .await
+            .map_err(|e| DiskError::Tool {
+                what: format!("copying an empty image to {}", image.display()),
+                detail: e.to_string(),
+            })?
+            .map_err(io(image))
+    }
+
+    async fn fresh_and_mount(&self, image: &Path, mount: &Path, cap: Cap) -> Result<(), DiskError> {
+        self.fresh_image(image, cap).await?;
+        mount_image(image, mount).await
     }
 
     fn enabled(&self) -> bool {
@@ -175,11 +209,18 @@ impl Disks {
         }
         let dir = self.root.join(id.to_string());
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        for (image, mount, cap) in self.images(id) {
-            std::fs::create_dir_all(&mount).map_err(io(&mount))?;
-            make_and_mount(&image, &mount, cap).await?;
+        let images = self.images(id);
+        for (_, mount, _) in &images {
+            std::fs::create_dir_all(mount).map_err(io(mount))?;
         }
-        mount_agent_tmpfs(&super::agent_dir(&self.agents_dir, id)).await
+        // Side by side: each is a wait on the kernel or a tool.
+        let mounted = images
+            .iter()
+            .map(|(image, mount, cap)| self.fresh_and_mount(image, mount, *cap));
+        let agent = super::agent_dir(&self.agents_dir, id);
+        let (images, agent) = tokio::join!(futures_util::future::join_all(mounted), mount_agent_tmpfs(&agent));
+        images.into_iter().collect::<Result<(), _>>()?;
+        agent
     }
 
     /// Mounts what is missing (after a host reboot, say); true when
@@ -196,7 +237,7 @@ impl Disks {
                     // Its files went with the image; the cap must not.
                     warn!(sandbox = %id, image = %image.display(), "a sandbox's disk image is missing; making an empty one");
                     std::fs::create_dir_all(image.parent().expect("in a folder")).map_err(io(&image))?;
-                    make_and_mount(&image, &mount, cap).await?;
+                    self.fresh_and_mount(&image, &mount, cap).await?;
                 } else {
                     mount_image(&image, &mount).await?;
                 }
@@ -243,11 +284,16 @@ impl Disks {
                 warn!(sandbox = %id, error = %e, "could not remove the disks of a sandbox no record explains");
             }
         }
-        // Probes of a start that was killed.
+        // Probes of a start that was killed, and templates of caps no
+        // longer configured.
+        let templates = [self.results, self.packages].map(template_name);
         for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
-            if entry.file_name().to_string_lossy().starts_with("probe-") {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("probe-") {
                 let _ = unmount(&entry.path().join("mnt")).await;
                 let _ = std::fs::remove_dir_all(entry.path());
+            } else if name.starts_with("template-") && !templates.contains(&name) {
+                let _ = std::fs::remove_file(entry.path());
             }
         }
     }
@@ -349,14 +395,36 @@ async fn make_image(image: &Path, cap: Cap) -> Result<(), DiskError> {
     .await
 }
 
-/// A fresh image mounted at `mount`, empty: a fresh ext4 holds
-/// `lost+found`, which is not the sandbox's, and a non-empty volume would
-/// not be filled from the image.
-async fn make_and_mount(image: &Path, mount: &Path, cap: Cap) -> Result<(), DiskError> {
-    make_image(image, cap).await?;
-    mount_image(image, mount).await?;
-    let lost = mount.join("lost+found");
-    std::fs::remove_dir(&lost).map_err(io(&lost))
+fn template_name(cap: Cap) -> String {
+    format!("template-{}m-{}i.img", cap.mb, cap.inodes)
+}
+
+/// The template of `cap` in `root`: a fresh image, emptied (a fresh ext4
+/// holds `lost+found`, which is not the sandbox's, and a non-empty volume
+/// would not be filled from the image) and written out, made aside (in a
+/// `probe-` folder, which a later start removes if this one was killed) and
+/// then renamed into place.
+async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
+    let path = root.join(template_name(cap));
+    let work = root.join(format!("probe-{}", Uuid::new_v4().simple()));
+    let (image, mount) = (work.join("template.img"), work.join("mnt"));
+    let made = async {
+        std::fs::create_dir_all(&mount).map_err(io(&mount))?;
+        make_image(&image, cap).await?;
+        mount_image(&image, &mount).await?;
+        let lost = mount.join("lost+found");
+        let emptied = std::fs::remove_dir(&lost).map_err(io(&lost));
+        unmount(&mount).await?;
+        emptied?;
+        std::fs::File::open(&image)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&image))?;
+        std::fs::rename(&image, &path).map_err(io(&path))
+    }
+    .await;
+    let _ = unmount(&mount).await;
+    let _ = std::fs::remove_dir_all(&work);
+    made.map(|()| path)
 }
 
 /// Loop-mounts an image: no device files, no set-uid programs, no
@@ -386,15 +454,36 @@ async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
     .await
 }
 
+/// Mounts the agent's tmpfs by the system call (a tmpfs needs no device,
+/// so no `mount` process).
 async fn mount_agent_tmpfs(dir: &Path) -> Result<(), DiskError> {
+    use std::os::unix::ffi::OsStrExt;
     let options = format!("{AGENT_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID}");
-    run(
-        format!("mounting a tmpfs at {}", dir.display()),
-        Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &options, "mcp-sandbox-agent"])
-            .arg(dir),
-    )
+    let target = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let c_target = std::ffi::CString::new(target.as_os_str().as_bytes()).expect("no NUL in a path");
+        let c_options = std::ffi::CString::new(options).expect("no NUL in the options");
+        // SAFETY: valid NUL-terminated strings that outlive the call.
+        let done = unsafe {
+            libc::mount(
+                c"mcp-sandbox-agent".as_ptr(),
+                c_target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                AGENT_TMPFS_FLAGS,
+                c_options.as_ptr().cast(),
+            )
+        } == 0;
+        if done {
+            Ok(())
+        } else {
+            Err(io(&target)(std::io::Error::last_os_error()))
+        }
+    })
     .await
+    .map_err(|e| DiskError::Tool {
+        what: format!("mounting a tmpfs at {}", dir.display()),
+        detail: e.to_string(),
+    })?
 }
 
 /// Unmounts `path` if it is a mount point. A busy file system is detached

@@ -8,6 +8,7 @@ mod docker;
 pub mod fake;
 pub mod firewall;
 mod image;
+mod sparse;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
