@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::process::Command;
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 use tracing::warn;
 use uuid::Uuid;
 
@@ -106,8 +106,9 @@ pub struct Disks {
     agents_dir: PathBuf,
     results: Cap,
     packages: Cap,
-    /// The empty image of each cap, made at its first use.
-    templates: Arc<[OnceCell<PathBuf>; 2]>,
+    /// The empty image of each cap, made at its first use (and again if
+    /// it went missing).
+    templates: Arc<[Mutex<Option<PathBuf>>; 2]>,
 }
 
 impl Disks {
@@ -132,11 +133,13 @@ impl Disks {
     /// A new empty image of `cap` at `image`, copied from the cap's
     /// template (made first if this is its first use).
     async fn fresh_image(&self, image: &Path, cap: Cap) -> Result<(), DiskError> {
-        let slot = usize::from(cap != self.results);
-        let template = self.templates[slot]
-            .get_or_try_init(|| make_template(&self.root, cap))
-            .await?
-            .clone();
+        let template = {
+            let mut slot = self.templates[usize::from(cap != self.results)].lock().await;
+            match &*slot {
+                Some(made) if made.is_file() => made.clone(),
+                _ => slot.insert(make_template(&self.root, cap).await?).clone(),
+            }
+        };
         let target = image.to_path_buf();
         tokio::task::spawn_blocking(move || super::sparse::copy(&template, &target))
             .await
@@ -414,7 +417,9 @@ async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
         mount_image(&image, &mount).await?;
         let lost = mount.join("lost+found");
         let emptied = std::fs::remove_dir(&lost).map_err(io(&lost));
-        unmount(&mount).await?;
+        // Not detached lazily: the file system must be written out and gone
+        // before its image is copied.
+        unmount_now(&mount).await?;
         emptied?;
         std::fs::File::open(&image)
             .and_then(|f| f.sync_all())
@@ -490,6 +495,15 @@ async fn mount_agent_tmpfs(dir: &Path) -> Result<(), DiskError> {
 /// lazily: it disappears from the host's tree now, and its loop device is
 /// freed once the last user lets go.
 async fn unmount(path: &Path) -> Result<(), DiskError> {
+    unmount_with(path, true).await
+}
+
+/// Unmounts `path` if it is a mount point, failing if it is busy.
+async fn unmount_now(path: &Path) -> Result<(), DiskError> {
+    unmount_with(path, false).await
+}
+
+async fn unmount_with(path: &Path, lazily_if_busy: bool) -> Result<(), DiskError> {
     if !is_mount_point(path) {
         return Ok(());
     }
@@ -499,7 +513,7 @@ async fn unmount(path: &Path) -> Result<(), DiskError> {
         let c_path = std::ffi::CString::new(target.as_os_str().as_bytes()).expect("no NUL in a path");
         // SAFETY: a valid NUL-terminated path.
         let done = unsafe { libc::umount2(c_path.as_ptr(), 0) } == 0
-            || unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0;
+            || (lazily_if_busy && unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0);
         if done {
             Ok(())
         } else {

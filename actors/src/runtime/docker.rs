@@ -40,6 +40,17 @@ const EGRESS_RELAY: &str = "127.0.0.1:3128";
 /// engine's empty placeholder, so without it `localhost` (which the proxy
 /// variables exempt) would not resolve.
 const LOOPBACK_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+/// Writes [`LOOPBACK_HOSTS`] to `path`, readable by the sandbox user
+/// whatever the server's umask, beside it and then renamed into place: a
+/// running sandbox keeps the file it mounted, never a half-written one.
+fn write_hosts(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let part = path.with_extension("part");
+    std::fs::write(&part, LOOPBACK_HOSTS)?;
+    std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&part, path)
+}
+
 /// OOM score of sandbox processes: a host out of memory has the kernel end
 /// a sandbox before the server or the engine. Raising a score needs no
 /// privilege, unlike the server lowering its own.
@@ -69,7 +80,7 @@ impl DockerRuntime {
         let config = settings.sandbox.clone();
         let image = super::image::tag(&config);
         let loopback_hosts = settings.state_dir.join("hosts");
-        std::fs::write(&loopback_hosts, LOOPBACK_HOSTS)
+        write_hosts(&loopback_hosts)
             .map_err(|e| SandboxError::Internal(format!("writing {}: {e}", loopback_hosts.display())))?;
         Ok(Self {
             docker,
