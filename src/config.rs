@@ -522,9 +522,10 @@ mod tests {
 
     #[test]
     fn every_supported_runtime_is_accepted() {
-        for runtime in sandbox_actors::config::RUNTIMES {
+        let auto = [sandbox_actors::config::AUTO_RUNTIME];
+        for runtime in sandbox_actors::config::RUNTIMES.iter().chain(&auto) {
             let c = load(&format!("[sandbox]\nruntime = \"{runtime}\"\n"), &[]).unwrap();
-            assert_eq!(c.sandbox.runtime, runtime);
+            assert_eq!(c.sandbox.runtime, *runtime);
         }
     }
 

@@ -80,6 +80,10 @@ impl Settings {
 /// but `runc` must be registered with Docker under this name.
 pub const RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
 
+/// `sandbox.runtime = "auto"`: crun where the engine has it registered and
+/// it starts a container, runc otherwise (see `DockerRuntime::choose_runtime`).
+pub const AUTO_RUNTIME: &str = "auto";
+
 /// The most snapshots a sandbox may be allowed to keep: each holds a parked
 /// Python process and a copy of the sandbox's disks.
 pub const MAX_SNAPSHOTS: usize = 16;
@@ -98,7 +102,9 @@ pub struct SandboxConfig {
     /// Image repository; the tag is a hash of the build context, so a server
     /// only ever runs the image that matches its own agent.
     pub image: String,
-    /// OCI runtime, one of [`RUNTIMES`]: `runc`, `crun` or `runsc` (gVisor).
+    /// OCI runtime, one of [`RUNTIMES`]: `runc`, `crun` or `runsc`
+    /// (gVisor); or [`AUTO_RUNTIME`], which the runtime replaces with its
+    /// choice when it connects.
     pub runtime: String,
     /// Egress policy of every sandbox unless its key sets another.
     pub network: EgressPolicy,
@@ -152,7 +158,7 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
             image: "mcp-sandbox-python".into(),
-            runtime: "runc".into(),
+            runtime: AUTO_RUNTIME.into(),
             network: EgressPolicy::Open,
             egress_allow: vec![],
             egress_max_connections: 64,
@@ -413,10 +419,10 @@ impl SandboxConfig {
         if self.image.trim().is_empty() || self.image.contains(':') {
             return Err(invalid("sandbox.image", "a repository name without a tag"));
         }
-        if !RUNTIMES.contains(&self.runtime.as_str()) {
+        if self.runtime != AUTO_RUNTIME && !RUNTIMES.contains(&self.runtime.as_str()) {
             return Err(invalid(
                 "sandbox.runtime",
-                format!("one of {RUNTIMES:?}, not {:?}", self.runtime),
+                format!("\"{AUTO_RUNTIME}\" or one of {RUNTIMES:?}, not {:?}", self.runtime),
             ));
         }
         if self.memory_mb < 64 {

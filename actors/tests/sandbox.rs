@@ -10,6 +10,30 @@ use std::time::Duration;
 use common::{docker, Harness, OWNER};
 use sandbox_actors::{InstallStatusKind, SandboxError, Work};
 
+/// `sandbox.runtime = "auto"` runs sandboxes under crun where the engine
+/// has it registered (the test scripts register it) and under runc
+/// otherwise, and its trial container is gone once the server runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_runs_sandboxes_under_crun_where_it_is_registered() {
+    let h = Harness::on("auto", |_| {}).await;
+    let expected = if common::runtime_available("crun") {
+        "crun"
+    } else {
+        "runc"
+    };
+    let id = h.create().await;
+    let runtime = docker(&["inspect", "-f", "{{.HostConfig.Runtime}}", &h.container_of(id)]);
+    assert_eq!(runtime.trim(), expected);
+    assert_eq!(h.py(id, "print(6 * 7)").await.output.stdout, "42\n");
+    let probes = docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("name=mcp-sandbox-{}-probe", h.server_id),
+    ]);
+    assert!(probes.trim().is_empty(), "{probes}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn python_state_output_and_exit_codes() {
     let h = Harness::new().await;

@@ -102,6 +102,7 @@ impl Sandboxes {
         let server_id = server_id(&settings.state_dir)?;
         let mut runtime = DockerRuntime::connect(&server_id, &settings).await?;
         runtime.ensure_image(&settings.state_dir).await?;
+        runtime.choose_runtime().await?;
         let sandbox_net = runtime.isolate_network().await?;
         let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
         Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress).await
