@@ -130,16 +130,20 @@ impl Disks {
         }
     }
 
-    /// A new empty image of `cap` at `image`, copied from the cap's
-    /// template (made first if this is its first use).
+    /// The template of `cap`, made if this is its first use or it went
+    /// missing (slot 0 holds the results cap's, slot 1 the packages cap's
+    /// when it differs).
+    async fn template(&self, cap: Cap) -> Result<PathBuf, DiskError> {
+        let mut slot = self.templates[usize::from(cap != self.results)].lock().await;
+        match &*slot {
+            Some(made) if made.is_file() => Ok(made.clone()),
+            _ => Ok(slot.insert(make_template(&self.root, cap).await?).clone()),
+        }
+    }
+
+    /// A new empty image of `cap` at `image`, copied from the cap's template.
     async fn fresh_image(&self, image: &Path, cap: Cap) -> Result<(), DiskError> {
-        let template = {
-            let mut slot = self.templates[usize::from(cap != self.results)].lock().await;
-            match &*slot {
-                Some(made) if made.is_file() => made.clone(),
-                _ => slot.insert(make_template(&self.root, cap).await?).clone(),
-            }
-        };
+        let template = self.template(cap).await?;
         let target = image.to_path_buf();
         tokio::task::spawn_blocking(move || super::sparse::copy(&template, &target))
             .await
@@ -183,25 +187,18 @@ impl Disks {
 
     /// Checks at start that images can be made and mounted here, so that a
     /// server that cannot enforce its quotas says so instead of running
-    /// without them.
+    /// without them: making each cap's template (an image made, mounted
+    /// and unmounted) is the check.
     pub async fn check(&self) -> Result<(), DiskError> {
-        if !self.enabled() {
-            return Ok(());
+        for cap in [self.results, self.packages] {
+            if cap.mb > 0 {
+                self.template(cap).await.map_err(|e| DiskError::Tool {
+                    what: "disk quotas need root and mkfs.ext4 (e2fsprogs); set sandbox.results_mb = 0 and sandbox.packages_mb = 0 to run without them".into(),
+                    detail: e.to_string(),
+                })?;
+            }
         }
-        let probe = self.root.join(format!("probe-{}", Uuid::new_v4().simple()));
-        let (image, mount) = (probe.join("probe.img"), probe.join("mnt"));
-        let made = async {
-            std::fs::create_dir_all(&mount).map_err(io(&mount))?;
-            make_image(&image, Cap { mb: 16, inodes: 256 }).await?;
-            mount_image(&image, &mount).await
-        }
-        .await;
-        let _ = unmount(&mount).await;
-        let _ = std::fs::remove_dir_all(&probe);
-        made.map_err(|e| DiskError::Tool {
-            what: "disk quotas need root and mkfs.ext4 (e2fsprogs); set sandbox.results_mb = 0 and sandbox.packages_mb = 0 to run without them".into(),
-            detail: e.to_string(),
-        })
+        Ok(())
     }
 
     /// Makes and mounts the capped file systems of a new sandbox; its

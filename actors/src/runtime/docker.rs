@@ -187,6 +187,8 @@ impl DockerRuntime {
             ..Default::default()
         };
         let ran = async {
+            // One of a start that was killed would hold the name.
+            let _ = self.remove(&name, None).await;
             let options = CreateContainerOptionsBuilder::default().name(&name).build();
             let id = self.docker.create_container(Some(options), body).await?.id;
             self.docker.start_container(&id, None).await?;
