@@ -488,7 +488,7 @@ async fn sandbox_containers(server_id: &str) -> Vec<String> {
 /// SIGKILLs the sandbox's agent, or its Python worker, from inside.
 async fn kill_inside(container: &str, worker: bool) {
     let code = format!(
-        "import os, signal\nfor p in os.listdir('/proc'):\n    if not p.isdigit() or int(p) == os.getpid():\n        continue\n    try:\n        argv = open(f'/proc/{{p}}/cmdline', 'rb').read().split(bytes(1))\n    except OSError:\n        continue\n    if b'/opt/mcp-agent/agent.py' in argv and ((b'--worker' in argv) == {}):\n        os.kill(int(p), signal.SIGKILL)",
+        "import os, signal\nfor p in os.listdir('/proc'):\n    if not p.isdigit() or int(p) == os.getpid():\n        continue\n    try:\n        argv = open(f'/proc/{{p}}/cmdline', 'rb').read().split(bytes(1))\n    except OSError:\n        continue\n    if any(a.startswith(b'/opt/mcp-agent/agent.py') for a in argv) and ((b'--worker' in argv) == {}):\n        os.kill(int(p), signal.SIGKILL)",
         if worker { "True" } else { "False" }
     );
     docker(&["exec", container, "/usr/bin/python3", "-c", &code]).await;

@@ -76,6 +76,10 @@ MAX_REASON = 200
 # distributions are listed) are for the protocol tests on the host.
 VENV = "/app/.venv"
 WORKER_PYTHON = os.environ.get("MCP_AGENT_WORKER_PYTHON") or os.path.join(VENV, "bin", "python")
+# The agent's source, beside the bytecode the image starts the agent from:
+# the worker runs the source, which the venv's interpreter compiles whatever
+# its version.
+AGENT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
@@ -484,7 +488,7 @@ class Worker:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         self.proc = subprocess.Popen(
-            [WORKER_PYTHON, "-u", os.path.abspath(__file__), "--worker", str(rep_w), str(req_r)],
+            [WORKER_PYTHON, "-u", AGENT_SOURCE, "--worker", str(rep_w), str(req_r)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -1311,7 +1315,7 @@ def start_egress_relay():
     its own so that ending a run's processes never ends it. The agent serves
     only once the relay listens, so a sandbox's first run finds it there."""
     if os.environ.get("MCP_EGRESS_SOCKET"):
-        relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "egress_relay.py")
+        relay = os.path.join(os.path.dirname(AGENT_SOURCE), "egress_relay.py")
         proc = subprocess.Popen(
             [sys.executable, "-I", relay], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
         )

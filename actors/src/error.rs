@@ -39,6 +39,9 @@ pub enum SandboxError {
     /// A sandbox's capped file systems could not be made or mounted.
     #[error("sandbox disk: {0}")]
     Disk(#[from] DiskError),
+    /// An `open` sandbox could not be joined to the server's network.
+    #[error("sandbox network: {0}. Try again; if it persists, the server operator must check the server's log.")]
+    Network(#[from] crate::runtime::bridge::AttachError),
     #[error("record store: {0}")]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -63,6 +66,7 @@ impl SandboxError {
             SandboxError::Outdated { .. } => "outdated",
             SandboxError::Image(_) => "image",
             SandboxError::Disk(_) => "disk",
+            SandboxError::Network(_) => "network",
             SandboxError::Store(_) => "store",
             SandboxError::Snapshot(SnapshotError::NotFound(_)) => "not_found",
             SandboxError::Snapshot(_) => "snapshot",

@@ -221,7 +221,9 @@ impl OlderImage {
         let dockerfile = format!(
             "FROM {current}\nUSER root\n\
              RUN sed -i 's/elif op == \"reset\":/elif op == \"no-reset-here\":/' /opt/mcp-agent/agent.py \
-             && grep -q no-reset-here /opt/mcp-agent/agent.py\nUSER 1000:1000\n"
+             && grep -q no-reset-here /opt/mcp-agent/agent.py \
+             && python3 -c 'import py_compile as c; c.compile(\"/opt/mcp-agent/agent.py\", \"/opt/mcp-agent/agent.pyc\", doraise=True)'\n\
+             USER 1000:1000\n"
         );
         let mut child = std::process::Command::new("docker")
             .args(["build", "-q", "-t", &name, "-"])

@@ -30,7 +30,7 @@ fn freeze_agent() -> Work {
         "        argv = open(f'/proc/{p}/cmdline', 'rb').read().split(bytes(1))",
         "    except OSError:",
         "        continue",
-        "    if b'/opt/mcp-agent/agent.py' in argv and b'--worker' not in argv:",
+        "    if any(a.startswith(b'/opt/mcp-agent/agent.py') for a in argv) and b'--worker' not in argv:",
         "        os.kill(int(p), signal.SIGSTOP)",
     ]
     .join("\n");
@@ -161,7 +161,7 @@ async fn an_interpreter_planted_in_the_venv_never_becomes_the_agent() {
             id,
             "import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n    \
              argv = open(f'/proc/{p}/cmdline', 'rb').read().split(bytes(1))\n    \
-             if b'/opt/mcp-agent/agent.py' in argv and b'--worker' not in argv:\n        \
+             if any(a.startswith(b'/opt/mcp-agent/agent.py') for a in argv) and b'--worker' not in argv:\n        \
              print(os.path.realpath(f'/proc/{p}/exe'), argv[0].decode())",
         )
         .await

@@ -75,7 +75,9 @@ impl IntoResponse for ApiError {
             }
             SandboxError::Outdated { .. } => StatusCode::CONFLICT,
             SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
-            SandboxError::Docker(_) | SandboxError::Image(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SandboxError::Docker(_) | SandboxError::Image(_) | SandboxError::Network(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
             SandboxError::Ended { .. } => StatusCode::GONE,
             SandboxError::Snapshot(e) => match e {

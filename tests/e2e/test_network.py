@@ -44,7 +44,9 @@ open("s.txt", "w").write("secret of B")
 subprocess.Popen(["setsid", "python3", "-m", "http.server", "8000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 subprocess.Popen(["setsid", "python3", "-c", "import socket\\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\\ns.bind(('0.0.0.0', 9999))\\nwhile True:\\n    d, a = s.recvfrom(64)\\n    s.sendto(d, a)"])
 time.sleep(1.5)
-print(socket.gethostbyname(socket.gethostname()))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("192.0.2.1", 9))
+print(s.getsockname()[0])
 """
 
 FETCH = """

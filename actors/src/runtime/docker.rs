@@ -1,12 +1,13 @@
 //! [`ContainerRuntime`] on the Docker Engine API (bollard).
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, VolumeCreateRequest,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, IpamConfig, NetworkCreateRequest, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
@@ -17,6 +18,7 @@ use bollard::Docker;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
+use super::bridge::{self, Bridge, Holder};
 use super::{
     ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, EGRESS_SOCKET_NAME,
     SANDBOX_UID,
@@ -34,21 +36,27 @@ const VENV_IN_CONTAINER: &str = "/app/.venv";
 const EGRESS_IN_CONTAINER: &str = "/run/mcp-egress";
 /// The address the in-sandbox relay listens on.
 const EGRESS_RELAY: &str = "127.0.0.1:3128";
-/// The `/etc/hosts` of sandboxes without a network (see
+/// The `/etc/hosts` of sandboxes the engine does not network (see
 /// [`DockerRuntime::sandbox_body`]): the engine writes one only for
 /// containers it gives a network, and an image's own is hidden under the
 /// engine's empty placeholder, so without it `localhost` (which the proxy
-/// variables exempt) would not resolve.
-const LOOPBACK_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
-/// Writes [`LOOPBACK_HOSTS`] to `path`, readable by the sandbox user
-/// whatever the server's umask, beside it and then renamed into place: a
-/// running sandbox keeps the file it mounted, never a half-written one.
-fn write_hosts(path: &Path) -> std::io::Result<()> {
+/// variables exempt) would not resolve. Their host name is
+/// [`SANDBOX_HOSTNAME`], resolving to a loopback address as on a Debian
+/// host, since programs (servers binding to it, say) expect their own name
+/// to resolve.
+const LOOPBACK_HOSTS: &str = "127.0.0.1\tlocalhost\n127.0.1.1\tsandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+const SANDBOX_HOSTNAME: &str = "sandbox";
+/// Writes a file that sandboxes mount read-only (`/etc/hosts`,
+/// `/etc/resolv.conf`), readable by the sandbox user whatever the server's
+/// umask, beside it and then renamed into place: a running sandbox keeps
+/// the file it mounted, never a half-written one.
+fn write_mounted(path: &Path, text: &str) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let part = path.with_extension("part");
-    std::fs::write(&part, LOOPBACK_HOSTS)?;
-    std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o644))?;
-    std::fs::rename(&part, path)
+    std::fs::write(&part, text)
+        .and_then(|()| std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o644)))
+        .and_then(|()| std::fs::rename(&part, path))
+        .map_err(|e| SandboxError::Internal(format!("writing {}: {e}", path.display())))
 }
 
 /// How long `sandbox.runtime = "auto"` waits for its trial container.
@@ -69,6 +77,12 @@ pub struct DockerRuntime {
     agents: PathBuf,
     /// [`LOOPBACK_HOSTS`], in the state folder, mounted read-only.
     loopback_hosts: PathBuf,
+    /// Where [`Self::isolate_network`] could set it up: the server joins
+    /// `open` sandboxes to its network itself (see [`bridge`]); without it
+    /// the engine does.
+    bridge: Option<Bridge>,
+    /// The `resolv.conf` of sandboxes the server joins to its network.
+    resolv_conf: PathBuf,
 }
 
 impl DockerRuntime {
@@ -82,8 +96,7 @@ impl DockerRuntime {
         let config = settings.sandbox.clone();
         let image = super::image::tag(&config);
         let loopback_hosts = settings.state_dir.join("hosts");
-        write_hosts(&loopback_hosts)
-            .map_err(|e| SandboxError::Internal(format!("writing {}: {e}", loopback_hosts.display())))?;
+        write_mounted(&loopback_hosts, LOOPBACK_HOSTS)?;
         Ok(Self {
             docker,
             server_id: server_id.to_string(),
@@ -92,6 +105,8 @@ impl DockerRuntime {
             network: None,
             agents: settings.agents_dir(),
             loopback_hosts,
+            bridge: None,
+            resolv_conf: settings.state_dir.join("resolv.conf"),
         })
     }
 
@@ -104,24 +119,29 @@ impl DockerRuntime {
     pub async fn isolate_network(&mut self) -> Result<Option<ipnet::IpNet>> {
         let name = format!("mcp-sandbox-{}", self.server_id);
         if self.docker.inspect_network(&name, None).await.is_err() {
-            let request = NetworkCreateRequest {
-                name: name.clone(),
-                driver: Some("bridge".into()),
-                labels: Some(labels::for_server(&self.server_id)),
-                options: Some(HashMap::from([(
-                    "com.docker.network.bridge.enable_icc".to_string(),
-                    "false".to_string(),
-                )])),
-                ..Default::default()
-            };
-            self.docker.create_network(request).await?;
+            self.create_network(&name).await?;
         }
         let inspect = self.docker.inspect_network(&name, None).await?;
-        let subnet = inspect
+        let ipam = inspect
             .ipam
-            .and_then(|i| i.config)
-            .and_then(|c| c.into_iter().find_map(|c| c.subnet));
+            .as_ref()
+            .and_then(|i| i.config.as_ref())
+            .and_then(|c| c.iter().find(|c| c.subnet.is_some()))
+            .cloned()
+            .unwrap_or_default();
+        let subnet = ipam.subnet.clone();
         self.network = Some(name.clone());
+        self.bridge = match self.own_bridge(&inspect, &ipam).await {
+            Ok(bridge) => {
+                tracing::info!(addresses = %bridge.range(), "open sandboxes are joined to the sandbox network by the server");
+                Some(bridge)
+            }
+            Err(why) => {
+                tracing::info!(%why, "open sandboxes are joined to the sandbox network by the engine");
+                None
+            }
+        };
+        self.rejoin_running().await;
         let Some(subnet) = subnet else {
             tracing::warn!(network = %name, "the sandbox network has no subnet; no firewall rules applied");
             return Ok(None);
@@ -148,6 +168,207 @@ impl DockerRuntime {
             }
         }
         Ok(subnet.parse().ok())
+    }
+
+    /// Makes the server's network: once with the subnet the engine picks,
+    /// then again with that subnet and the engine's addresses limited to its
+    /// lower half, so that the server hands out the upper half itself
+    /// ([`bridge`]). Where the second creation fails (another network took
+    /// the subnet in between), the engine's first choice is made again
+    /// without the split, and the engine joins sandboxes to it.
+    async fn create_network(&self, name: &str) -> Result<()> {
+        let request = |ipam: Option<Ipam>| NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".into()),
+            labels: Some(labels::for_server(&self.server_id)),
+            options: Some(HashMap::from([(
+                "com.docker.network.bridge.enable_icc".to_string(),
+                "false".to_string(),
+            )])),
+            ipam,
+            ..Default::default()
+        };
+        self.docker.create_network(request(None)).await?;
+        let picked = self.docker.inspect_network(name, None).await?;
+        let config = picked.ipam.and_then(|i| i.config).unwrap_or_default();
+        let split = config.iter().find_map(|c| {
+            let subnet: ipnet::Ipv4Net = c.subnet.as_ref()?.parse().ok()?;
+            let (engine, _) = bridge::halves(subnet)?;
+            Some(IpamConfig {
+                subnet: c.subnet.clone(),
+                gateway: c.gateway.clone(),
+                ip_range: Some(engine.to_string()),
+                ..Default::default()
+            })
+        });
+        let Some(split) = split else { return Ok(()) };
+        self.docker.remove_network(name).await?;
+        let ipam = Ipam {
+            config: Some(vec![split]),
+            ..Default::default()
+        };
+        if let Err(e) = self.docker.create_network(request(Some(ipam))).await {
+            tracing::warn!(error = %e, "could not make the sandbox network with the server's half of addresses");
+            self.docker.create_network(request(None)).await?;
+        }
+        Ok(())
+    }
+
+    /// The server's joining of `open` sandboxes to `network`, or why it
+    /// cannot: the network lacks the engine's half-range (made by an older
+    /// version, or by hand), sandboxes run under gVisor, the server is not root or lacks `ip` or
+    /// `nsenter`, or the host resolves names only through an address a
+    /// sandbox cannot reach (a local resolver such as 127.0.0.53).
+    async fn own_bridge(
+        &self,
+        network: &bollard::models::NetworkInspect,
+        ipam: &IpamConfig,
+    ) -> std::result::Result<Bridge, String> {
+        let subnet: ipnet::Ipv4Net = ipam
+            .subnet
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .ok_or("the network has no IPv4 subnet")?;
+        let (engine, range) = bridge::halves(subnet).ok_or("the network's subnet is too small to share")?;
+        if ipam.ip_range.as_deref() != Some(engine.to_string().as_str()) {
+            return Err("the network was made without the server's half of addresses (by an older version?)".into());
+        }
+        let gateway: Ipv4Addr = ipam
+            .gateway
+            .as_deref()
+            .and_then(|g| g.parse().ok())
+            .ok_or("the network has no IPv4 gateway")?;
+        if self.config.runtime == "runsc" {
+            // gVisor copies the namespace's interfaces into its own network
+            // stack once, when the container starts: one joined after
+            // would never be seen.
+            return Err("gVisor sees only the interfaces a container starts with".into());
+        }
+        if let Some(missing) = bridge::missing_tools() {
+            return Err(missing);
+        }
+        let host: Vec<IpAddr> = crate::egress_rules::host_networks()
+            .into_iter()
+            .filter(|n| n.prefix_len() == n.max_prefix_len())
+            .map(|n| n.addr())
+            .collect();
+        let servers = bridge::reachable_name_servers(&crate::egress_rules::name_servers(), &host);
+        if servers.is_empty() {
+            return Err("the host has no name server a sandbox on the bridge could reach".into());
+        }
+        let id = network.id.as_deref().unwrap_or_default();
+        let interface = network
+            .options
+            .as_ref()
+            .and_then(|o| o.get("com.docker.network.bridge.name").cloned())
+            .unwrap_or_else(|| format!("br-{}", id.get(..12).unwrap_or(id)));
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{interface}/mtu"))
+            .ok()
+            .and_then(|m| m.trim().parse().ok())
+            .ok_or_else(|| format!("the bridge interface {interface} is not on this host"))?;
+        let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        write_mounted(&self.resolv_conf, &bridge::resolv_conf(&host_resolv, &servers)).map_err(|e| e.to_string())?;
+        let taken = self.addresses_in_use().await.map_err(|e| e.to_string())?;
+        Ok(Bridge::new(interface, subnet, gateway, range, mtu, taken))
+    }
+
+    /// This server's containers: all of them, or the running ones.
+    async fn server_containers(&self, all: bool) -> Result<Vec<bollard::models::ContainerSummary>> {
+        let filters = labels::server_filter(&self.server_id);
+        let options = ListContainersOptionsBuilder::default()
+            .all(all)
+            .filters(&filters)
+            .build();
+        Ok(self.docker.list_containers(Some(options)).await?)
+    }
+
+    /// The addresses of this server's containers that exist, and their
+    /// holders, from their labels.
+    async fn addresses_in_use(&self) -> Result<Vec<(Ipv4Addr, Holder)>> {
+        Ok(self
+            .server_containers(true)
+            .await?
+            .iter()
+            .filter_map(|c| {
+                let labels = c.labels.as_ref()?;
+                let holder = Holder {
+                    sandbox: labelled_sandbox(Some(labels))?,
+                    container: c.id.clone(),
+                };
+                Some((labels.get(labels::ADDRESS)?.parse().ok()?, holder))
+            })
+            .collect())
+    }
+
+    /// Joins the running container `container_id` to the server's bridge
+    /// at `address`, or at the address its label names (a start or restart
+    /// of a container joined before); a container without one (proxied,
+    /// or joined by the engine) is left as it is.
+    async fn join_bridge(&self, container_id: &str, address: Option<Ipv4Addr>) -> Result<()> {
+        let inspect = self.docker.inspect_container(container_id, None).await?;
+        let labelled = inspect
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(labels::ADDRESS))
+            .and_then(|a| a.parse().ok());
+        let Some(address) = address.or(labelled) else {
+            return Ok(());
+        };
+        let Some(bridge) = &self.bridge else {
+            return Err(bridge::AttachError::Unavailable(
+                "this start of the server found it cannot (its log says why)".into(),
+            )
+            .into());
+        };
+        let pid = inspect.state.and_then(|s| s.pid).unwrap_or(0);
+        let full_id = inspect.id.unwrap_or_default();
+        let pid = u32::try_from(pid)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or(bridge::AttachError::NotRunning(0))?;
+        spans::engine("attach", bridge.attach(&full_id, pid, address)).await?;
+        Ok(())
+    }
+
+    /// Joins again the running containers the server joined before whose
+    /// port on the bridge is missing: a server killed between a start and
+    /// the join, or a container started behind the server's back. One that
+    /// cannot be joined is stopped, as in [`Self::rejoin`].
+    async fn rejoin_running(&self) {
+        let Some(bridge) = &self.bridge else { return };
+        let filters = labels::server_filter(&self.server_id);
+        let options = ListContainersOptionsBuilder::default().filters(&filters).build();
+        let Ok(running) = self.docker.list_containers(Some(options)).await else {
+            return;
+        };
+        for container in running {
+            let address = container
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::ADDRESS)?.parse().ok());
+            if let (Some(id), Some(address)) = (&container.id, address) {
+                if !bridge.has_port(address) {
+                    let _ = self.rejoin(id).await;
+                }
+            }
+        }
+    }
+
+    /// After a start or restart of `container_id`: joins it to the bridge
+    /// again if the server joined it before. A container that could not be
+    /// joined is stopped rather than left running without its network, so
+    /// that the sandbox's next call starts it again.
+    async fn rejoin(&self, container_id: &str) -> Result<()> {
+        let joined = self.join_bridge(container_id, None).await;
+        if let Err(e) = &joined {
+            tracing::warn!(container = container_id, error = %e, "a started container could not be joined to the sandbox network; stopping it");
+            let _ = self
+                .docker
+                .kill_container(container_id, None::<bollard::query_parameters::KillContainerOptions>)
+                .await;
+        }
+        joined
     }
 
     /// Replaces `sandbox.runtime = "auto"` with crun where the engine has
@@ -220,6 +441,63 @@ impl DockerRuntime {
         Ok(self.image.clone())
     }
 
+    /// [`ContainerRuntime::create`] once the sandbox's address (if the
+    /// server joins it to its network) is taken.
+    async fn make(
+        &self,
+        paths: &SandboxPaths,
+        volume: Option<&str>,
+        address: Option<Ipv4Addr>,
+    ) -> Result<ContainerRef> {
+        // A new sandbox's volume is made here and goes with a failed creation.
+        let (volume, own_volume) = match volume {
+            Some(v) => (v.to_string(), false),
+            None => (format!("mcp-sandbox-{}-venv", paths.id), true),
+        };
+        // Made here, labelled, when it does not exist: Docker would make a
+        // missing volume itself, without labels, and nothing would remove it.
+        match self.docker.inspect_volume(&volume).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {
+                self.docker
+                    .create_volume(VolumeCreateRequest {
+                        name: Some(volume.clone()),
+                        labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
+                        driver_opts: paths.packages.as_deref().map(bound_volume),
+                        ..Default::default()
+                    })
+                    .await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let name = Self::container_name(paths.id);
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        let made = async {
+            let body = self.sandbox_body(paths, &volume, address)?;
+            let created = spans::engine("create", self.docker.create_container(Some(options), body)).await?;
+            if let (Some(bridge), Some(address)) = (&self.bridge, address) {
+                bridge.made(address, &created.id);
+            }
+            spans::engine("start", self.docker.start_container(&created.id, None)).await?;
+            if address.is_some() {
+                self.join_bridge(&created.id, address).await?;
+            }
+            Ok::<_, SandboxError>(created.id)
+        };
+        match made.await {
+            Ok(container_id) => Ok(ContainerRef { container_id, volume }),
+            Err(e) => {
+                // By name: the engine may have made the container though
+                // its answer was lost. While the engine is down this fails
+                // too, and the stop's or the next start's sweep removes it
+                // (and the next start's count of addresses in use keeps
+                // its address meanwhile).
+                let _ = self.remove(&name, own_volume.then_some(volume.as_str())).await;
+                Err(e)
+            }
+        }
+    }
+
     fn container_name(id: Uuid) -> String {
         format!("mcp-sandbox-{id}")
     }
@@ -275,29 +553,48 @@ impl DockerRuntime {
             .ok_or_else(|| SandboxError::Internal("the server's sandbox network was not set up".into()))
     }
 
-    fn sandbox_body(&self, paths: &SandboxPaths, volume: &str) -> Result<ContainerCreateBody> {
+    /// `address`: where the server joins an `open` sandbox to its bridge
+    /// itself; an `open` sandbox without one joins through the engine.
+    fn sandbox_body(
+        &self,
+        paths: &SandboxPaths,
+        volume: &str,
+        address: Option<Ipv4Addr>,
+    ) -> Result<ContainerCreateBody> {
         let mut binds = vec![
             format!("{}:{RESULTS_IN_CONTAINER}:rw", paths.results.display()),
             format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
             format!("{volume}:{VENV_IN_CONTAINER}:rw"),
         ];
-        let Some(egress) = &paths.egress else {
+        if paths.egress.is_none() && address.is_none() {
             let network = self.server_network()?.to_string();
             return Ok(self.hardened(paths.id, binds, &network, &self.config.runtime));
-        };
-        // No interface but loopback: the agent's relay on 127.0.0.1 reaches
-        // the server's proxy through the mounted socket, and the usual proxy
-        // variables send pip, uv, requests and curl there.
-        binds.push(format!("{}:{EGRESS_IN_CONTAINER}:ro", egress.display()));
+        }
         binds.push(format!("{}:/etc/hosts:ro", self.loopback_hosts.display()));
+        if let Some(egress) = &paths.egress {
+            binds.push(format!("{}:{EGRESS_IN_CONTAINER}:ro", egress.display()));
+        } else {
+            binds.push(format!("{}:/etc/resolv.conf:ro", self.resolv_conf.display()));
+        }
         let mut body = self.hardened(paths.id, binds, "none", &self.config.runtime);
+        body.hostname = Some(SANDBOX_HOSTNAME.into());
         // Networking disabled, not only mode "none": the container still gets
         // a namespace of its own holding only loopback, but the engine skips
         // the hook through which it would join that namespace to its network
         // controller (a start of the engine's whole binary for every
         // container: about 0.13 CPU-seconds, near half the engine's cost of
-        // a create and start on a two-core host; docs/benchmarks.md).
+        // a create and start on a two-core host; docs/benchmarks.md). An
+        // `open` sandbox is then joined to the bridge by the server.
         body.network_disabled = Some(true);
+        if let Some(address) = address {
+            body.labels
+                .get_or_insert_with(HashMap::new)
+                .insert(labels::ADDRESS.to_string(), address.to_string());
+            return Ok(body);
+        }
+        // No interface but loopback: the agent's relay on 127.0.0.1 reaches
+        // the server's proxy through the mounted socket, and the usual proxy
+        // variables send pip, uv, requests and curl there.
         let env = body.env.get_or_insert_with(Vec::new);
         let proxy = format!("http://{EGRESS_RELAY}");
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
@@ -396,6 +693,19 @@ fn network_bytes(dir: &str) -> Option<u64> {
     )
 }
 
+/// Forgets the kernel's tracked flows of an address given back: a sandbox
+/// removed with connections open leaves them established in the host's
+/// table for days (their ends never closed on the host's side), where
+/// enough deleted sandboxes would fill it for the whole host.
+async fn forget_flows(address: Option<Ipv4Addr>) {
+    let Some(address) = address else { return };
+    match tokio::task::spawn_blocking(move || super::conntrack::forget(address)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
+        Err(e) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
+    }
+}
+
 /// Options of a local-driver volume that is a bind of `dir` (the capped file
 /// system of the packages); Docker still fills it from the image while empty.
 fn bound_volume(dir: &Path) -> HashMap<String, String> {
@@ -446,49 +756,21 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef> {
-        // A new sandbox's volume is made here and goes with a failed creation.
-        let (volume, own_volume) = match volume {
-            Some(v) => (v.to_string(), false),
-            None => (format!("mcp-sandbox-{}-venv", paths.id), true),
+        // Taken first: a range with no address left makes nothing.
+        let address = match (&paths.egress, &self.bridge) {
+            (None, Some(bridge)) => Some(bridge.take(paths.id)?),
+            _ => None,
         };
-        // Made here, labelled, when it does not exist: Docker would make a
-        // missing volume itself, without labels, and nothing would remove it.
-        match self.docker.inspect_volume(&volume).await {
-            Ok(_) => {}
-            Err(e) if is_not_found(&e) => {
-                self.docker
-                    .create_volume(VolumeCreateRequest {
-                        name: Some(volume.clone()),
-                        labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
-                        driver_opts: paths.packages.as_deref().map(bound_volume),
-                        ..Default::default()
-                    })
-                    .await?;
-            }
-            Err(e) => return Err(e.into()),
+        let made = self.make(paths, volume, address).await;
+        if let (Err(_), Some(bridge)) = (&made, &self.bridge) {
+            forget_flows(bridge.sandbox_gone(paths.id)).await;
         }
-        let name = Self::container_name(paths.id);
-        let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let body = self.sandbox_body(paths, &volume)?;
-        let made = async {
-            let created = spans::engine("create", self.docker.create_container(Some(options), body)).await?;
-            spans::engine("start", self.docker.start_container(&created.id, None)).await?;
-            Ok::<_, bollard::errors::Error>(created.id)
-        };
-        match made.await {
-            Ok(container_id) => Ok(ContainerRef { container_id, volume }),
-            Err(e) => {
-                // By name: the engine may have made the container though
-                // its answer was lost. While the engine is down this fails
-                // too, and the stop's or the next start's sweep removes it.
-                let _ = self.remove(&name, own_volume.then_some(volume.as_str())).await;
-                Err(e.into())
-            }
-        }
+        made
     }
 
     async fn start(&self, container_id: &str) -> Result<()> {
-        Ok(spans::engine("start", self.docker.start_container(container_id, None)).await?)
+        spans::engine("start", self.docker.start_container(container_id, None)).await?;
+        self.rejoin(container_id).await
     }
 
     async fn state(&self, container_id: &str) -> Result<ContainerState> {
@@ -528,17 +810,19 @@ impl ContainerRuntime for DockerRuntime {
             .as_ref()
             .and_then(|s| s.get("inactive_file").or_else(|| s.get("total_inactive_file")).copied())
             .unwrap_or(0);
-        let network_bytes = stats
-            .networks
-            .unwrap_or_default()
-            .values()
-            .map(|n| n.rx_bytes.unwrap_or(0) + n.tx_bytes.unwrap_or(0))
-            .sum::<u64>();
+        // None for a container the engine does not network (proxied, or
+        // joined to the bridge by the server): it has no counters of it.
+        let network_bytes = stats.networks.map(|networks| {
+            networks
+                .values()
+                .map(|n| n.rx_bytes.unwrap_or(0) + n.tx_bytes.unwrap_or(0))
+                .sum::<u64>()
+        });
         Ok(Usage {
             cpu_seconds: cpu_ns.unwrap_or(0) as f64 / 1e9,
             memory_bytes: memory.usage.unwrap_or(0).saturating_sub(cache),
             memory_limit_bytes: memory.limit.unwrap_or(0),
-            network_bytes: Some(network_bytes),
+            network_bytes,
         })
     }
 
@@ -552,7 +836,8 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn restart(&self, container_id: &str) -> Result<()> {
         let options = RestartContainerOptionsBuilder::default().t(0).build();
-        Ok(spans::engine("restart", self.docker.restart_container(container_id, Some(options))).await?)
+        spans::engine("restart", self.docker.restart_container(container_id, Some(options))).await?;
+        self.rejoin(container_id).await
     }
 
     async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()> {
@@ -561,6 +846,9 @@ impl ContainerRuntime for DockerRuntime {
             Ok(()) => {}
             Err(e) if is_not_found(&e) || is_being_removed(&e) => {}
             Err(e) => return Err(e.into()),
+        }
+        if let Some(bridge) = &self.bridge {
+            forget_flows(bridge.container_gone(container_id)).await;
         }
         if let Some(volume) = volume {
             self.remove_volume(volume).await?;
@@ -584,13 +872,9 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn list_containers(&self) -> Result<Vec<Labelled>> {
-        let filters = labels::server_filter(&self.server_id);
-        let options = ListContainersOptionsBuilder::default()
-            .all(true)
-            .filters(&filters)
-            .build();
-        let list = self.docker.list_containers(Some(options)).await?;
-        Ok(list
+        Ok(self
+            .server_containers(true)
+            .await?
             .into_iter()
             .filter_map(|c| {
                 let sandbox = labelled_sandbox(c.labels.as_ref());

@@ -2,6 +2,8 @@
 //! a trait so that unit tests of actor logic can replace it (`fake`, in this
 //! crate's tests and with the `test-runtime` feature).
 
+pub mod bridge;
+pub mod conntrack;
 pub mod disk;
 mod docker;
 #[cfg(any(test, feature = "test-runtime"))]
