@@ -283,7 +283,8 @@ async fn open_probe(h: &Harness, id: Uuid) -> std::net::Ipv4Addr {
 /// the index is reached; the sandbox can change neither its address nor
 /// send frames of its own. Two sandboxes get two addresses; a restarted
 /// container is joined again at its address, and so is a running one
-/// whose port was lost while the server was down; after a restart of the
+/// whose port was lost, or left off the bridge, while the server was down;
+/// after a restart of the
 /// server, a new sandbox does not get a live one's address.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_open_sandbox_is_joined_to_the_server_network_by_the_server() {
@@ -322,11 +323,20 @@ async fn an_open_sandbox_is_joined_to_the_server_network_by_the_server() {
         .status()
         .unwrap();
     assert!(deleted.success(), "the port {port} of {first}");
+    // A pair made whose host end never reached the bridge (the server
+    // stopped between the two): the next start joins that end.
+    let port = format!("mcps{:08x}", u32::from(second));
+    let detached = std::process::Command::new("ip")
+        .args(["link", "set", &port, "nomaster", "down"])
+        .status()
+        .unwrap();
+    assert!(detached.success(), "the port {port} of {second}");
     h.restart().await;
     let c = create(&h, OWNER, EgressPolicy::Open).await;
     let third = open_probe(&h, c).await;
     assert!(server_half(third) && third != first && third != second, "{third}");
     assert_eq!(open_probe(&h, a).await, first);
+    assert_eq!(open_probe(&h, b).await, second);
 }
 
 /// Fetches `url` with urllib (proxy variables as set for the sandbox).

@@ -32,6 +32,9 @@ use uuid::Uuid;
 
 /// How long one `ip` or `nsenter` may take.
 const STEP_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the port of a container's earlier run may take to go with its
+/// namespace, which the kernel destroys in the background.
+const STALE_PORT_WAIT: Duration = Duration::from_secs(3);
 
 /// Why an `open` sandbox could not be joined to the bridge.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +43,8 @@ pub enum AttachError {
     Exhausted(Ipv4Net),
     #[error("the container's first process {0} is gone or is not the container's (it stopped)")]
     NotRunning(u32),
+    #[error("the address {0} is another sandbox's")]
+    InUse(Ipv4Addr),
     #[error("the container's address {0} is not one the server hands out on its network ({1})")]
     Foreign(Ipv4Addr, Ipv4Net),
     #[error("the container was joined to the sandbox network by the server before, which it cannot now: {0}")]
@@ -208,36 +213,54 @@ impl Bridge {
         Err(AttachError::Exhausted(self.range))
     }
 
-    /// Records the container made for the sandbox holding `address`.
-    pub fn made(&self, address: Ipv4Addr, container: &str) {
-        if let Some(holder) = self.addresses().held.get_mut(&address) {
-            holder.container = Some(container.to_string());
+    /// Records the container made for `sandbox` at `address`. Refused when
+    /// the address went to another sandbox meanwhile (the sandbox's old
+    /// container was removed while this one was being made, and the
+    /// address handed out again): the container must not be joined then.
+    pub fn made(&self, address: Ipv4Addr, sandbox: Uuid, container: &str) -> Result<(), AttachError> {
+        let mut a = self.addresses();
+        match a.held.get(&address) {
+            Some(holder) if holder.sandbox != sandbox => Err(AttachError::InUse(address)),
+            _ => {
+                let holder = Holder {
+                    sandbox,
+                    container: Some(container.to_string()),
+                };
+                a.held.insert(address, holder);
+                Ok(())
+            }
         }
     }
 
-    /// Gives back the address of a container that is gone, and returns it.
-    /// Only its own: an address given back twice never frees another
-    /// holder's.
-    pub fn container_gone(&self, container: &str) -> Option<Ipv4Addr> {
-        self.release(|h| h.container.as_deref() == Some(container))
+    /// The address held for the container `container`, and its sandbox.
+    pub fn address_of_container(&self, container: &str) -> Option<(Ipv4Addr, Uuid)> {
+        self.addresses()
+            .held
+            .iter()
+            .find(|(_, h)| h.container.as_deref() == Some(container))
+            .map(|(address, h)| (*address, h.sandbox))
     }
 
-    /// Gives back the address `sandbox` took for a container that was
-    /// never made, or is gone, and returns it.
-    pub fn sandbox_gone(&self, sandbox: Uuid) -> Option<Ipv4Addr> {
-        self.release(|h| h.sandbox == sandbox)
-    }
-
-    fn release(&self, whose: impl Fn(&Holder) -> bool) -> Option<Ipv4Addr> {
+    /// Gives back `address` if `sandbox` still holds it. Only its own: an
+    /// address given back twice never frees another holder's.
+    pub fn give_back(&self, address: Ipv4Addr, sandbox: Uuid) {
         let mut a = self.addresses();
-        let address = a.held.iter().find(|(_, h)| whose(h)).map(|(address, _)| *address)?;
-        a.held.remove(&address);
-        Some(address)
+        if a.held.get(&address).is_some_and(|h| h.sandbox == sandbox) {
+            a.held.remove(&address);
+        }
     }
 
-    /// Whether the host end of `address`'s pair is on this host.
+    /// Whether the host end of `address`'s pair is a port of the bridge
+    /// and up: a server stopped between making the pair and joining its
+    /// host end to the bridge leaves it neither.
     pub fn has_port(&self, address: Ipv4Addr) -> bool {
-        Path::new("/sys/class/net").join(Self::host_end(address)).exists()
+        let port = Path::new("/sys/class/net").join(Self::host_end(address));
+        let master = std::fs::read_link(port.join("master")).ok();
+        let up = std::fs::read_to_string(port.join("flags"))
+            .ok()
+            .and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok())
+            .is_some_and(|f| f & libc::IFF_UP as u32 != 0);
+        up && master.is_some_and(|m| m.file_name().is_some_and(|n| n == self.interface.as_str()))
     }
 
     /// The host end of the veth pair of `address`: unique on the host, as
@@ -267,15 +290,29 @@ impl Bridge {
         if container_id.len() < 12 || !cgroups.contains(container_id) || same_file(&namespace, &own) {
             return Err(AttachError::NotRunning(pid));
         }
+        let host = Self::host_end(address);
         let interfaces = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
         if interfaces.lines().any(|l| l.trim_start().starts_with("eth0:")) {
-            return Ok(());
+            // Joined already (the engine answers a start of a running
+            // container as done), or the server stopped before the pair's
+            // host end was on the bridge: that end is joined again.
+            if !Path::new("/sys/class/net").join(&host).exists() {
+                return Err(AttachError::Refused {
+                    command: "joining the container".into(),
+                    stderr: format!("it has an eth0 whose other end {host} is not on this host"),
+                });
+            }
+            return self.join_port(&host).await;
         }
-        let host = Self::host_end(address);
-        if Path::new("/sys/class/net").join(&host).exists() {
-            // The port of an earlier run of the container, whose namespace
-            // the kernel has not finished destroying.
-            let _ = run(&["ip", "link", "del", &host], None).await;
+        // The port of an earlier run of the container, whose namespace the
+        // kernel is still destroying, goes with it; one that stays is
+        // another container's, and is never taken from it.
+        let deadline = std::time::Instant::now() + STALE_PORT_WAIT;
+        while Path::new("/sys/class/net").join(&host).exists() {
+            if std::time::Instant::now() > deadline {
+                return Err(AttachError::InUse(address));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Flows its last holder left in the kernel's table would count
         // against this holder's bounds (the firewall counts connections per
@@ -317,9 +354,14 @@ impl Bridge {
                 source,
             })?;
         }
-        // An isolated port reaches the bridge (the gateway) but no other
-        // isolated port: sandboxes stay apart at the link layer too,
-        // broadcast and multicast included, whatever the firewall sees.
+        self.join_port(host).await
+    }
+
+    /// Makes `host` an isolated port of the bridge, up. An isolated port
+    /// reaches the bridge (the gateway) but no other isolated port:
+    /// sandboxes stay apart at the link layer too, broadcast and multicast
+    /// included, whatever the firewall sees.
+    async fn join_port(&self, host: &str) -> Result<(), AttachError> {
         let port = format!(
             "link set {host} master {bridge}\nlink set {host} type bridge_slave isolated on\nlink set {host} up\n",
             bridge = self.interface
@@ -417,16 +459,21 @@ mod tests {
         assert!(matches!(b.take(Uuid::new_v4()), Err(AttachError::Exhausted(_))));
         // A sandbox whose container is made again keeps its address.
         assert_eq!(b.take(sandboxes[3]).unwrap(), taken[3]);
-        b.made(taken[1], "c1");
-        b.container_gone("c1");
+        b.made(taken[1], sandboxes[1], "c1").unwrap();
+        assert_eq!(b.address_of_container("c1"), Some((taken[1], sandboxes[1])));
+        b.give_back(taken[1], sandboxes[1]);
         let next = Uuid::new_v4();
         assert_eq!(b.take(next).unwrap(), ip("172.18.0.9"));
         // Given back twice: the second time frees nothing of the new holder's.
-        b.container_gone("c1");
-        b.sandbox_gone(sandboxes[1]);
+        b.give_back(taken[1], sandboxes[1]);
         assert!(matches!(b.take(Uuid::new_v4()), Err(AttachError::Exhausted(_))));
-        b.sandbox_gone(sandboxes[2]);
-        b.sandbox_gone(sandboxes[0]);
+        // A container made at an address that went to another sandbox meanwhile.
+        assert!(matches!(
+            b.made(taken[1], sandboxes[1], "c2"),
+            Err(AttachError::InUse(_))
+        ));
+        b.give_back(taken[2], sandboxes[2]);
+        b.give_back(taken[0], sandboxes[0]);
         // The search goes on after the address last handed out (.9), so .10
         // comes before .8.
         assert_eq!(b.take(Uuid::new_v4()).unwrap(), ip("172.18.0.10"));

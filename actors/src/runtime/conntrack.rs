@@ -66,11 +66,13 @@ pub fn forget(address: Ipv4Addr) -> io::Result<usize> {
 fn matching(payload: &[u8], address: Ipv4Addr) -> Option<Vec<u8>> {
     let mut named = Vec::new();
     let mut hit = false;
+    let mut original = false;
     for (kind, whole, value) in attributes(payload.get(NFGENMSG..)?) {
         match kind {
             CTA_TUPLE_ORIG | CTA_TUPLE_REPLY => {
                 hit |= tuple_has(value, address);
                 if kind == CTA_TUPLE_ORIG {
+                    original = true;
                     named.extend_from_slice(whole);
                 }
             }
@@ -78,7 +80,9 @@ fn matching(payload: &[u8], address: Ipv4Addr) -> Option<Vec<u8>> {
             _ => {}
         }
     }
-    hit.then_some(named)
+    // Never without the original tuple: a deletion naming no tuple is the
+    // kernel's flush of the whole table.
+    (hit && original).then_some(named)
 }
 
 fn tuple_has(tuple: &[u8], address: Ipv4Addr) -> bool {
@@ -171,6 +175,8 @@ impl Netlink {
             let n = self.receive(&mut buffer)?;
             for (kind, payload) in messages(&buffer[..n]) {
                 match kind {
+                    // A dump cut short ends with its error here.
+                    NLMSG_DONE if payload.len() >= 4 => return error_of(payload),
                     NLMSG_DONE => return Ok(()),
                     NLMSG_ERROR => error_of(payload)?,
                     _ => each(payload),
@@ -189,20 +195,29 @@ impl Netlink {
         }
     }
 
+    /// One read within [`READ_DEADLINE`]; a read a signal interrupts (a
+    /// socket with a receive timeout is never restarted) is tried again
+    /// until then.
     fn receive(&self, buffer: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: `buffer` is valid for writes of its length.
-        let n = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buffer.as_mut_ptr() as *mut libc::c_void,
-                buffer.len(),
-                0,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
+        let deadline = std::time::Instant::now() + READ_DEADLINE;
+        loop {
+            // SAFETY: `buffer` is valid for writes of its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buffer.as_mut_ptr() as *mut libc::c_void,
+                    buffer.len(),
+                    0,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted || std::time::Instant::now() > deadline {
+                return Err(e);
+            }
         }
-        Ok(n as usize)
     }
 }
 
@@ -277,5 +292,13 @@ mod tests {
         assert_eq!(matching(&payload, Ipv4Addr::new(172, 18, 128, 6)), None);
         // Malformed input ends the walk, it does not panic.
         assert_eq!(matching(&payload[..9], Ipv4Addr::new(172, 18, 128, 5)), None);
+        // An entry that shows no original tuple is never named: a deletion
+        // without one would flush the whole table.
+        let reply_only = [
+            vec![2, 0, 0, 0],
+            tuple(CTA_TUPLE_REPLY, [172, 18, 128, 5], [1, 1, 1, 1]),
+        ]
+        .concat();
+        assert_eq!(matching(&reply_only, Ipv4Addr::new(172, 18, 128, 5)), None);
     }
 }

@@ -117,6 +117,15 @@ impl DockerRuntime {
     /// [`super::firewall`]). Without rules (no iptables, not root)
     /// sandboxes still run; the warning says what is lost. Returns the subnet.
     pub async fn isolate_network(&mut self) -> Result<Option<ipnet::IpNet>> {
+        let subnet = self.make_network().await?;
+        // Once the firewall rules are in.
+        self.rejoin_running().await;
+        Ok(subnet)
+    }
+
+    /// [`Self::isolate_network`] but for the joining again of running
+    /// containers.
+    async fn make_network(&mut self) -> Result<Option<ipnet::IpNet>> {
         let name = format!("mcp-sandbox-{}", self.server_id);
         if self.docker.inspect_network(&name, None).await.is_err() {
             self.create_network(&name).await?;
@@ -141,7 +150,6 @@ impl DockerRuntime {
                 None
             }
         };
-        self.rejoin_running().await;
         let Some(subnet) = subnet else {
             tracing::warn!(network = %name, "the sandbox network has no subnet; no firewall rules applied");
             return Ok(None);
@@ -266,6 +274,13 @@ impl DockerRuntime {
             .ok()
             .and_then(|m| m.trim().parse().ok())
             .ok_or_else(|| format!("the bridge interface {interface} is not on this host"))?;
+        // The kernel's tracked flows are forgotten through netlink, which a
+        // host without conntrack's netlink module does not offer.
+        let unused = range.broadcast();
+        tokio::task::spawn_blocking(move || super::conntrack::forget(unused))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
         let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
         write_mounted(&self.resolv_conf, &bridge::resolv_conf(&host_resolv, &servers)).map_err(|e| e.to_string())?;
         let taken = self.addresses_in_use().await.map_err(|e| e.to_string())?;
@@ -441,6 +456,34 @@ impl DockerRuntime {
         Ok(self.image.clone())
     }
 
+    async fn ensure_volume(&self, paths: &SandboxPaths, volume: &str) -> Result<()> {
+        match self.docker.inspect_volume(volume).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => {
+                self.docker
+                    .create_volume(VolumeCreateRequest {
+                        name: Some(volume.to_string()),
+                        labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
+                        driver_opts: paths.packages.as_deref().map(bound_volume),
+                        ..Default::default()
+                    })
+                    .await?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Gives back `address`, held for `sandbox` by a container that is gone
+    /// or was never made, once the kernel's tracked flows of it are
+    /// forgotten (so that none reaches its next holder).
+    async fn give_back(&self, address: Ipv4Addr, sandbox: Uuid) {
+        if let Some(bridge) = &self.bridge {
+            forget_flows(address).await;
+            bridge.give_back(address, sandbox);
+        }
+    }
+
     /// [`ContainerRuntime::create`] once the sandbox's address (if the
     /// server joins it to its network) is taken.
     async fn make(
@@ -456,19 +499,11 @@ impl DockerRuntime {
         };
         // Made here, labelled, when it does not exist: Docker would make a
         // missing volume itself, without labels, and nothing would remove it.
-        match self.docker.inspect_volume(&volume).await {
-            Ok(_) => {}
-            Err(e) if is_not_found(&e) => {
-                self.docker
-                    .create_volume(VolumeCreateRequest {
-                        name: Some(volume.clone()),
-                        labels: Some(labels::for_sandbox(&self.server_id, paths.id)),
-                        driver_opts: paths.packages.as_deref().map(bound_volume),
-                        ..Default::default()
-                    })
-                    .await?;
+        if let Err(e) = self.ensure_volume(paths, &volume).await {
+            if let Some(address) = address {
+                self.give_back(address, paths.id).await;
             }
-            Err(e) => return Err(e.into()),
+            return Err(e);
         }
         let name = Self::container_name(paths.id);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
@@ -476,7 +511,7 @@ impl DockerRuntime {
             let body = self.sandbox_body(paths, &volume, address)?;
             let created = spans::engine("create", self.docker.create_container(Some(options), body)).await?;
             if let (Some(bridge), Some(address)) = (&self.bridge, address) {
-                bridge.made(address, &created.id);
+                bridge.made(address, paths.id, &created.id)?;
             }
             spans::engine("start", self.docker.start_container(&created.id, None)).await?;
             if address.is_some() {
@@ -489,10 +524,12 @@ impl DockerRuntime {
             Err(e) => {
                 // By name: the engine may have made the container though
                 // its answer was lost. While the engine is down this fails
-                // too, and the stop's or the next start's sweep removes it
-                // (and the next start's count of addresses in use keeps
-                // its address meanwhile).
-                let _ = self.remove(&name, own_volume.then_some(volume.as_str())).await;
+                // too, and the stop's or the next start's sweep removes it;
+                // its address is given back only once it is gone.
+                let removed = self.remove(&name, own_volume.then_some(volume.as_str())).await;
+                if let (Ok(()), Some(address)) = (removed, address) {
+                    self.give_back(address, paths.id).await;
+                }
                 Err(e)
             }
         }
@@ -697,8 +734,7 @@ fn network_bytes(dir: &str) -> Option<u64> {
 /// removed with connections open leaves them established in the host's
 /// table for days (their ends never closed on the host's side), where
 /// enough deleted sandboxes would fill it for the whole host.
-async fn forget_flows(address: Option<Ipv4Addr>) {
-    let Some(address) = address else { return };
+async fn forget_flows(address: Ipv4Addr) {
     match tokio::task::spawn_blocking(move || super::conntrack::forget(address)).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
@@ -761,11 +797,7 @@ impl ContainerRuntime for DockerRuntime {
             (None, Some(bridge)) => Some(bridge.take(paths.id)?),
             _ => None,
         };
-        let made = self.make(paths, volume, address).await;
-        if let (Err(_), Some(bridge)) = (&made, &self.bridge) {
-            forget_flows(bridge.sandbox_gone(paths.id)).await;
-        }
-        made
+        self.make(paths, volume, address).await
     }
 
     async fn start(&self, container_id: &str) -> Result<()> {
@@ -847,8 +879,8 @@ impl ContainerRuntime for DockerRuntime {
             Err(e) if is_not_found(&e) || is_being_removed(&e) => {}
             Err(e) => return Err(e.into()),
         }
-        if let Some(bridge) = &self.bridge {
-            forget_flows(bridge.container_gone(container_id)).await;
+        if let Some((address, sandbox)) = self.bridge.as_ref().and_then(|b| b.address_of_container(container_id)) {
+            self.give_back(address, sandbox).await;
         }
         if let Some(volume) = volume {
             self.remove_volume(volume).await?;
