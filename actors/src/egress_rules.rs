@@ -208,14 +208,32 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     }
 }
 
-/// The name servers of the host's resolver configuration.
-pub fn name_servers() -> Vec<IpAddr> {
-    std::fs::read_to_string("/etc/resolv.conf")
-        .unwrap_or_default()
+/// The host's resolver configuration that names its real name servers:
+/// `/etc/resolv.conf`, or where that names only a local stub (systemd-resolved's
+/// 127.0.0.53), the stub's own list of upstream servers, as the engine
+/// reads it for its containers.
+pub fn resolver_config() -> String {
+    let main = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let servers = servers_of(&main);
+    if !servers.is_empty() && servers.iter().all(IpAddr::is_loopback) {
+        if let Ok(upstream) = std::fs::read_to_string("/run/systemd/resolve/resolv.conf") {
+            return upstream;
+        }
+    }
+    main
+}
+
+fn servers_of(config: &str) -> Vec<IpAddr> {
+    config
         .lines()
         .filter_map(|l| l.trim().strip_prefix("nameserver"))
         .filter_map(|v| v.trim().parse().ok())
         .collect()
+}
+
+/// The name servers of the host's resolver configuration ([`resolver_config`]).
+pub fn name_servers() -> Vec<IpAddr> {
+    servers_of(&resolver_config())
 }
 
 #[cfg(test)]

@@ -316,19 +316,28 @@ impl Bridge {
         }
         // Flows its last holder left in the kernel's table would count
         // against this holder's bounds (the firewall counts connections per
-        // address), and their replies would reach it.
-        tokio::task::spawn_blocking(move || super::conntrack::forget(address))
-            .await
-            .map_err(|e| AttachError::Conntrack(address, std::io::Error::other(e.to_string())))?
-            .map_err(|e| AttachError::Conntrack(address, e))?;
-        let attached = self.wire(&namespace, &host, address).await;
+        // address), and their replies would reach it. Forgotten while the
+        // pair is made, before its port joins the bridge.
+        let forget = async {
+            tokio::task::spawn_blocking(move || super::conntrack::forget(address))
+                .await
+                .map_err(|e| AttachError::Conntrack(address, std::io::Error::other(e.to_string())))?
+                .map_err(|e| AttachError::Conntrack(address, e))
+        };
+        let (forgotten, paired) = tokio::join!(forget, self.make_pair(&namespace, &host, address));
+        let attached = match (forgotten, paired) {
+            (Ok(_), Ok(())) => self.join_port(&host).await,
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
         if attached.is_err() {
             let _ = run(&["ip", "link", "del", &host], None).await;
         }
         attached
     }
 
-    async fn wire(&self, namespace: &std::fs::File, host: &str, address: Ipv4Addr) -> Result<(), AttachError> {
+    /// Makes the pair: `eth0` in the namespace, with its address and route,
+    /// and the host end, not yet on the bridge.
+    async fn make_pair(&self, namespace: &std::fs::File, host: &str, address: Ipv4Addr) -> Result<(), AttachError> {
         let (mtu, server) = (self.mtu, std::process::id());
         // Made inside the container's namespace and the host end moved out
         // to the server's, so that only the server's own process id and the
@@ -354,7 +363,7 @@ impl Bridge {
                 source,
             })?;
         }
-        self.join_port(host).await
+        Ok(())
     }
 
     /// Makes `host` an isolated port of the bridge, up. An isolated port

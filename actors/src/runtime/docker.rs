@@ -261,6 +261,7 @@ impl DockerRuntime {
             .map(|n| n.addr())
             .collect();
         let servers = bridge::reachable_name_servers(&crate::egress_rules::name_servers(), &host);
+        // (The firewall lets the subnet reach the same servers on port 53.)
         if servers.is_empty() {
             return Err("the host has no name server a sandbox on the bridge could reach".into());
         }
@@ -281,7 +282,7 @@ impl DockerRuntime {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
-        let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let host_resolv = crate::egress_rules::resolver_config();
         write_mounted(&self.resolv_conf, &bridge::resolv_conf(&host_resolv, &servers)).map_err(|e| e.to_string())?;
         let taken = self.addresses_in_use().await.map_err(|e| e.to_string())?;
         Ok(Bridge::new(interface, subnet, gateway, range, mtu, taken))
@@ -320,6 +321,13 @@ impl DockerRuntime {
     /// of a container joined before); a container without one (proxied,
     /// or joined by the engine) is left as it is.
     async fn join_bridge(&self, container_id: &str, address: Option<Ipv4Addr>) -> Result<()> {
+        // A creation knows the address and the container's full id, and
+        // finds its processes in its cgroup, without a round trip to the
+        // engine.
+        if let (Some(bridge), Some(address), Some(pid)) = (&self.bridge, address, cgroup_pid(container_id)) {
+            spans::engine("attach", bridge.attach(container_id, pid, address)).await?;
+            return Ok(());
+        }
         let inspect = self.docker.inspect_container(container_id, None).await?;
         let labelled = inspect
             .config
@@ -714,8 +722,7 @@ fn cgroup_usage(container_id: &str) -> Option<Usage> {
 /// the host's kernel whatever the sandbox does. None when unreadable (the
 /// process just ended, say).
 fn network_bytes(dir: &str) -> Option<u64> {
-    let procs = std::fs::read_to_string(format!("{dir}/cgroup.procs")).ok()?;
-    let pid = procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()).min()?;
+    let pid = lowest_pid(dir)?;
     let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
     Some(
         dev.lines()
@@ -740,6 +747,28 @@ async fn forget_flows(address: Ipv4Addr) {
         Ok(Err(e)) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
         Err(e) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
     }
+}
+
+/// The lowest process id in the cgroup folder `dir`.
+fn lowest_pid(dir: &str) -> Option<u32> {
+    let procs = std::fs::read_to_string(format!("{dir}/cgroup.procs")).ok()?;
+    procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()).min()
+}
+
+/// A process of the running container `container_id` (a full id), from its
+/// cgroup in Docker's usual layouts (cgroup v2 with the cgroupfs or the
+/// systemd driver, v1): any of them is in the container's namespaces.
+fn cgroup_pid(container_id: &str) -> Option<u32> {
+    if container_id.len() != 64 || !container_id.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    [
+        format!("/sys/fs/cgroup/docker/{container_id}"),
+        format!("/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
+        format!("/sys/fs/cgroup/memory/docker/{container_id}"),
+    ]
+    .iter()
+    .find_map(|dir| lowest_pid(dir))
 }
 
 /// Options of a local-driver volume that is a bind of `dir` (the capped file
