@@ -557,9 +557,22 @@ while pending and time.time() < deadline:
 codes = [s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) for s in socks if s not in pending]
 print("connected:", codes.count(0))
 "#;
-    let out = py(&h, OWNER, id, code).await.stdout;
-    let connected: u32 = out.trim().trim_start_matches("connected: ").parse().unwrap();
-    assert!((20..=75).contains(&connected), "{out}");
+    // A burst begun while the engine re-arranges its jump to `DOCKER-USER`
+    // (a network made or removed by another server: the suite's other
+    // tiers start servers meanwhile) passes uncounted (docs/security.md);
+    // one more attempt, once the bucket has refilled, is not in such a
+    // moment as well.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let out = py(&h, OWNER, id, code).await.stdout;
+        let connected: u32 = out.trim().trim_start_matches("connected: ").parse().unwrap();
+        if (20..=75).contains(&connected) {
+            return;
+        }
+        seen.push(connected);
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
+    panic!("connected at once, in two attempts: {seen:?}");
 }
 
 /// Reads a ~20 MB wheel for at most 25 s (or up to 4 MiB); prints the bytes
