@@ -254,7 +254,7 @@ impl Bridge {
     /// and up: a server stopped between making the pair and joining its
     /// host end to the bridge leaves it neither.
     pub fn has_port(&self, address: Ipv4Addr) -> bool {
-        let port = Path::new("/sys/class/net").join(Self::host_end(address));
+        let port = port_dir(&Self::host_end(address));
         let master = std::fs::read_link(port.join("master")).ok();
         let up = std::fs::read_to_string(port.join("flags"))
             .ok()
@@ -296,7 +296,7 @@ impl Bridge {
             // Joined already (the engine answers a start of a running
             // container as done), or the server stopped before the pair's
             // host end was on the bridge: that end is joined again.
-            if !Path::new("/sys/class/net").join(&host).exists() {
+            if !port_exists(&host) {
                 return Err(AttachError::Refused {
                     command: "joining the container".into(),
                     stderr: format!("it has an eth0 whose other end {host} is not on this host"),
@@ -308,7 +308,7 @@ impl Bridge {
         // kernel is still destroying, goes with it; one that stays is
         // another container's, and is never taken from it.
         let deadline = std::time::Instant::now() + STALE_PORT_WAIT;
-        while Path::new("/sys/class/net").join(&host).exists() {
+        while port_exists(&host) {
             if std::time::Instant::now() > deadline {
                 return Err(AttachError::InUse(address));
             }
@@ -319,9 +319,8 @@ impl Bridge {
         // address), and their replies would reach it. Forgotten while the
         // pair is made, before its port joins the bridge.
         let forget = async {
-            tokio::task::spawn_blocking(move || super::conntrack::forget(address))
+            super::conntrack::forget_off_thread(address)
                 .await
-                .map_err(|e| AttachError::Conntrack(address, std::io::Error::other(e.to_string())))?
                 .map_err(|e| AttachError::Conntrack(address, e))
         };
         let (forgotten, paired) = tokio::join!(forget, self.make_pair(&namespace, &host, address));
@@ -377,6 +376,15 @@ impl Bridge {
         );
         run(&["ip", "-batch", "-"], Some(port)).await
     }
+}
+
+/// The host's folder of the interface `host`.
+fn port_dir(host: &str) -> PathBuf {
+    Path::new("/sys/class/net").join(host)
+}
+
+fn port_exists(host: &str) -> bool {
+    port_dir(host).exists()
 }
 
 fn same_file(a: &std::fs::File, b: &std::fs::File) -> bool {

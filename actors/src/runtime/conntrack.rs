@@ -61,6 +61,14 @@ pub fn forget(address: Ipv4Addr) -> io::Result<usize> {
     Ok(deleted)
 }
 
+/// [`forget`] on a blocking thread, for async callers (a netlink read
+/// blocks for up to [`READ_DEADLINE`]).
+pub async fn forget_off_thread(address: Ipv4Addr) -> io::Result<usize> {
+    tokio::task::spawn_blocking(move || forget(address))
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)))
+}
+
 /// The attributes that name the entry of `payload` (its original tuple, and
 /// its zone if any), when it has `address` in either tuple.
 fn matching(payload: &[u8], address: Ipv4Addr) -> Option<Vec<u8>> {

@@ -123,8 +123,8 @@ impl DockerRuntime {
         Ok(subnet)
     }
 
-    /// [`Self::isolate_network`] but for the joining again of running
-    /// containers.
+    /// Finds or makes the server's network, chooses who joins `open`
+    /// sandboxes to it, and applies the firewall rules of its subnet.
     async fn make_network(&mut self) -> Result<Option<ipnet::IpNet>> {
         let name = format!("mcp-sandbox-{}", self.server_id);
         if self.docker.inspect_network(&name, None).await.is_err() {
@@ -278,9 +278,8 @@ impl DockerRuntime {
         // The kernel's tracked flows are forgotten through netlink, which a
         // host without conntrack's netlink module does not offer.
         let unused = range.broadcast();
-        tokio::task::spawn_blocking(move || super::conntrack::forget(unused))
+        super::conntrack::forget_off_thread(unused)
             .await
-            .map_err(|e| e.to_string())?
             .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
         let host_resolv = crate::egress_rules::resolver_config();
         write_mounted(&self.resolv_conf, &bridge::resolv_conf(&host_resolv, &servers)).map_err(|e| e.to_string())?;
@@ -360,9 +359,7 @@ impl DockerRuntime {
     /// cannot be joined is stopped, as in [`Self::rejoin`].
     async fn rejoin_running(&self) {
         let Some(bridge) = &self.bridge else { return };
-        let filters = labels::server_filter(&self.server_id);
-        let options = ListContainersOptionsBuilder::default().filters(&filters).build();
-        let Ok(running) = self.docker.list_containers(Some(options)).await else {
+        let Ok(running) = self.server_containers(false).await else {
             return;
         };
         for container in running {
@@ -674,9 +671,7 @@ impl DockerRuntime {
 /// microseconds, where the stats API takes about a second per container (it
 /// samples). `None` where the layout is none of Docker's usual ones.
 fn cgroup_usage(container_id: &str) -> Option<Usage> {
-    if container_id.len() != 64 || !container_id.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
+    let [v2_cgroupfs, v2_systemd, memory] = cgroup_dirs(container_id)?;
     let read = |path: String| std::fs::read_to_string(path).ok();
     let number = |text: Option<String>| text.and_then(|t| t.trim().parse::<u64>().ok());
     let field = |text: &str, key: &str| {
@@ -684,11 +679,7 @@ fn cgroup_usage(container_id: &str) -> Option<Usage> {
             .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
             .unwrap_or(0)
     };
-    // cgroup v2, with the cgroupfs or the systemd driver.
-    for dir in [
-        format!("/sys/fs/cgroup/docker/{container_id}"),
-        format!("/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
-    ] {
+    for dir in [v2_cgroupfs, v2_systemd] {
         if let Some(current) = number(read(format!("{dir}/memory.current"))) {
             let stat = read(format!("{dir}/memory.stat")).unwrap_or_default();
             let cpu_us = field(&read(format!("{dir}/cpu.stat"))?, "usage_usec");
@@ -701,7 +692,6 @@ fn cgroup_usage(container_id: &str) -> Option<Usage> {
         }
     }
     // cgroup v1.
-    let memory = format!("/sys/fs/cgroup/memory/docker/{container_id}");
     let used = number(read(format!("{memory}/memory.usage_in_bytes")))?;
     let stat = read(format!("{memory}/memory.stat")).unwrap_or_default();
     let cpu_ns = ["cpuacct", "cpu,cpuacct"]
@@ -742,10 +732,8 @@ fn network_bytes(dir: &str) -> Option<u64> {
 /// table for days (their ends never closed on the host's side), where
 /// enough deleted sandboxes would fill it for the whole host.
 async fn forget_flows(address: Ipv4Addr) {
-    match tokio::task::spawn_blocking(move || super::conntrack::forget(address)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
-        Err(e) => tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address"),
+    if let Err(e) = super::conntrack::forget_off_thread(address).await {
+        tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address");
     }
 }
 
@@ -759,16 +747,22 @@ fn lowest_pid(dir: &str) -> Option<u32> {
 /// cgroup in Docker's usual layouts (cgroup v2 with the cgroupfs or the
 /// systemd driver, v1): any of them is in the container's namespaces.
 fn cgroup_pid(container_id: &str) -> Option<u32> {
+    cgroup_dirs(container_id)?.iter().find_map(|dir| lowest_pid(dir))
+}
+
+/// A container's cgroup folders in Docker's usual layouts: cgroup v2 with
+/// the cgroupfs driver, v2 with the systemd driver, v1's memory
+/// controller. None for anything but a full container id, which alone is
+/// put into a path.
+fn cgroup_dirs(container_id: &str) -> Option<[String; 3]> {
     if container_id.len() != 64 || !container_id.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
-    [
+    Some([
         format!("/sys/fs/cgroup/docker/{container_id}"),
         format!("/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
         format!("/sys/fs/cgroup/memory/docker/{container_id}"),
-    ]
-    .iter()
-    .find_map(|dir| lowest_pid(dir))
+    ])
 }
 
 /// Options of a local-driver volume that is a bind of `dir` (the capped file
