@@ -37,3 +37,34 @@ pub fn server_filter(server_id: &str) -> HashMap<String, Vec<String>> {
         vec![format!("{PROJECT}={PROJECT_VALUE}"), format!("{SERVER}={server_id}")],
     )])
 }
+
+/// Docker `label=` filters selecting this server's objects of one sandbox.
+pub fn sandbox_filter(server_id: &str, sandbox: Uuid) -> HashMap<String, Vec<String>> {
+    let mut filters = server_filter(server_id);
+    filters
+        .entry("label".to_string())
+        .or_default()
+        .push(format!("{SANDBOX}={sandbox}"));
+    filters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_s_filter_narrows_the_server_s() {
+        let sandbox = Uuid::new_v4();
+        let filter = sandbox_filter("abc", sandbox);
+        let mut labels = filter["label"].clone();
+        labels.sort();
+        let mut wanted = vec![
+            format!("{PROJECT}={PROJECT_VALUE}"),
+            format!("{SERVER}=abc"),
+            format!("{SANDBOX}={sandbox}"),
+        ];
+        wanted.sort();
+        assert_eq!(labels, wanted);
+        assert_eq!(filter.len(), 1, "labels only");
+    }
+}

@@ -446,14 +446,22 @@ async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
 /// measurably longer with `discard` than without. An image mounted before
 /// this option was added gets it when it is mounted again.
 async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
-    run(
-        format!("mounting {}", image.display()),
-        Command::new("mount")
-            .args(["-t", "ext4", "-o", "loop,nodev,nosuid,noinit_itable,discard"])
-            .arg(image)
-            .arg(mount),
-    )
-    .await
+    let (source, target) = (image.to_path_buf(), mount.to_path_buf());
+    let flags = libc::MS_NODEV | libc::MS_NOSUID;
+    tokio::task::spawn_blocking(move || super::loopdev::mount_ext4(&source, &target, flags, "noinit_itable,discard"))
+        .await
+        .map_err(|e| DiskError::Tool {
+            what: format!("mounting {}", image.display()),
+            detail: e.to_string(),
+        })?
+        .map_err(|e| DiskError::Tool {
+            what: format!(
+                "mounting {} at {} through a loop device",
+                image.display(),
+                mount.display()
+            ),
+            detail: e.to_string(),
+        })
 }
 
 /// Mounts the agent's tmpfs by the system call (a tmpfs needs no device,

@@ -938,6 +938,16 @@ impl ContainerRuntime for DockerRuntime {
             .collect())
     }
 
+    async fn sandbox_containers(&self, sandbox: Uuid) -> Result<Vec<String>> {
+        let filters = labels::sandbox_filter(&self.server_id, sandbox);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let listed = self.docker.list_containers(Some(options)).await?;
+        Ok(listed.into_iter().filter_map(|c| c.id).collect())
+    }
+
     async fn list_volumes(&self) -> Result<Vec<Labelled>> {
         let filters = labels::server_filter(&self.server_id);
         let options = ListVolumesOptionsBuilder::default().filters(&filters).build();

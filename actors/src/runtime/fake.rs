@@ -101,6 +101,8 @@ pub enum Event {
     Unpaused(String),
     Removed(String),
     VolumeRemoved(String),
+    /// A connection to a sandbox's agent was made.
+    AgentConnected(Uuid),
     /// An agent began a request: exec code, or the program's argv joined.
     Exec {
         sandbox: Uuid,
@@ -431,6 +433,16 @@ impl ContainerRuntime for FakeRuntime {
             .collect())
     }
 
+    async fn sandbox_containers(&self, sandbox: Uuid) -> Result<Vec<String>> {
+        self.engine()?;
+        Ok(self
+            .containers()
+            .into_iter()
+            .filter(|(_, of)| *of == sandbox)
+            .map(|(id, _)| id)
+            .collect())
+    }
+
     async fn list_volumes(&self) -> Result<Vec<Labelled>> {
         self.engine()?;
         Ok(self
@@ -501,6 +513,7 @@ impl ContainerRuntime for FakeRuntime {
                 worker: c.worker.clone(),
             }
         };
+        self.record(Event::AgentConnected(agent.sandbox));
         let (ours, theirs) = UnixStream::pair()?;
         tokio::spawn(agent.serve(theirs));
         Ok(AgentClient::from_stream(ours, self.output_cap))

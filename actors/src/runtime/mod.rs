@@ -10,6 +10,7 @@ mod docker;
 pub mod fake;
 pub mod firewall;
 mod image;
+mod loopdev;
 mod sparse;
 
 use std::path::{Path, PathBuf};
@@ -120,6 +121,10 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Removes a container (if present); `volume` too when given.
     async fn remove(&self, container_id: &str, volume: Option<&str>) -> Result<()>;
     async fn list_containers(&self) -> Result<Vec<Labelled>>;
+    /// The containers labelled as `sandbox`'s (its own, and any installer).
+    /// Selected by the engine: listing all of them costs the engine an
+    /// image lookup per container, per deletion.
+    async fn sandbox_containers(&self, sandbox: Uuid) -> Result<Vec<String>>;
     async fn list_volumes(&self) -> Result<Vec<Labelled>>;
     /// Extracts a tar archive into `dest_dir` inside the container.
     async fn upload(&self, container_id: &str, dest_dir: &str, tar: Vec<u8>) -> Result<()>;

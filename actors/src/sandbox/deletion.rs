@@ -96,14 +96,7 @@ pub(super) fn begin_deletion(
 /// volume, its disks, its folders and its record. Removal kills: it never waits on
 /// anything inside the sandbox.
 pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<()> {
-    let mut containers: Vec<String> = ctx
-        .runtime
-        .list_containers()
-        .await?
-        .into_iter()
-        .filter(|c| c.sandbox == Some(record.id))
-        .map(|c| c.id)
-        .collect();
+    let mut containers = ctx.runtime.sandbox_containers(record.id).await?;
     if !containers.contains(&record.container_id) {
         containers.push(record.container_id.clone());
     }

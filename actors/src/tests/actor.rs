@@ -129,6 +129,32 @@ async fn delete_ends_a_run_in_flight_and_refuses_queued_calls() {
     assert!(matches!(err, SandboxError::NotFound(_)), "{err}");
 }
 
+/// A deletion finds its sandbox's containers by the sandbox's label (an
+/// installer's, or one made again while a removal was cut short), not by
+/// listing every container, and leaves every other sandbox's alone.
+#[tokio::test(start_paused = true)]
+async fn a_deletion_removes_every_container_of_its_sandbox_and_no_other() {
+    use crate::runtime::{ContainerRuntime, SandboxPaths};
+    let s = Server::start().await;
+    let (id, other) = (s.create().await, s.create().await);
+    let (first, others) = (s.container(id), s.container(other));
+    let volume = s.fake.volume_of(&first).unwrap();
+    let paths = SandboxPaths {
+        id,
+        results: s.settings.results_dir.join(id.to_string()),
+        agent: s.settings.agents_dir().join(id.to_string()),
+        egress: None,
+        packages: None,
+    };
+    let second = s.fake.create(&paths, Some(&volume)).await.unwrap().container_id;
+    s.sb().delete(OWNER, id).await.unwrap();
+    for gone in [&first, &second] {
+        assert_eq!(s.fake.state_of(gone), ContainerState::Missing, "{gone}");
+    }
+    assert_ne!(s.fake.state_of(&others), ContainerState::Missing);
+    assert_eq!(s.stdout(other, "echo still here").await, "echo still here\n");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_program_runs_like_code() {
     let s = Server::start().await;
