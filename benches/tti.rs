@@ -11,17 +11,19 @@
 //!
 //! Per mode it prints p50/p95/p99/max, the success rate, and the ComputeSDK
 //! score: per statistic 100 × (1 − value / 10 s), clamped to [0, 100],
-//! weighted median 60 %, p95 25 %, p99 15 %, times the success rate.
+//! weighted median 60 %, p95 25 %, p99 15 %, times the success rate; and
+//! the split: when `create_sandbox` answered, and how long the first call
+//! then took (p50 and p99 of each).
 //!
 //! The server (`--bin`) reads a configuration file written for the run,
 //! printed at the start: `[limits]` raised so that one tenant's `--n`
 //! concurrent agents are never refused, and `[pool] min = --pool-min`,
-//! `max = --pool-max` (the shipped 2 and 32 by default; `--pool-min 100
+//! `max = --pool-max` (the shipped 2 and 100 by default; `--pool-min 100
 //! --pool-max 100` for a pool filled to 100 from the start).
 //! Every `MCP_SANDBOX_*` variable of the benchmark's environment reaches the
 //! server and overrides the file. The server listens on 127.0.0.1 only.
 //!
-//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min 2 --pool-max 32 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst]`
+//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min 2 --pool-max 100 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst]`
 
 mod common;
 
@@ -41,6 +43,8 @@ const DELETES_AT_ONCE: usize = 4;
 struct Attempt {
     /// Time to interactive, when the echo answered `ok`.
     tti: Option<Duration>,
+    /// Until `create_sandbox` answered, when it did.
+    created: Option<Duration>,
     /// The sandbox, when `create_sandbox` answered.
     sandbox: Option<String>,
     error: Option<String>,
@@ -50,9 +54,11 @@ struct Attempt {
 /// `create_sandbox`; gives up after `deadline`.
 async fn attempt(c: &McpClient, name: String, deadline: Duration) -> Attempt {
     let mut sandbox = None;
+    let mut created = None;
     let t = Instant::now();
     let work = async {
         let id = c.try_create(&name).await?;
+        created = Some(t.elapsed());
         sandbox = Some(id.clone());
         let ran = c
             .try_tool(
@@ -72,7 +78,12 @@ async fn attempt(c: &McpClient, name: String, deadline: Duration) -> Attempt {
         Ok(Err(e)) => (None, Some(e)),
         Err(_) => (None, Some(format!("no answer within {deadline:?}"))),
     };
-    Attempt { tti, sandbox, error }
+    Attempt {
+        tti,
+        created,
+        sandbox,
+        error,
+    }
 }
 
 /// `n` agents, each with its MCP session open before the mode starts.
@@ -104,6 +115,7 @@ async fn run_mode(
     let start = Instant::now();
     let late = || Attempt {
         tti: None,
+        created: None,
         sandbox: None,
         error: Some(format!("not started within the mode's {mode_deadline:?}")),
     };
@@ -233,7 +245,7 @@ async fn main() -> std::process::ExitCode {
     let bin: String = arg("--bin", "target/release/mcp-sandbox".to_string());
     let n: usize = arg("--n", 100);
     let min: usize = arg("--pool-min", 2);
-    let max: usize = arg("--pool-max", 32).max(min);
+    let max: usize = arg("--pool-max", 100).max(min);
     let stagger = Duration::from_millis(arg("--stagger-ms", 200));
     let pause = Duration::from_secs(arg("--second-burst-after-seconds", 60));
     let deadline = Duration::from_secs(arg("--deadline-seconds", 120));
@@ -294,6 +306,11 @@ async fn main() -> std::process::ExitCode {
         let attempts = run_mode(&clients, &label.replace(' ', "-"), mode, deadline, mode_deadline).await;
         let took = t.elapsed();
         let ok: Vec<Duration> = attempts.iter().filter_map(|a| a.tti).collect();
+        let created = Series::new("created", attempts.iter().filter_map(|a| a.created).collect());
+        let first_call = Series::new(
+            "first call",
+            attempts.iter().filter_map(|a| Some(a.tti? - a.created?)).collect(),
+        );
         let made = attempts.iter().filter(|a| a.sandbox.is_some()).count();
         let mut errors: Vec<&str> = attempts.iter().filter_map(|a| a.error.as_deref()).collect();
         errors.sort();
@@ -308,6 +325,13 @@ async fn main() -> std::process::ExitCode {
                 Ok(k) => format!("{k}"),
                 Err(e) => e.clone(),
             }
+        );
+        println!(
+            "  {label}: create_sandbox answered p50 {:.0} / p99 {:.0} ms; the first call then took p50 {:.0} / p99 {:.0} ms",
+            created.pct(50.0),
+            created.pct(99.0),
+            first_call.pct(50.0),
+            first_call.pct(99.0)
         );
         for e in errors.iter().take(3) {
             println!("  {label} error: {e}");

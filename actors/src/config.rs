@@ -368,7 +368,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             min: 2,
-            max: 32,
+            max: 100,
             shrink_after_seconds: 300,
             creations_at_once: 4,
         }

@@ -109,6 +109,14 @@ impl Link {
         }
     }
 
+    /// Takes the connection its creation made to the agent (the warm
+    /// pool's), for the first call. Should it have closed meanwhile, that
+    /// call's request provably never reached the agent and is sent again
+    /// over a new one.
+    pub fn hand_over(&mut self, client: AgentClient) {
+        self.client = Some(client);
+    }
+
     pub fn is_paused(&self) -> bool {
         self.paused
     }

@@ -46,8 +46,10 @@ use crate::runtime::{ContainerRef, SANDBOX_UID};
 pub struct Provisioned {
     pub id: Uuid,
     pub container: ContainerRef,
-    /// The warm pool's connection to the agent, kept only to notice that
-    /// the container died while it waited (an engine restart, a kill).
+    /// The warm pool's connection to the agent: it tells that the
+    /// container died while it waited (an engine restart, a kill), and is
+    /// handed to the sandbox's actor when claimed, whose first call then
+    /// needs no connection of its own.
     warm: Option<AgentClient>,
     /// Whether its Python worker was started ahead (not for a sandbox
     /// handed straight to a waiting claim).
@@ -57,6 +59,11 @@ pub struct Provisioned {
 impl Provisioned {
     fn is_dead(&self) -> bool {
         self.warm.as_ref().is_some_and(AgentClient::is_closed)
+    }
+
+    /// The open connection to its agent, when it has one.
+    pub fn take_agent(&mut self) -> Option<AgentClient> {
+        self.warm.take()
     }
 }
 

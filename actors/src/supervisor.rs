@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::context::Context;
 use crate::messages::SandboxMsg;
 use crate::records::SandboxRecord;
-use crate::sandbox::{SandboxActor, SandboxArgs};
+use crate::sandbox::{SandboxActor, SandboxArgs, Started};
 
 /// How often sandboxes are asked whether their lifetime is over.
 const REAP_EVERY: Duration = Duration::from_secs(2);
@@ -32,6 +32,8 @@ pub enum SupervisorMsg {
     Spawn {
         /// Boxed: a record is large next to the other messages.
         record: Box<SandboxRecord>,
+        /// Set by the creation that started its container a moment ago.
+        started: Option<Started>,
         reply: RpcReplyPort<Result<ActorRef<SandboxMsg>, SpawnErr>>,
     },
     Reap,
@@ -51,12 +53,14 @@ impl Supervisor {
         state: &mut SupervisorState,
         record: SandboxRecord,
         notice: Option<String>,
+        started: Option<Started>,
     ) -> Result<ActorRef<SandboxMsg>, SpawnErr> {
         let (id, owner) = (record.id, record.owner.clone());
         let args = SandboxArgs {
             ctx: state.ctx.clone(),
             record,
             notice,
+            started,
         };
         let (actor, _) = Actor::spawn_linked(None, SandboxActor, args, myself.get_cell()).await?;
         state.by_actor.insert(actor.get_id(), id);
@@ -96,8 +100,8 @@ impl Actor for Supervisor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SupervisorMsg::Spawn { record, reply } => {
-                let _ = reply.send(Self::spawn_child(&myself, state, *record, None).await);
+            SupervisorMsg::Spawn { record, started, reply } => {
+                let _ = reply.send(Self::spawn_child(&myself, state, *record, None, started).await);
             }
             SupervisorMsg::Reap => {
                 // Each actor knows its own lifetime and how long it has idled.
@@ -139,7 +143,7 @@ impl Actor for Supervisor {
         let record = state.ctx.store.all().await?.into_iter().find(|r| r.id == id);
         if let Some(record) = record {
             let notice = Some("The sandbox was restarted inside the server after an internal error; if a call was in flight, run it again.".to_string());
-            if let Err(e) = Self::spawn_child(&myself, state, record, notice).await {
+            if let Err(e) = Self::spawn_child(&myself, state, record, notice, None).await {
                 warn!(sandbox = %id, error = %e, "could not restart a sandbox actor");
             }
         }

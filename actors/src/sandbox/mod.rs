@@ -25,7 +25,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::agent::Package;
+use crate::agent::{AgentClient, Package};
 use crate::context::{Context, Counters};
 use crate::error::{DockerError, Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
@@ -53,6 +53,19 @@ pub struct SandboxArgs {
     pub record: SandboxRecord,
     /// Told with the next result (the actor was restarted by its supervisor).
     pub notice: Option<String>,
+    /// Set by the creation that started its container a moment ago.
+    /// Otherwise the engine is asked how the container is: spawns go one
+    /// at a time through the supervisor, and that question, a round trip to
+    /// an engine a burst of creations keeps busy, was most of what a burst
+    /// of claims from the warm pool waited on.
+    pub started: Option<Started>,
+}
+
+/// What the creation of a sandbox knows of it: its container runs.
+pub struct Started {
+    /// The warm pool's open connection to its agent, which the first call
+    /// then uses instead of making one.
+    pub agent: Option<AgentClient>,
 }
 
 pub struct SandboxState {
@@ -98,6 +111,7 @@ impl Actor for SandboxActor {
             ctx,
             mut record,
             notice,
+            started,
         } = args;
         // An install that was running when the server (or this actor) went
         // away has no one to finish it.
@@ -123,8 +137,17 @@ impl Actor for SandboxActor {
         let mut link = new_link(&ctx, &record, &retirement);
         let mut queue = VecDeque::new();
         // An adopted sandbox may have been paused by the previous server, or
-        // its container may have died meanwhile.
-        let found = ctx.runtime.state(&record.container_id).await;
+        // its container may have died meanwhile. (One that died since its
+        // creation is revived by its first call, as any other.)
+        let found = match started {
+            Some(Started { agent }) => {
+                if let Some(agent) = agent {
+                    link.hand_over(agent);
+                }
+                Ok(ContainerState::Running)
+            }
+            None => ctx.runtime.state(&record.container_id).await,
+        };
         let stopped = matches!(found, Ok(ContainerState::Stopped { .. } | ContainerState::Missing));
         if let Ok(ContainerState::Paused) = found {
             link.found_paused();

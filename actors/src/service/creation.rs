@@ -19,7 +19,7 @@ use crate::messages::SandboxMsg;
 use crate::pool::{self, Pool};
 use crate::records::SandboxRecord;
 use crate::results::SandboxInfo;
-use crate::sandbox::remove_everything;
+use crate::sandbox::{remove_everything, Started};
 use crate::supervisor::{Registry, SupervisorMsg};
 
 use super::{answer, spawn_actor, Sandboxes, QUERY_DEADLINE};
@@ -216,7 +216,7 @@ impl Creation {
             },
             false => None,
         };
-        let provisioned = match pooled {
+        let mut provisioned = match pooled {
             Some(p) if self.ctx.egress.claim(p.id, egress) => p,
             Some(p) => {
                 pool::discard(&self.ctx, &p).await;
@@ -224,6 +224,7 @@ impl Creation {
             }
             None => pool::provision(&self.ctx, egress).await?,
         };
+        let agent = provisioned.take_agent();
         let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
         let record = SandboxRecord {
@@ -244,7 +245,7 @@ impl Creation {
             let _ = remove_everything(&self.ctx, &record).await;
             return Err(e);
         }
-        let actor = match spawn_actor(&self.supervisor, record.clone()).await {
+        let actor = match spawn_actor(&self.supervisor, record.clone(), Some(Started { agent })).await {
             Ok(actor) => actor,
             Err(e) => {
                 let _ = remove_everything(&self.ctx, &record).await;

@@ -37,6 +37,7 @@ use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
 use crate::results::{InstallStatus, SandboxInfo};
 use crate::runtime::disk::Disks;
 use crate::runtime::{ContainerRuntime, DockerRuntime, Usage};
+use crate::sandbox::Started;
 use crate::scope::Scope;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
@@ -173,7 +174,7 @@ impl Sandboxes {
     }
 
     async fn spawn(&self, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
-        spawn_actor(&self.supervisor, record).await
+        spawn_actor(&self.supervisor, record, None).await
     }
 
     fn actor(&self, scope: Scope, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
@@ -517,9 +518,16 @@ fn answer<T>(
     }
 }
 
-async fn spawn_actor(supervisor: &ActorRef<SupervisorMsg>, record: SandboxRecord) -> Result<ActorRef<SandboxMsg>> {
+/// Starts the actor of `record`; `started` when its creation just started
+/// its container.
+async fn spawn_actor(
+    supervisor: &ActorRef<SupervisorMsg>,
+    record: SandboxRecord,
+    started: Option<Started>,
+) -> Result<ActorRef<SandboxMsg>> {
     ractor::call!(supervisor, |reply| SupervisorMsg::Spawn {
         record: Box::new(record),
+        started,
         reply,
     })
     .map_err(|e| SandboxError::Internal(e.to_string()))?

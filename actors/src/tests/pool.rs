@@ -29,6 +29,28 @@ async fn a_claim_takes_a_warm_sandbox_and_the_pool_refills() {
     assert_eq!(s.stdout(id, "echo mine").await, "echo mine\n");
 }
 
+/// A claim is a few steps in the server only: the sandbox's actor neither
+/// asks the engine about the container its creation just started nor opens
+/// a connection of its own to the agent (it takes the pool's).
+#[tokio::test(start_paused = true)]
+async fn a_claimed_sandbox_s_first_call_asks_the_engine_nothing_and_reuses_the_pool_s_connection() {
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
+    until("the pool is full", || s.sb().pool_ready() == 1).await;
+    let (_, pooled) = s.fake.containers().remove(0);
+    let connections = |sandbox| s.fake.count(|e| *e == Event::AgentConnected(sandbox));
+    assert_eq!(connections(pooled), 1, "the pool's own connection");
+    let inspections = s.fake.inspections();
+    let id = s.create().await;
+    assert_eq!(id, pooled);
+    assert_eq!(s.stdout(id, "echo mine").await, "echo mine\n");
+    assert_eq!(connections(id), 1, "the first call made a connection of its own");
+    assert_eq!(
+        s.fake.inspections(),
+        inspections,
+        "the claim asked the engine about its container"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pooled_container_that_died_is_never_handed_out() {
     let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
