@@ -164,3 +164,30 @@ async fn a_pooled_sandbox_that_died_is_never_handed_out() {
     })
     .await;
 }
+
+/// Frozen behind the server's back while it waited in the pool, a claimed
+/// sandbox is seen as paused (its cgroup is read, the engine not asked) and
+/// its first call thaws it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_sandbox_frozen_while_it_waited_is_seen_paused_and_thawed_by_its_first_call() {
+    let h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(1)).await;
+    pool_ready(&h, 1).await;
+    let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
+    let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
+        .trim()
+        .to_string();
+    docker(&["pause", &pooled]);
+    assert_eq!(docker(&["inspect", "-f", "{{.State.Paused}}", &pooled]).trim(), "true");
+    let id = h.create().await;
+    assert!(
+        pooled.starts_with(&h.container_of(id)),
+        "the pooled sandbox was claimed"
+    );
+    let listed = h.sb().list(OWNER).await;
+    assert_eq!(listed[0].status.to_string(), "paused");
+    let ran = tokio::time::timeout(Duration::from_secs(20), h.py(id, "print('thawed')"))
+        .await
+        .expect("the first call answers");
+    assert_eq!(ran.output.stdout, "thawed\n", "{}", ran.output.stderr);
+    assert_eq!(docker(&["inspect", "-f", "{{.State.Paused}}", &pooled]).trim(), "false");
+}

@@ -448,20 +448,18 @@ async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
 async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
     let (source, target) = (image.to_path_buf(), mount.to_path_buf());
     let flags = libc::MS_NODEV | libc::MS_NOSUID;
-    tokio::task::spawn_blocking(move || super::loopdev::mount_ext4(&source, &target, flags, "noinit_itable,discard"))
+    let mounting = tokio::task::spawn_blocking(move || {
+        super::loopdev::mount_ext4(&source, &target, flags, "noinit_itable,discard")
+    });
+    let tool = |detail: String| DiskError::Tool {
+        what: format!("mounting {}", image.display()),
+        detail,
+    };
+    tokio::time::timeout(TOOL_DEADLINE, mounting)
         .await
-        .map_err(|e| DiskError::Tool {
-            what: format!("mounting {}", image.display()),
-            detail: e.to_string(),
-        })?
-        .map_err(|e| DiskError::Tool {
-            what: format!(
-                "mounting {} at {} through a loop device",
-                image.display(),
-                mount.display()
-            ),
-            detail: e.to_string(),
-        })
+        .map_err(|_| tool(format!("no answer within {TOOL_DEADLINE:?}")))?
+        .map_err(|e| tool(e.to_string()))?
+        .map_err(|e| tool(format!("through a loop device at {}: {e}", mount.display())))
 }
 
 /// Mounts the agent's tmpfs by the system call (a tmpfs needs no device,

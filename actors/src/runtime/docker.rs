@@ -667,6 +667,25 @@ impl DockerRuntime {
     }
 }
 
+/// Whether the processes of a container that has a cgroup here are frozen
+/// (`docker pause`, by this server or anyone); `None` where no cgroup of it
+/// is found (it stopped, or the layout is none of Docker's usual ones).
+fn cgroup_frozen(container_id: &str) -> Option<bool> {
+    let [v2_cgroupfs, v2_systemd, _] = cgroup_dirs(container_id)?;
+    for dir in [v2_cgroupfs, v2_systemd] {
+        if let Ok(events) = std::fs::read_to_string(format!("{dir}/cgroup.events")) {
+            return Some(events.lines().any(|l| l.trim() == "frozen 1"));
+        }
+    }
+    let v1 = [
+        format!("/sys/fs/cgroup/freezer/docker/{container_id}/freezer.state"),
+        format!("/sys/fs/cgroup/freezer/system.slice/docker-{container_id}.scope/freezer.state"),
+    ];
+    v1.iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .map(|state| state.trim() != "THAWED")
+}
+
 /// CPU and memory read straight from the container's cgroup, in
 /// microseconds, where the stats API takes about a second per container (it
 /// samples). `None` where the layout is none of Docker's usual ones.
@@ -845,6 +864,14 @@ impl ContainerRuntime for DockerRuntime {
                 oom_killed: state.oom_killed.unwrap_or(false),
             }
         })
+    }
+
+    async fn started_state(&self, container_id: &str) -> Result<ContainerState> {
+        match cgroup_frozen(container_id) {
+            Some(true) => Ok(ContainerState::Paused),
+            Some(false) => Ok(ContainerState::Running),
+            None => self.state(container_id).await,
+        }
     }
 
     async fn usage(&self, container_id: &str) -> Result<Usage> {

@@ -360,6 +360,12 @@ impl ContainerRuntime for FakeRuntime {
         Ok(self.state_of(container_id))
     }
 
+    /// Read without an inspection, as the Docker runtime reads the cgroup.
+    async fn started_state(&self, container_id: &str) -> Result<ContainerState> {
+        self.engine()?;
+        Ok(self.state_of(container_id))
+    }
+
     async fn usage(&self, container_id: &str) -> Result<Usage> {
         let sandbox = self.with_container(container_id, |c| Ok(c.sandbox))?;
         Ok(self.lock().usage.get(&sandbox).copied().unwrap_or_default())

@@ -27,6 +27,12 @@ const LO_FLAGS_AUTOCLEAR: u32 = 4;
 /// the one the kernel named first.
 const ATTACH_TRIES: usize = 16;
 
+/// Held from asking for a free device until it is taken: the kernel names
+/// the same lowest free device to every caller, so the server's own
+/// concurrent attaches (two per creation, a burst's worth at once) would
+/// otherwise take it from each other until one ran out of tries.
+static ATTACHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `struct loop_info64`.
 #[repr(C)]
 struct LoopInfo64 {
@@ -86,6 +92,8 @@ fn attach(image: &Path) -> io::Result<(File, String)> {
     let name = image.as_os_str().as_bytes();
     let kept = name.len().min(config.info.file_name.len() - 1);
     config.info.file_name[..kept].copy_from_slice(&name[..kept]);
+    // A panic while held poisons nothing this guards.
+    let _attaching = ATTACHING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut busy = None;
     for _ in 0..ATTACH_TRIES {
         // SAFETY: an ioctl without argument on a descriptor this holds.

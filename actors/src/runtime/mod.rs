@@ -112,6 +112,12 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     async fn create(&self, paths: &SandboxPaths, volume: Option<&str>) -> Result<ContainerRef>;
     async fn start(&self, container_id: &str) -> Result<()>;
     async fn state(&self, container_id: &str) -> Result<ContainerState>;
+    /// The state of a container the server started a moment ago, as
+    /// [`ContainerRuntime::state`] but read from the host where it can be
+    /// (whether its cgroup is frozen) instead of asked of the engine.
+    async fn started_state(&self, container_id: &str) -> Result<ContainerState> {
+        self.state(container_id).await
+    }
     async fn usage(&self, container_id: &str) -> Result<Usage>;
     async fn pause(&self, container_id: &str) -> Result<()>;
     async fn unpause(&self, container_id: &str) -> Result<()>;

@@ -53,11 +53,12 @@ pub struct SandboxArgs {
     pub record: SandboxRecord,
     /// Told with the next result (the actor was restarted by its supervisor).
     pub notice: Option<String>,
-    /// Set by the creation that started its container a moment ago.
-    /// Otherwise the engine is asked how the container is: spawns go one
-    /// at a time through the supervisor, and that question, a round trip to
-    /// an engine a burst of creations keeps busy, was most of what a burst
-    /// of claims from the warm pool waited on.
+    /// Set by the creation that started its container a moment ago: how
+    /// the container is (frozen while it waited in the pool, say) is then
+    /// read from the host, not asked of the engine. Spawns go one at a time
+    /// through the supervisor, and that question, a round trip to an engine
+    /// a burst of creations keeps busy, was most of what a burst of claims
+    /// from the warm pool waited on.
     pub started: Option<Started>,
 }
 
@@ -137,14 +138,14 @@ impl Actor for SandboxActor {
         let mut link = new_link(&ctx, &record, &retirement);
         let mut queue = VecDeque::new();
         // An adopted sandbox may have been paused by the previous server, or
-        // its container may have died meanwhile. (One that died since its
-        // creation is revived by its first call, as any other.)
+        // its container may have died meanwhile; a pooled one may have been
+        // frozen behind the server's back while it waited.
         let found = match started {
             Some(Started { agent }) => {
                 if let Some(agent) = agent {
                     link.hand_over(agent);
                 }
-                Ok(ContainerState::Running)
+                ctx.runtime.started_state(&record.container_id).await
             }
             None => ctx.runtime.state(&record.container_id).await,
         };

@@ -51,6 +51,23 @@ async fn a_claimed_sandbox_s_first_call_asks_the_engine_nothing_and_reuses_the_p
     );
 }
 
+/// Frozen behind the server's back while it waited in the pool (`docker
+/// pause`), a claimed sandbox is found so without an inspection, and its
+/// first call thaws it.
+#[tokio::test(start_paused = true)]
+async fn a_pooled_container_frozen_while_it_waited_is_thawed_by_its_first_call() {
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
+    until("the pool is full", || s.sb().pool_ready() == 1).await;
+    let (container, pooled) = s.fake.containers().remove(0);
+    s.fake.freeze(&container);
+    let id = s.create().await;
+    assert_eq!(id, pooled);
+    let listed = s.sb().list(OWNER).await;
+    assert_eq!(listed[0].status, crate::status::SandboxStatus::Paused, "seen as it is");
+    assert_eq!(s.stdout(id, "echo thawed").await, "echo thawed\n");
+    assert_eq!(s.fake.count(|e| *e == Event::Unpaused(container.clone())), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pooled_container_that_died_is_never_handed_out() {
     let s = Server::with(|st| st.pool = PoolConfig::fixed(1)).await;
