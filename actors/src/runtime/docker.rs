@@ -289,10 +289,20 @@ impl DockerRuntime {
 
     /// This server's containers: all of them, or the running ones.
     async fn server_containers(&self, all: bool) -> Result<Vec<bollard::models::ContainerSummary>> {
-        let filters = labels::server_filter(&self.server_id);
+        self.containers_labelled(&labels::server_filter(&self.server_id), all)
+            .await
+    }
+
+    /// The containers the engine selects by `filters`: all of them, or the
+    /// running ones.
+    async fn containers_labelled(
+        &self,
+        filters: &HashMap<String, Vec<String>>,
+        all: bool,
+    ) -> Result<Vec<bollard::models::ContainerSummary>> {
         let options = ListContainersOptionsBuilder::default()
             .all(all)
-            .filters(&filters)
+            .filters(filters)
             .build();
         Ok(self.docker.list_containers(Some(options)).await?)
     }
@@ -967,11 +977,7 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn sandbox_containers(&self, sandbox: Uuid) -> Result<Vec<String>> {
         let filters = labels::sandbox_filter(&self.server_id, sandbox);
-        let options = ListContainersOptionsBuilder::default()
-            .all(true)
-            .filters(&filters)
-            .build();
-        let listed = self.docker.list_containers(Some(options)).await?;
+        let listed = self.containers_labelled(&filters, true).await?;
         Ok(listed.into_iter().filter_map(|c| c.id).collect())
     }
 
