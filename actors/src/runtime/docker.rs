@@ -1,6 +1,6 @@
 //! [`ContainerRuntime`] on the Docker Engine API (bollard).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -224,8 +224,7 @@ impl DockerRuntime {
 
     /// The server's joining of `open` sandboxes to `network`, or why it
     /// cannot: the network lacks the engine's half-range (made by an older
-    /// version, or by hand), sandboxes run under gVisor, the server is not root or lacks `ip` or
-    /// `nsenter`, or the host resolves names only through an address a
+    /// version, or by hand), sandboxes run under gVisor, the server is not root, or the host resolves names only through an address a
     /// sandbox cannot reach (a local resolver such as 127.0.0.53).
     async fn own_bridge(
         &self,
@@ -252,8 +251,8 @@ impl DockerRuntime {
             // would never be seen.
             return Err("gVisor sees only the interfaces a container starts with".into());
         }
-        if let Some(missing) = bridge::missing_tools() {
-            return Err(missing);
+        if let Some(why) = bridge::cannot_join() {
+            return Err(why);
         }
         let host: Vec<IpAddr> = crate::egress_rules::host_networks()
             .into_iter()
@@ -275,15 +274,21 @@ impl DockerRuntime {
             .ok()
             .and_then(|m| m.trim().parse().ok())
             .ok_or_else(|| format!("the bridge interface {interface} is not on this host"))?;
-        // The kernel's tracked flows are forgotten through netlink, which a
-        // host without conntrack's netlink module does not offer.
-        let unused = range.broadcast();
-        super::conntrack::forget_off_thread(unused)
-            .await
-            .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
         let host_resolv = crate::egress_rules::resolver_config();
         write_mounted(&self.resolv_conf, &bridge::resolv_conf(&host_resolv, &servers)).map_err(|e| e.to_string())?;
         let taken = self.addresses_in_use().await.map_err(|e| e.to_string())?;
+        // One walk of the kernel's table forgets the flows of every free
+        // address (a run killed before it could forget a removed sandbox's
+        // leaves them), so that their first joins need none. Through
+        // netlink, which a host without conntrack's netlink module does not
+        // offer.
+        let held: HashSet<Ipv4Addr> = taken.iter().map(|(address, _)| *address).collect();
+        let forgotten = super::conntrack::forget_where_off_thread(move |a| range.contains(&a) && !held.contains(&a))
+            .await
+            .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
+        if forgotten > 0 {
+            tracing::info!(forgotten, %range, "forgot the tracked flows of the sandbox range's free addresses");
+        }
         Ok(Bridge::new(interface, subnet, gateway, range, mtu, taken))
     }
 
@@ -494,8 +499,8 @@ impl DockerRuntime {
     /// forgotten (so that none reaches its next holder).
     async fn give_back(&self, address: Ipv4Addr, sandbox: Uuid) {
         if let Some(bridge) = &self.bridge {
-            forget_flows(address).await;
-            bridge.give_back(address, sandbox);
+            let forgotten = forget_flows(address).await;
+            bridge.give_back(address, sandbox, forgotten);
         }
     }
 
@@ -759,10 +764,15 @@ fn network_bytes(dir: &str) -> Option<u64> {
 /// Forgets the kernel's tracked flows of an address given back: a sandbox
 /// removed with connections open leaves them established in the host's
 /// table for days (their ends never closed on the host's side), where
-/// enough deleted sandboxes would fill it for the whole host.
-async fn forget_flows(address: Ipv4Addr) {
-    if let Err(e) = super::conntrack::forget_off_thread(address).await {
-        tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address");
+/// enough deleted sandboxes would fill it for the whole host. Whether they
+/// were forgotten.
+async fn forget_flows(address: Ipv4Addr) -> bool {
+    match super::conntrack::forget_off_thread(address).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address; its next join will");
+            false
+        }
     }
 }
 

@@ -11,7 +11,9 @@ pub mod fake;
 pub mod firewall;
 mod image;
 mod loopdev;
+mod netlink;
 mod sparse;
+mod veth;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
