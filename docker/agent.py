@@ -35,15 +35,19 @@ actors/tests/agent_protocol.rs can run the agent on the host. Reported paths
 stay under /app/results either way.
 """
 
-import json
+# The agent starts with every sandbox, so its imports are paid by every
+# creation: it takes the interpreter's C modules (select, _socket, _signal,
+# _json) and a few lines below instead of selectors, socket, signal, json and
+# subprocess, whose pure-Python layers (enum, re, threading, collections and
+# more) cost a start about 18 ms of CPU, more than the interpreter itself.
+import _json
+import _signal as signal
+import _socket
+import array
 import os
-import selectors
-import shutil
+import select
 import stat
 import struct
-import signal
-import socket
-import subprocess
 import sys
 import time
 
@@ -88,6 +92,244 @@ GRACE = 2.0
 QUERY_DEADLINE = 5.0
 PROGRESS_EVERY = 1.0
 PROGRESS_CHUNK = 16 * 1024
+
+
+# --------------------------------------------------------------------------
+# The little of json, socket, selectors and subprocess the agent uses.
+# --------------------------------------------------------------------------
+
+
+class _Decoding:
+    """What the C scanner reads of a decoder: json.JSONDecoder's defaults."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+_SCAN = _json.make_scanner(_Decoding())
+_WHITESPACE = " \t\n\r"
+
+
+def _unencodable(o):
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+# (markers, default, string encoder, indent, key and item separators,
+# sort_keys, skipkeys, allow_nan): json.dumps's defaults, compact, without
+# the check for circular values (the agent's messages have none).
+_ENCODE_ASCII = _json.make_encoder(None, _unencodable, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
+_ENCODE = _json.make_encoder(None, _unencodable, _json.encode_basestring, None, ":", ",", False, False, True)
+
+
+def json_loads(text):
+    """json.loads: one JSON value, whitespace around it; ValueError otherwise."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode()
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, end = _SCAN(text, start)
+    except StopIteration as e:
+        raise ValueError(f"Expecting value: char {e.value}") from None
+    except SystemError:
+        # The scanner reports a malformed value through json.decoder's
+        # error class, found only once json is imported (by a sandbox's
+        # code, in the worker); otherwise it fails without an exception.
+        raise ValueError("malformed JSON") from None
+    if text[end:].strip(_WHITESPACE):
+        raise ValueError(f"Extra data: char {end}")
+    return value
+
+
+def json_dumps(value, ensure_ascii=True):
+    """json.dumps, with compact separators."""
+    return "".join((_ENCODE_ASCII if ensure_ascii else _ENCODE)(value, 0))
+
+
+class Socket(_socket.socket):
+    """A socket with what the agent uses of socket.socket: `with` and accept."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+    def accept(self):
+        fd, address = self._accept()
+        return Socket(fileno=fd), address
+
+
+def unix_socket():
+    return Socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+
+
+def send_fds(conn, buffers, fds):
+    """socket.send_fds."""
+    return conn.sendmsg(buffers, [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+
+
+def recv_fds(conn, bufsize, maxfds):
+    """socket.recv_fds: (message, received descriptors, flags, address)."""
+    msg, ancillary, flags, address = conn.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * 4))
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return msg, list(fds), flags, address
+
+
+def readable(fileobj, timeout):
+    """Whether `fileobj` (a descriptor or anything with fileno) has something
+    to read, or its end, within `timeout` seconds."""
+    poll = select.poll()
+    poll.register(fileobj, select.POLLIN)
+    return bool(poll.poll(max(0, int(timeout * 1000))))
+
+
+class Key:
+    """What Selector.select names: the registered object, and its data."""
+
+    __slots__ = ("fileobj", "fd", "data")
+
+    def __init__(self, fileobj, fd, data):
+        self.fileobj, self.fd, self.data = fileobj, fd, data
+
+
+def _fd_of(fileobj):
+    return fileobj if isinstance(fileobj, int) else fileobj.fileno()
+
+
+class Selector:
+    """selectors.EpollSelector's register, unregister and select, for reading."""
+
+    def __init__(self):
+        self.epoll = select.epoll()
+        self.keys = {}
+
+    def register(self, fileobj, data=None):
+        fd = _fd_of(fileobj)
+        if fd in self.keys:
+            raise KeyError(f"{fileobj!r} is already registered")
+        self.epoll.register(fd, select.EPOLLIN)
+        self.keys[fd] = Key(fileobj, fd, data)
+
+    def unregister(self, fileobj):
+        """KeyError when not registered; an object closed since is found by
+        identity, as selectors does."""
+        try:
+            fd = _fd_of(fileobj)
+        except ValueError:
+            fd = -1
+        key = self.keys.get(fd)
+        if key is None or key.fileobj is not fileobj:
+            key = next((k for k in self.keys.values() if k.fileobj is fileobj), None)
+        if key is None:
+            raise KeyError(f"{fileobj!r} is not registered")
+        del self.keys[key.fd]
+        try:
+            self.epoll.unregister(key.fd)
+        except OSError:
+            pass
+        return key
+
+    def select(self, timeout=None):
+        ready = self.epoll.poll(-1 if timeout is None else max(timeout, 0))
+        return [(self.keys[fd], events) for fd, events in ready if fd in self.keys]
+
+
+_DEVNULL = []
+
+
+def devnull():
+    """A descriptor of /dev/null, opened once (close-on-exec)."""
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDWR))
+    return _DEVNULL[0]
+
+
+class Timeout(Exception):
+    """A process did not end within the time given to `wait`."""
+
+
+class Child:
+    """A process watched by pid: `poll` says its exit code once it ended."""
+
+    def wait(self, timeout=5):
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise Timeout(self.pid)
+            time.sleep(0.01)
+        return code
+
+
+class Process(Child):
+    """A program started in a session of its own (subprocess.Popen with
+    start_new_session), in the agent's folder (the results folder, see
+    Agent): standard input from /dev/null, output to the given descriptors
+    (/dev/null by default), no other descriptor but `pass_fds` (the agent's
+    are all close-on-exec). Started by posix_spawn, which does not copy the
+    agent's memory as a fork would; a program that cannot be started raises
+    OSError here, as Popen does."""
+
+    def __init__(self, argv, stdout=None, stderr=None, pass_fds=()):
+        self.returncode = None
+        null = devnull()
+        actions = [
+            (os.POSIX_SPAWN_DUP2, null, 0),
+            (os.POSIX_SPAWN_DUP2, null if stdout is None else stdout, 1),
+            (os.POSIX_SPAWN_DUP2, null if stderr is None else stderr, 2),
+        ]
+        for fd in pass_fds:
+            os.set_inheritable(fd, True)
+        try:
+            # Ignored signals stay ignored across exec; Python ignores SIGPIPE.
+            self.pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=actions,
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        finally:
+            for fd in pass_fds:
+                os.set_inheritable(fd, False)
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Reaped elsewhere: its status is lost (Popen says 0 too).
+                self.returncode = 0
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def abandon(self):
+        """Leaves the process to `reap_abandoned` (a zombie would hold a
+        place under the sandbox's process limit), as Popen leaves a dropped
+        child to the next one."""
+        if self.poll() is None:
+            ABANDONED.append(self)
+
+
+# Processes nobody waits for any more, until they end.
+ABANDONED = []
+
+
+def reap_abandoned():
+    """Collects the abandoned processes that ended. Never waits for any
+    process (a run's, the worker) that somebody still watches."""
+    ABANDONED[:] = [p for p in ABANDONED if p.poll() is None]
 
 
 def is_slot(slot):
@@ -151,13 +393,13 @@ class Kernel:
             line = requests.readline()
             if not line:
                 os._exit(0)
-            req = json.loads(line)
+            req = json_loads(line)
             reap_children()
             if "park" in req:
-                replies.write(json.dumps({"parked": self.park(req["park"], (reply_fd, request_fd))}) + "\n")
+                replies.write(json_dumps({"parked": self.park(req["park"], (reply_fd, request_fd))}) + "\n")
                 continue
             if "dump" in req or "load" in req:
-                replies.write(json.dumps(self.carry(req)) + "\n")
+                replies.write(json_dumps(self.carry(req)) + "\n")
                 continue
             out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -192,7 +434,7 @@ class Kernel:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             os.dup2(self.devnull, 1)
             os.dup2(self.devnull, 2)
-            replies.write(json.dumps({"exit_code": exit_code}) + "\n")
+            replies.write(json_dumps({"exit_code": exit_code}) + "\n")
 
     def carry(self, req):
         """Writes the namespace to, or reads it from, a fork file; an
@@ -212,7 +454,7 @@ class Kernel:
         """Leaves a copy of this process listening at `path`, in a session of
         its own (so that ending a run's processes spares it); answers its pid,
         or None when the copy could not be made."""
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = unix_socket()
         ready_r, ready_w = os.pipe()
         try:
             try:
@@ -240,10 +482,7 @@ class Kernel:
         # next run kills whatever is still in it.
         # Within less than the agent waits for this answer, so the agent
         # always hears it.
-        ready = selectors.DefaultSelector()
-        ready.register(ready_r, selectors.EVENT_READ)
-        left = ready.select(QUERY_DEADLINE / 2) and os.read(ready_r, 1) == b"1"
-        ready.close()
+        left = readable(ready_r, QUERY_DEADLINE / 2) and os.read(ready_r, 1) == b"1"
         os.close(ready_r)
         if not left:
             try:
@@ -270,8 +509,8 @@ class Kernel:
             with conn:
                 conn.settimeout(QUERY_DEADLINE)
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(conn, 4096, 2)
-                    op = json.loads(msg.decode()).get("op")
+                    msg, fds, _flags, _addr = recv_fds(conn, 4096, 2)
+                    op = json_loads(msg.decode()).get("op")
                 except (OSError, ValueError, AttributeError):
                     continue
                 if op == "exit":
@@ -291,7 +530,7 @@ class Kernel:
                 for fd in fds:
                     os.close(fd)
                 try:
-                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+                    conn.sendall((json_dumps({"pid": pid}) + "\n").encode())
                 except OSError:
                     pass
 
@@ -444,7 +683,7 @@ def system_exit_code(e):
     return 1
 
 
-class Adopted:
+class Adopted(Child):
     """A worker resumed from a parked copy: a child of that copy, not of the
     agent, so it is watched by pid; its exit code is not known here."""
 
@@ -459,14 +698,6 @@ class Adopted:
                 return None
         except (OSError, ValueError, IndexError):
             pass
-        return 1
-
-    def wait(self, timeout=5):
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.01)
         return 1
 
 
@@ -487,17 +718,18 @@ class Worker:
         self.close()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        self.proc = subprocess.Popen(
-            [WORKER_PYTHON, "-u", AGENT_SOURCE, "--worker", str(rep_w), str(req_r)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            pass_fds=(rep_w, req_r),
-            start_new_session=True,
-            cwd=RESULTS,
-        )
-        os.close(req_r)
-        os.close(rep_w)
+        try:
+            self.proc = Process(
+                [WORKER_PYTHON, "-u", AGENT_SOURCE, "--worker", str(rep_w), str(req_r)],
+                pass_fds=(rep_w, req_r),
+            )
+        except BaseException:
+            os.close(req_w)
+            os.close(rep_r)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
         self.requests = os.fdopen(req_w, "wb", buffering=0)
         self.replies = os.fdopen(rep_r, "rb")
 
@@ -507,13 +739,10 @@ class Worker:
         which is then the state to keep)."""
         if not self.alive():
             return "fresh"
-        self.requests.write((json.dumps({"park": path}) + "\n").encode())
-        ready = selectors.DefaultSelector()
-        ready.register(self.replies, selectors.EVENT_READ)
-        answered = ready.select(QUERY_DEADLINE)
-        ready.close()
+        self.requests.write((json_dumps({"park": path}) + "\n").encode())
+        answered = readable(self.replies, QUERY_DEADLINE)
         try:
-            answer = json.loads(self.replies.readline()) if answered else None
+            answer = json_loads(self.replies.readline()) if answered else None
             pid = answer["parked"]
         except (ValueError, KeyError, TypeError):
             # A worker that does not answer in time (or answers wrongly) may
@@ -531,17 +760,17 @@ class Worker:
         rep_r, rep_w = os.pipe()
         pid = None
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            with unix_socket() as conn:
                 conn.settimeout(QUERY_DEADLINE)
                 conn.connect(path)
-                socket.send_fds(conn, [b'{"op": "resume"}\n'], [rep_w, req_r])
+                send_fds(conn, [b'{"op": "resume"}\n'], [rep_w, req_r])
                 answer = b""
                 while not answer.endswith(b"\n") and len(answer) < 4096:
                     chunk = conn.recv(4096)
                     if not chunk:
                         break
                     answer += chunk
-                pid = json.loads(answer)["pid"]
+                pid = json_loads(answer)["pid"]
         except (OSError, ValueError, KeyError, TypeError):
             pid = None
         finally:
@@ -570,15 +799,16 @@ class Worker:
             kill_session(self.proc.pid, include_leader=True)
             try:
                 self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            except Timeout:
+                if isinstance(self.proc, Process):
+                    self.proc.abandon()
         self.proc = None
 
 
 def unpark(path):
     """Ends the copy parked at `path`, if it is still there."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with unix_socket() as conn:
             conn.settimeout(QUERY_DEADLINE)
             conn.connect(path)
             conn.sendall(b'{"op": "exit"}\n')
@@ -772,26 +1002,29 @@ class Job:
 
 class Agent:
     def __init__(self):
+        # The folder runs and the worker start in (the image's working
+        # folder already; the protocol tests move it).
+        os.chdir(RESULTS)
         os.makedirs(SPOOL, exist_ok=True)
-        self.sel = selectors.DefaultSelector()
+        self.sel = Selector()
         path = os.path.join(SOCKET_DIR, "agent.sock")
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener = unix_socket()
         self.listener.bind(path)
         os.chmod(path, 0o600)
         self.listener.listen(4)
         self.listener.setblocking(False)
-        self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        self.sel.register(self.listener, "listen")
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.wake_r, "wake")
         self.conns = {}
         self.worker = Worker()
         self.job = None
@@ -814,7 +1047,7 @@ class Agent:
             return
         conn.setblocking(True)
         self.conns[conn] = b""
-        self.sel.register(conn, selectors.EVENT_READ, "conn")
+        self.sel.register(conn, "conn")
 
     def drop_conn(self, conn):
         if conn not in self.conns:
@@ -833,7 +1066,7 @@ class Agent:
     def send(self, conn, msg):
         if conn not in self.conns:
             return
-        data = (json.dumps(msg, ensure_ascii=False) + "\n").encode()
+        data = (json_dumps(msg, ensure_ascii=False) + "\n").encode()
         try:
             conn.sendall(data)
         except OSError:
@@ -861,7 +1094,7 @@ class Agent:
 
     def handle(self, conn, line):
         try:
-            req = json.loads(line)
+            req = json_loads(line)
             op = req["op"]
         except (ValueError, KeyError, TypeError):
             self.send(conn, {"type": "error", "error": "malformed request"})
@@ -988,8 +1221,8 @@ class Agent:
         job.worker = worker
         job.carry_path = path
         try:
-            self.sel.register(worker.replies, selectors.EVENT_READ, "worker")
-            worker.requests.write((json.dumps({req["op"]: path}) + "\n").encode())
+            self.sel.register(worker.replies, "worker")
+            worker.requests.write((json_dumps({req["op"]: path}) + "\n").encode())
         except BaseException:
             try:
                 self.sel.unregister(worker.replies)
@@ -1009,20 +1242,13 @@ class Agent:
         if job.kind == "exec":
             self.worker.ensure()
             job.worker = self.worker
-            self.sel.register(self.worker.replies, selectors.EVENT_READ, "worker")
+            self.sel.register(self.worker.replies, "worker")
             msg = {"code": req["code"], "stdout": job.out, "stderr": job.err}
-            self.worker.requests.write((json.dumps(msg) + "\n").encode())
+            self.worker.requests.write((json_dumps(msg) + "\n").encode())
         else:
             argv = [str(a) for a in req["argv"]]
             with open(job.out, "wb") as out, open(job.err, "wb") as err:
-                job.proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    cwd=RESULTS,
-                    start_new_session=True,
-                )
+                job.proc = Process(argv, stdout=out.fileno(), stderr=err.fileno())
         self.job = job
 
     def stop_job(self, job):
@@ -1039,6 +1265,7 @@ class Agent:
             kill_session(job.proc.pid, include_leader=True)
 
     def tick(self):
+        reap_abandoned()
         job = self.job
         if job is None:
             return
@@ -1081,10 +1308,10 @@ class Agent:
         if not line:
             self.finish(job, None)
         elif job.kind == "exec":
-            self.finish(job, json.loads(line)["exit_code"])
+            self.finish(job, json_loads(line)["exit_code"])
         else:
             try:
-                reply = json.loads(line)
+                reply = json_loads(line)
             except ValueError:
                 reply = {"error": "the worker's answer was malformed"}
             self.finish(job, reply if isinstance(reply, dict) else {"error": "the worker's answer was malformed"})
@@ -1138,7 +1365,7 @@ class Agent:
                 # or user code that killed it. The namespace is gone.
                 try:
                     code = self.worker.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
+                except Timeout:
                     code = -signal.SIGKILL
                 exit_code = 128 + (-code) if code < 0 else (code or 1)
                 state_lost = True
@@ -1277,6 +1504,8 @@ def collect_output(path, cap, job_id, name):
         folder = os.path.join(RESULTS, PRIVATE, "output")
         os.makedirs(folder, exist_ok=True)
         kept = os.path.join(folder, f"{time.strftime('%Y%m%dT%H%M%S')}-{job_id}-{name}.txt")
+        import shutil
+
         shutil.move(path, kept)
     except OSError:
         kept = None
@@ -1316,19 +1545,33 @@ def start_egress_relay():
     only once the relay listens, so a sandbox's first run finds it there."""
     if os.environ.get("MCP_EGRESS_SOCKET"):
         relay = os.path.join(os.path.dirname(AGENT_SOURCE), "egress_relay.py")
-        proc = subprocess.Popen(
-            [sys.executable, "-I", relay], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
-        )
-        ready = selectors.DefaultSelector()
-        ready.register(proc.stdout, selectors.EVENT_READ)
-        ready.select(5)
-        ready.close()
-        proc.stdout.close()
+        ready_r, ready_w = os.pipe()
+        try:
+            # Reaped if the sandbox's code ends it.
+            Process([sys.executable, "-I", "-S", relay], stdout=ready_w, stderr=2).abandon()
+        finally:
+            os.close(ready_w)
+        readable(ready_r, 5)
+        os.close(ready_r)
+
+
+def close_inherited_on_exec():
+    """Marks the descriptors this process was started with (beyond the
+    standard three) close-on-exec, as all of its own are: the programs it
+    starts get none of them."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker_main(int(sys.argv[2]), int(sys.argv[3]))
     else:
+        close_inherited_on_exec()
         start_egress_relay()
         Agent().serve()
