@@ -797,7 +797,10 @@ async fn a_server_start_forgets_the_flows_left_on_its_free_addresses() {
     // In the server's half, the upper one, and held by no sandbox.
     let free = std::net::Ipv4Addr::from(u32::from(subnet.broadcast()) - 2);
     let _ = std::net::TcpStream::connect_timeout(&(free, 9).into(), Duration::from_millis(300));
-    assert!(tracked("dst", free) >= 1, "the control: the attempt to {free} is tracked");
+    assert!(
+        tracked("dst", free) >= 1,
+        "the control: the attempt to {free} is tracked"
+    );
     h.restart().await;
     let after = common::docker(&[
         "network",
@@ -807,5 +810,9 @@ async fn a_server_start_forgets_the_flows_left_on_its_free_addresses() {
         &network,
     ]);
     assert_eq!(after.trim(), ipam.trim(), "the same network");
-    assert_eq!(tracked("dst", free), 0, "flows of the free address {free} left at start");
+    assert_eq!(
+        tracked("dst", free),
+        0,
+        "flows of the free address {free} left at start"
+    );
 }
