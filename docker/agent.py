@@ -92,6 +92,9 @@ GRACE = 2.0
 QUERY_DEADLINE = 5.0
 PROGRESS_EVERY = 1.0
 PROGRESS_CHUNK = 16 * 1024
+# /dev/null, for what a started program or the worker between runs writes
+# and reads (close-on-exec, as every descriptor of the agent's).
+DEVNULL = os.open(os.devnull, os.O_RDWR)
 
 
 # --------------------------------------------------------------------------
@@ -243,16 +246,6 @@ class Selector:
         return [(self.keys[fd], events) for fd, events in ready if fd in self.keys]
 
 
-_DEVNULL = []
-
-
-def devnull():
-    """A descriptor of /dev/null, opened once (close-on-exec)."""
-    if not _DEVNULL:
-        _DEVNULL.append(os.open(os.devnull, os.O_RDWR))
-    return _DEVNULL[0]
-
-
 class Timeout(Exception):
     """A process did not end within the time given to `wait`."""
 
@@ -278,13 +271,12 @@ class Process(Child):
     agent's memory as a fork would; a program that cannot be started raises
     OSError here, as Popen does."""
 
-    def __init__(self, argv, stdout=None, stderr=None, pass_fds=()):
+    def __init__(self, argv, stdout=DEVNULL, stderr=DEVNULL, pass_fds=()):
         self.returncode = None
-        null = devnull()
         actions = [
-            (os.POSIX_SPAWN_DUP2, null, 0),
-            (os.POSIX_SPAWN_DUP2, null if stdout is None else stdout, 1),
-            (os.POSIX_SPAWN_DUP2, null if stderr is None else stderr, 2),
+            (os.POSIX_SPAWN_DUP2, DEVNULL, 0),
+            (os.POSIX_SPAWN_DUP2, stdout, 1),
+            (os.POSIX_SPAWN_DUP2, stderr, 2),
         ]
         for fd in pass_fds:
             os.set_inheritable(fd, True)
@@ -377,7 +369,6 @@ class Kernel:
                 f.write("1000")
         except OSError:
             pass
-        self.devnull = os.open(os.devnull, os.O_RDWR)
 
     def on_sigint(self, _sig, _frame):
         if self.running:
@@ -432,8 +423,8 @@ class Kernel:
                 except Exception:  # noqa: BLE001 - user code may have replaced or closed it
                     pass
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-            os.dup2(self.devnull, 1)
-            os.dup2(self.devnull, 2)
+            os.dup2(DEVNULL, 1)
+            os.dup2(DEVNULL, 2)
             replies.write(json_dumps({"exit_code": exit_code}) + "\n")
 
     def carry(self, req):

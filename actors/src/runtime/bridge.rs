@@ -6,8 +6,8 @@
 //! and iptables ten times; that is about two thirds of the CPU of an `open`
 //! creation, and what bounds a burst of them on a small host
 //! (docs/benchmarks.md). The container is made with networking disabled,
-//! as a proxied one is, and the server does in about 15 ms of CPU what the
-//! engine would: a veth pair, one end a port of the bridge and the other
+//! as a proxied one is, and the server does by netlink requests of its own
+//! (runtime/veth.rs, no program started) what the engine would: a veth pair, one end a port of the bridge and the other
 //! `eth0` in the container's namespace; IPv6 off on both (a sandbox could
 //! otherwise talk link-local IPv6 to another port of the bridge, which the
 //! IPv4 firewall does not see); an address from the half of the subnet that
@@ -133,8 +133,10 @@ struct Addresses {
     /// another sandbox sends it is dropped before its flow is recorded), so
     /// their first join skips the walk of the kernel's whole table.
     swept: HashSet<Ipv4Addr>,
-    /// Free addresses whose flows could not be forgotten when they were
-    /// given back: their next join forgets them.
+    /// Free addresses that may have flows: forgetting them failed when they
+    /// were given back, or their port (and so their last holder's
+    /// namespace) was still there then or at the server's start. Their
+    /// next join forgets them.
     unswept: HashSet<Ipv4Addr>,
 }
 
@@ -363,7 +365,7 @@ impl Bridge {
                 .await
                 .map_err(|e| AttachError::Conntrack(address, e))
         };
-        let (forgotten, paired) = tokio::join!(forget, self.make_pair(namespace, &host, address));
+        let (forgotten, paired) = tokio::join!(forget, self.make_pair(namespace, own, &host, address));
         let attached = match (forgotten, paired) {
             (Ok(_), Ok(())) => self.join_port(&host).await,
             (Err(e), Ok(())) => Err(e),
@@ -382,10 +384,23 @@ impl Bridge {
 
     /// Makes the pair: `eth0` in the namespace, with its address and route,
     /// and the host end, not yet on the bridge.
-    async fn make_pair(&self, namespace: std::fs::File, host: &str, address: Ipv4Addr) -> Result<(), AttachError> {
-        let (host, prefix, gateway, mtu) = (host.to_string(), self.subnet.prefix_len(), self.gateway, self.mtu);
+    /// `server`: the server's own namespace, where the host end goes.
+    async fn make_pair(
+        &self,
+        namespace: std::fs::File,
+        server: std::fs::File,
+        host: &str,
+        address: Ipv4Addr,
+    ) -> Result<(), AttachError> {
+        let addressing = super::veth::Addressing {
+            address,
+            prefix: self.subnet.prefix_len(),
+            gateway: self.gateway,
+            mtu: self.mtu,
+        };
+        let host = host.to_string();
         off_thread("making the pair", move |deadline| {
-            super::veth::make_pair(&namespace, &host, address, prefix, gateway, mtu, deadline)
+            super::veth::make_pair(&namespace, &server, &host, addressing, deadline)
         })
         .await
     }

@@ -1,4 +1,5 @@
-//! Forgetting the kernel's connection-tracking entries of one IPv4 address,
+//! Forgetting the kernel's connection-tracking entries of IPv4 addresses
+//! (one given back, or every free one of the server's range at its start),
 //! over netfilter's netlink interface (as `conntrack -D -s A` and `-d A`
 //! do, and as the engine does when it gives an address to a container).
 //! The server hands a sandbox address out again once its holder is gone;
@@ -6,8 +7,8 @@
 //! would count against the new holder's connection bound and deliver their
 //! replies to it.
 //!
-//! The table is dumped (IPv4 entries), the entries with the address on
-//! either side of either direction collected, and each deleted by its
+//! The table is dumped (IPv4 entries), the entries with a chosen address
+//! on either side of either direction collected, and each deleted by its
 //! original tuple, copied as the kernel sent it.
 
 use std::io;

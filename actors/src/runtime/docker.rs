@@ -224,8 +224,9 @@ impl DockerRuntime {
 
     /// The server's joining of `open` sandboxes to `network`, or why it
     /// cannot: the network lacks the engine's half-range (made by an older
-    /// version, or by hand), sandboxes run under gVisor, the server is not root, or the host resolves names only through an address a
-    /// sandbox cannot reach (a local resolver such as 127.0.0.53).
+    /// version, or by hand), sandboxes run under gVisor, the server is not
+    /// root, or the host resolves names only through an address a sandbox
+    /// cannot reach (a local resolver such as 127.0.0.53).
     async fn own_bridge(
         &self,
         network: &bollard::models::NetworkInspect,

@@ -104,27 +104,44 @@ fn step<T>(what: impl Into<String>, result: io::Result<T>) -> Result<T, StepErro
     })
 }
 
+/// One request and its acknowledgement, unless the deadline has passed.
+fn ask(
+    route: &Netlink,
+    deadline: &Deadline,
+    what: impl Into<String>,
+    message: u16,
+    flags: u16,
+    body: &[u8],
+) -> Result<(), StepError> {
+    deadline.check()?;
+    step(what, route.request(message, flags, body))
+}
+
+/// What `eth0` is given: its address and the subnet's prefix length, the
+/// gateway of its default route, and the bridge's MTU (both ends').
+#[derive(Debug, Clone, Copy)]
+pub struct Addressing {
+    pub address: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Ipv4Addr,
+    pub mtu: u32,
+}
+
 /// Makes the pair: `eth0` in `namespace` (a network namespace held open)
-/// with `address`/`prefix`, up, its default route through `gateway`; the
-/// other end, `host`, in this process's namespace, down and on no bridge.
-/// Both have `mtu`. IPv6 is turned off in the namespace first (it is off
+/// as `addressing` says, up; the other end, `host`, in `server` (this
+/// process's namespace, held open by the caller), down and on no bridge.
+/// IPv6 is turned off in the namespace first (it is off
 /// for interfaces made after the setting), so `eth0` never has an address
 /// of that family, which the IPv4 firewall would not see. A pair made but
 /// not finished (a request refused, the deadline missed) is deleted again;
 /// on an error nothing of this call's is left.
 pub fn make_pair(
     namespace: &File,
+    server: &File,
     host: &str,
-    address: Ipv4Addr,
-    prefix: u8,
-    gateway: Ipv4Addr,
-    mtu: u32,
+    addressing: Addressing,
     deadline: &Deadline,
 ) -> Result<(), StepError> {
-    let own = step(
-        "opening the server's network namespace",
-        File::open("/proc/self/ns/net"),
-    )?;
     // On a thread of its own, which ends with the namespace it entered: no
     // thread of the server's pools ever runs in a sandbox's namespace.
     std::thread::scope(|scope| {
@@ -136,19 +153,23 @@ pub fn make_pair(
                 step("entering the container's network namespace", errno(entered))?;
                 deadline.check()?;
                 if Path::new("/proc/sys/net/ipv6").exists() {
-                    for scope in ["default", "all"] {
-                        let setting = format!("/proc/sys/net/ipv6/conf/{scope}/disable_ipv6");
+                    for which in ["default", "all"] {
+                        let setting = format!("/proc/sys/net/ipv6/conf/{which}/disable_ipv6");
                         step(format!("writing {setting}"), std::fs::write(&setting, "1"))?;
                     }
                 }
                 let route = step("opening route netlink", Netlink::open(NETLINK_ROUTE))?;
-                deadline.check()?;
-                let pair = new_veth(host, mtu, own.as_raw_fd());
-                step(
+                let pair = new_veth(host, addressing.mtu, server.as_raw_fd());
+                let flags = NLM_F_CREATE | NLM_F_EXCL;
+                ask(
+                    &route,
+                    deadline,
                     format!("making the pair {INSIDE}/{host}"),
-                    route.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &pair),
+                    RTM_NEWLINK,
+                    flags,
+                    &pair,
                 )?;
-                let made = configure(&route, address, prefix, gateway, deadline).and_then(|()| deadline.finish());
+                let made = configure(&route, addressing, deadline).and_then(|()| deadline.finish());
                 if made.is_err() {
                     // Both ends go with the one inside.
                     if let Ok(inside) = index_of(INSIDE) {
@@ -169,32 +190,34 @@ pub fn make_pair(
 
 /// `eth0`'s address, its state up, and the default route, inside the
 /// namespace.
-fn configure(
-    route: &Netlink,
-    address: Ipv4Addr,
-    prefix: u8,
-    gateway: Ipv4Addr,
-    deadline: &Deadline,
-) -> Result<(), StepError> {
+fn configure(route: &Netlink, addressing: Addressing, deadline: &Deadline) -> Result<(), StepError> {
+    let Addressing {
+        address,
+        prefix,
+        gateway,
+        ..
+    } = addressing;
     let inside = index_of(INSIDE)?;
-    deadline.check()?;
-    step(
+    let new = NLM_F_CREATE | NLM_F_EXCL;
+    let addressed = new_address(inside, address, prefix);
+    ask(
+        route,
+        deadline,
         format!("giving {INSIDE} {address}/{prefix}"),
-        route.request(
-            RTM_NEWADDR,
-            NLM_F_CREATE | NLM_F_EXCL,
-            &new_address(inside, address, prefix),
-        ),
+        RTM_NEWADDR,
+        new,
+        &addressed,
     )?;
-    deadline.check()?;
-    step(
-        format!("setting {INSIDE} up"),
-        route.request(RTM_NEWLINK, 0, &link(inside, libc::IFF_UP as u32)),
-    )?;
-    deadline.check()?;
-    step(
+    let up = link(inside, libc::IFF_UP as u32);
+    ask(route, deadline, format!("setting {INSIDE} up"), RTM_NEWLINK, 0, &up)?;
+    let default = default_route(gateway);
+    ask(
+        route,
+        deadline,
         format!("routing through {gateway}"),
-        route.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, &default_route(gateway)),
+        RTM_NEWROUTE,
+        new,
+        &default,
     )
 }
 
@@ -211,13 +234,15 @@ pub fn join_port(host: &str, bridge: &str, deadline: &Deadline) -> Result<(), St
     if Path::new(&ipv6).exists() {
         step(format!("writing {ipv6}"), std::fs::write(&ipv6, "1"))?;
     }
-    deadline.check()?;
     let on_bridge = [link(port, 0), attribute(IFLA_MASTER, &master.to_ne_bytes())].concat();
-    step(
+    ask(
+        &route,
+        deadline,
         format!("putting {host} on {bridge}"),
-        route.request(RTM_NEWLINK, 0, &on_bridge),
+        RTM_NEWLINK,
+        0,
+        &on_bridge,
     )?;
-    deadline.check()?;
     let settings = attribute(IFLA_BRPORT_ISOLATED, &[1]);
     let info = [
         string(IFLA_INFO_SLAVE_KIND, "bridge"),
@@ -225,26 +250,30 @@ pub fn join_port(host: &str, bridge: &str, deadline: &Deadline) -> Result<(), St
     ]
     .concat();
     let isolated = [link(port, 0), attribute(IFLA_LINKINFO, &info)].concat();
-    step(
+    ask(
+        &route,
+        deadline,
         format!("isolating the port {host}"),
-        route.request(RTM_NEWLINK, 0, &isolated),
+        RTM_NEWLINK,
+        0,
+        &isolated,
     )?;
-    deadline.check()?;
-    step(
-        format!("setting {host} up"),
-        route.request(RTM_NEWLINK, 0, &link(port, libc::IFF_UP as u32)),
-    )?;
+    let up = link(port, libc::IFF_UP as u32);
+    ask(&route, deadline, format!("setting {host} up"), RTM_NEWLINK, 0, &up)?;
     deadline.finish()
 }
 
 /// Deletes the interface `host` (and so its pair's other end).
 pub fn delete(host: &str, deadline: &Deadline) -> Result<(), StepError> {
-    deadline.check()?;
     let route = step("opening route netlink", Netlink::open(NETLINK_ROUTE))?;
     let index = index_of(host)?;
-    step(
+    ask(
+        &route,
+        deadline,
         format!("deleting {host}"),
-        route.request(RTM_DELLINK, 0, &link(index, 0)),
+        RTM_DELLINK,
+        0,
+        &link(index, 0),
     )?;
     deadline.finish()
 }
