@@ -43,7 +43,6 @@ stay under /app/results either way.
 import _json
 import _signal as signal
 import _socket
-import array
 import os
 import select
 import stat
@@ -80,13 +79,18 @@ MAX_REASON = 200
 # distributions are listed) are for the protocol tests on the host.
 VENV = "/app/.venv"
 WORKER_PYTHON = os.environ.get("MCP_AGENT_WORKER_PYTHON") or os.path.join(VENV, "bin", "python")
-# The agent's source, beside the bytecode the image starts the agent from:
-# the worker runs the source, which the venv's interpreter compiles whatever
-# its version.
+# The agent's source, and beside it the bytecode the image starts the agent
+# from (made when the image was built; absent on the protocol tests' host).
 AGENT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+AGENT_BYTECODE = AGENT_SOURCE + "c"
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
+# A results folder of at most this many entries is scanned as each run begins
+# and ends (3.5 us an entry in the image) rather than watched: a watch needs
+# ctypes, about 3 ms of CPU, which a short-lived sandbox with a few files
+# (a burst's, a rollout's) would pay at its start for nothing.
+SCAN_AT_MOST = 64
 GRACE = 2.0
 # How long a parked copy of the worker (or the worker, asked to make one) may take to answer.
 QUERY_DEADLINE = 5.0
@@ -173,18 +177,19 @@ def unix_socket():
 
 
 def send_fds(conn, buffers, fds):
-    """socket.send_fds."""
-    return conn.sendmsg(buffers, [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+    """socket.send_fds (descriptors packed with struct: the array module
+    imports collections, a few ms of every sandbox's start)."""
+    return conn.sendmsg(buffers, [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
 
 
 def recv_fds(conn, bufsize, maxfds):
     """socket.recv_fds: (message, received descriptors, flags, address)."""
     msg, ancillary, flags, address = conn.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * 4))
-    fds = array.array("i")
+    fds = []
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    return msg, list(fds), flags, address
+            fds.extend(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
+    return msg, fds, flags, address
 
 
 def readable(fileobj, timeout):
@@ -657,7 +662,10 @@ def print_user_traceback(e):
     interrupt handler), so it reads as if the user's code ran as a script."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__]
+    # The file the agent's frames name: its source's, also when it runs from
+    # bytecode (whose `__file__` is the bytecode's).
+    agent = print_user_traceback.__code__.co_filename
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != agent]
     lines = ["Traceback (most recent call last):\n"] if frames else []
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(e), e)
@@ -692,6 +700,22 @@ class Adopted(Child):
         return 1
 
 
+def worker_script():
+    """What the worker starts from. A script named on the command line is
+    compiled at every start (about 11 ms of CPU, paid by every warm pooled
+    sandbox and every first Python call); bytecode is not, but only the
+    interpreter version that made it runs it: the image's bytecode when the
+    venv's interpreter is still the image's own (the agent's), the source
+    otherwise (the sandbox may have replaced its venv's interpreter)."""
+    try:
+        same = os.path.realpath(WORKER_PYTHON) == os.path.realpath(sys.executable)
+    except OSError:
+        same = False
+    if same and os.path.isfile(AGENT_BYTECODE):
+        return AGENT_BYTECODE
+    return AGENT_SOURCE
+
+
 class Worker:
     """Handle on the worker process, started lazily and again after it dies."""
 
@@ -711,7 +735,7 @@ class Worker:
         rep_r, rep_w = os.pipe()
         try:
             self.proc = Process(
-                [WORKER_PYTHON, "-u", AGENT_SOURCE, "--worker", str(rep_w), str(req_r)],
+                [WORKER_PYTHON, "-u", worker_script(), "--worker", str(rep_w), str(req_r)],
                 pass_fds=(rep_w, req_r),
             )
         except BaseException:
@@ -1020,13 +1044,29 @@ class Agent:
         self.worker = Worker()
         self.job = None
         self.seq = 0
-        # (path, ctime_ns) of files reported recently: a file written in the same
-        # clock tick as the end of one run is not reported again by the next.
+        # (path, ctime_ns) of the files a scan saw changed at the current
+        # run's clock tick or later as it began: a file written in the same
+        # tick before the run is not reported as the run's.
         self.recent = set()
-        try:
-            self.watcher = Watcher()
-        except (OSError, AttributeError):  # no inotify here: scan instead
-            self.watcher = None
+        # Entries the last scan of the results folder met: past SCAN_AT_MOST,
+        # runs are watched from then on (where inotify works).
+        self.scanned = 0
+        self.watcher = None
+        self.can_watch = True
+
+    def begin_tracking(self, started_ns):
+        """Readies the account of what a run starting at `started_ns`
+        changes under the results folder: a scan of what is there (which
+        also tells whether it has grown too large to scan), or the watch."""
+        if self.watcher is None:
+            self.recent = self.recent_files(started_ns)
+            if self.scanned > SCAN_AT_MOST and self.can_watch:
+                try:
+                    self.watcher = Watcher()
+                except (OSError, AttributeError):  # no inotify here: scan instead
+                    self.can_watch = False
+        if self.watcher is not None:
+            self.watcher.begin()
 
     # ---- connections ----------------------------------------------------
     # Several may be open: the server's request stream and short-lived ones
@@ -1228,8 +1268,7 @@ class Agent:
     def start_job(self, req, conn):
         self.seq += 1
         job = Job(req, conn, self.seq)
-        if self.watcher is not None:
-            self.watcher.begin()
+        self.begin_tracking(job.started_ns)
         if job.kind == "exec":
             self.worker.ensure()
             job.worker = self.worker
@@ -1409,17 +1448,29 @@ class Agent:
         self.send(job.conn, result)
 
     def changed_files(self, since_ns):
-        """The fallback to inotify: every file whose change time is not
-        older than the run."""
-        found = []
-        recent = set()
+        """What a scan finds (a small results folder, or no inotify): every
+        file whose change time is not older than the run, less those that
+        had that change time already when it began (written in the same
+        clock tick before it, or by the end of the run before)."""
+        current = self.recent_files(since_ns)
+        found = sorted(path for path, ctime in current if (path, ctime) not in self.recent)
+        self.recent = current
+        return found[:MAX_FILES]
+
+    def recent_files(self, since_ns):
+        """(path, change time) of the regular files under the results
+        folder changed at `since_ns` or later (at most MAX_FILES), counting
+        the entries met into `self.scanned`."""
+        found = set()
         stack = [RESULTS]
+        scanned = 0
         while stack and len(found) < MAX_FILES:
             top = stack.pop()
             try:
                 entries = list(os.scandir(top))
             except OSError:
                 continue
+            scanned += len(entries)
             for entry in entries:
                 try:
                     if entry.is_dir(follow_symlinks=False):
@@ -1432,13 +1483,9 @@ class Agent:
                 except OSError:
                     continue
                 if ctime >= since_ns:
-                    key = (entry.path, ctime)
-                    recent.add(key)
-                    if key not in self.recent:
-                        found.append(entry.path)
-        self.recent = recent
-        found.sort()
-        return found[:MAX_FILES]
+                    found.add((entry.path, ctime))
+        self.scanned = scanned
+        return found
 
     # ---- loop -------------------------------------------------------------
     def timeout(self):

@@ -28,6 +28,11 @@ struct Agent {
 
 impl Agent {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// An agent whose results folder `prepare` fills before it starts.
+    async fn start_with(prepare: impl FnOnce(&Path)) -> Self {
         // Under /tmp: a unix socket's path is limited to 107 bytes.
         let dir = tempfile::Builder::new()
             .prefix("agent-protocol")
@@ -43,6 +48,7 @@ impl Agent {
         for d in [&sock_dir, &results, &spool, &dist_info] {
             std::fs::create_dir_all(d).unwrap();
         }
+        prepare(&results);
         std::fs::write(
             dist_info.join("METADATA"),
             format!("Metadata-Version: 2.1\nName: {}\nVersion: {}\n", DIST.0, DIST.1),
@@ -515,6 +521,58 @@ async fn files_written_under_results_are_reported() {
         .await
         .unwrap();
     assert_eq!(r.files, vec!["/app/results/c.txt".to_string()], "a program's files too");
+}
+
+/// Whether the agent holds an inotify descriptor (watches its results
+/// folder rather than scanning it after each run).
+fn watches(agent: &Agent) -> bool {
+    let pid = agent.child.id().expect("the agent runs");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.unwrap().path()).ok())
+        .any(|target| target.to_string_lossy() == "anon_inode:inotify")
+}
+
+/// A small results folder is scanned as each run begins and ends; one past
+/// the agent's `SCAN_AT_MOST` (64 entries), at its start or grown since, is
+/// watched from the next run on, and reports the same files.
+#[tokio::test]
+async fn a_large_results_folder_is_watched_and_reports_the_same_files() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let r = exec(&mut c, "open('a.txt', 'w').write('a')").await;
+    assert_eq!(r.files, vec!["/app/results/a.txt".to_string()]);
+    assert!(!watches(&agent), "a small folder is scanned");
+    let r = exec(
+        &mut c,
+        "import os\nos.makedirs('many')\nfor i in range(100): open(f'many/{i}.txt', 'w')",
+    )
+    .await;
+    assert_eq!(r.files.len(), 100, "{:?}", r.files);
+    let r = exec(&mut c, "open('many/7.txt', 'a').write('y')\nopen('b.txt', 'w')").await;
+    assert_eq!(
+        r.files,
+        vec!["/app/results/b.txt".to_string(), "/app/results/many/7.txt".to_string()]
+    );
+    assert!(watches(&agent), "a folder grown to 102 entries is watched");
+
+    let large = Agent::start_with(|results| {
+        let many = results.join("many");
+        std::fs::create_dir(&many).unwrap();
+        for i in 0..100 {
+            std::fs::write(many.join(format!("{i}.txt")), "x").unwrap();
+        }
+    })
+    .await;
+    let mut c = large.client().await;
+    let r = exec(
+        &mut c,
+        "import os\nos.makedirs('new/deep')\nopen('new/deep/b.txt', 'w').write('b')",
+    )
+    .await;
+    assert_eq!(r.files, vec!["/app/results/new/deep/b.txt".to_string()]);
+    assert!(watches(&large), "a folder of 101 entries at the start is watched");
+    assert!(exec(&mut c, "print(1)").await.files.is_empty());
 }
 
 #[tokio::test]

@@ -155,6 +155,10 @@ async fn an_interpreter_planted_in_the_venv_never_becomes_the_agent() {
         started.lines().all(|l| l.contains("--worker")),
         "the planted interpreter started the agent: {started:?}"
     );
+    assert!(
+        started.lines().all(|l| l.contains("/opt/mcp-agent/agent.py --worker")),
+        "another interpreter than the image's runs the worker from source: {started:?}"
+    );
     // The agent that answers is the image's interpreter, from the read-only root.
     let agent = h
         .py(

@@ -58,6 +58,16 @@ async fn python_state_output_and_exit_codes() {
         r.stderr
     );
     assert!(!r.stderr.contains("agent.py"), "agent frames leak: {}", r.stderr);
+    // The worker runs on the image's own interpreter here, so it starts from
+    // the image's bytecode (the frames above are filtered all the same).
+    let r = h
+        .py(
+            id,
+            "print(open('/proc/self/cmdline', 'rb').read().split(bytes(1))[2].decode())",
+        )
+        .await
+        .output;
+    assert_eq!(r.stdout, "/opt/mcp-agent/agent.pyc\n", "{}", r.stderr);
 
     assert_eq!(h.py(id, "import sys; sys.exit(3)").await.output.exit_code, 3);
     assert_eq!(h.py(id, "raise SystemExit").await.output.exit_code, 0);
