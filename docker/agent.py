@@ -708,7 +708,9 @@ def worker_script():
     venv's interpreter is still the image's own (the agent's), the source
     otherwise (the sandbox may have replaced its venv's interpreter)."""
     try:
-        same = os.path.realpath(WORKER_PYTHON) == os.path.realpath(sys.executable)
+        # The kernel follows the links (realpath would recurse once a link,
+        # and a chain the sandbox made would end the agent).
+        same = os.path.samestat(os.stat(WORKER_PYTHON), os.stat(sys.executable))
     except OSError:
         same = False
     if same and os.path.isfile(AGENT_BYTECODE):
@@ -1044,7 +1046,7 @@ class Agent:
         self.worker = Worker()
         self.job = None
         self.seq = 0
-        # (path, ctime_ns) of the files a scan saw changed at the current
+        # (path, ctime_ns, size) of the files a scan saw changed at the current
         # run's clock tick or later as it began: a file written in the same
         # tick before the run is not reported as the run's.
         self.recent = set()
@@ -1059,14 +1061,16 @@ class Agent:
         changes under the results folder: a scan of what is there (which
         also tells whether it has grown too large to scan), or the watch."""
         if self.watcher is None:
-            self.recent = self.recent_files(started_ns)
-            if self.scanned > SCAN_AT_MOST and self.can_watch:
-                try:
-                    self.watcher = Watcher()
-                except (OSError, AttributeError):  # no inotify here: scan instead
-                    self.can_watch = False
-        if self.watcher is not None:
-            self.watcher.begin()
+            if self.can_watch or self.scanned <= SCAN_AT_MOST:
+                self.recent = self.recent_files(started_ns)
+            if self.scanned <= SCAN_AT_MOST or not self.can_watch:
+                return
+            try:
+                self.watcher = Watcher()
+            except (OSError, AttributeError, ImportError):  # no inotify here: scan instead
+                self.can_watch = False
+                return
+        self.watcher.begin()
 
     # ---- connections ----------------------------------------------------
     # Several may be open: the server's request stream and short-lived ones
@@ -1453,14 +1457,15 @@ class Agent:
         had that change time already when it began (written in the same
         clock tick before it, or by the end of the run before)."""
         current = self.recent_files(since_ns)
-        found = sorted(path for path, ctime in current if (path, ctime) not in self.recent)
+        found = sorted(key[0] for key in current if key not in self.recent)
         self.recent = current
         return found[:MAX_FILES]
 
     def recent_files(self, since_ns):
-        """(path, change time) of the regular files under the results
+        """(path, change time, size) of the regular files under the results
         folder changed at `since_ns` or later (at most MAX_FILES), counting
-        the entries met into `self.scanned`."""
+        the entries met into `self.scanned`. (The size tells a file the run
+        rewrote within the clock tick it was written in before the run.)"""
         found = set()
         stack = [RESULTS]
         scanned = 0
@@ -1479,11 +1484,11 @@ class Agent:
                         continue
                     if not entry.is_file(follow_symlinks=False):
                         continue
-                    ctime = entry.stat(follow_symlinks=False).st_ctime_ns
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if ctime >= since_ns:
-                    found.add((entry.path, ctime))
+                if st.st_ctime_ns >= since_ns:
+                    found.add((entry.path, st.st_ctime_ns, st.st_size))
         self.scanned = scanned
         return found
 

@@ -33,6 +33,12 @@ impl Agent {
 
     /// An agent whose results folder `prepare` fills before it starts.
     async fn start_with(prepare: impl FnOnce(&Path)) -> Self {
+        Self::launch(prepare, Path::new("python3")).await
+    }
+
+    /// An agent whose worker runs on `worker_python` (the venv's
+    /// interpreter in a sandbox).
+    async fn launch(prepare: impl FnOnce(&Path), worker_python: &Path) -> Self {
         // Under /tmp: a unix socket's path is limited to 107 bytes.
         let dir = tempfile::Builder::new()
             .prefix("agent-protocol")
@@ -63,7 +69,7 @@ impl Agent {
             .env("MCP_AGENT_SPOOL", &spool)
             .env("PYTHONPATH", &site)
             .env("MCP_AGENT_SITE", &site)
-            .env("MCP_AGENT_WORKER_PYTHON", "python3")
+            .env("MCP_AGENT_WORKER_PYTHON", worker_python)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env_remove("MCP_EGRESS_SOCKET")
             .current_dir(dir.path())
@@ -573,6 +579,38 @@ async fn a_large_results_folder_is_watched_and_reports_the_same_files() {
     assert_eq!(r.files, vec!["/app/results/new/deep/b.txt".to_string()]);
     assert!(watches(&large), "a folder of 101 entries at the start is watched");
     assert!(exec(&mut c, "print(1)").await.files.is_empty());
+}
+
+/// The sandbox owns its venv: a worker interpreter it turned into a chain of
+/// a thousand symbolic links fails that sandbox's Python calls, and nothing
+/// else: the agent still answers, resets and runs programs.
+#[tokio::test]
+async fn a_worker_interpreter_behind_a_chain_of_links_fails_python_calls_only() {
+    let chain = tempfile::Builder::new()
+        .prefix("agent-protocol")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let python3 = std::process::Command::new("sh")
+        .args(["-c", "command -v python3"])
+        .output()
+        .unwrap();
+    let mut link = PathBuf::from(String::from_utf8(python3.stdout).unwrap().trim());
+    for i in 0..1000 {
+        let next = chain.path().join(format!("l{i}"));
+        std::os::unix::fs::symlink(&link, &next).unwrap();
+        link = next;
+    }
+    let agent = Agent::launch(|_| {}, &link).await;
+    let mut c = agent.client().await;
+    let err = c.run(&py("print(1)"), 30.0, CAP, None).await;
+    assert!(err.is_err(), "the worker started: {err:?}");
+    let _ = c.reset().await;
+    c.ping().await.expect("the agent answers after a reset");
+    let r = c
+        .run(&program(&["sh", "-c", "echo ok"]), 30.0, CAP, None)
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "ok\n");
 }
 
 #[tokio::test]
