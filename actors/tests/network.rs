@@ -520,10 +520,23 @@ for s in held:
 time.sleep(2)
 print("after:", connect())
 "#;
-    let out = py(&h, OWNER, id, code).await.stdout;
-    assert!(out.contains("held: 5") || out.contains("held: 6"), "{out}");
-    assert!(out.contains("over: ConnectionRefusedError"), "{out}");
-    assert!(out.contains("after: <socket.socket"), "{out}");
+    // Connections begun while the engine re-arranges its jump to
+    // `DOCKER-USER` (a network made or removed by another server: the
+    // suite's other tiers start servers meanwhile) pass uncounted
+    // (docs/security.md); one more attempt is not in such a moment as well.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let out = py(&h, OWNER, id, code).await.stdout;
+        let capped =
+            (out.contains("held: 5") || out.contains("held: 6")) && out.contains("over: ConnectionRefusedError");
+        if capped {
+            assert!(out.contains("after: <socket.socket"), "{out}");
+            return;
+        }
+        seen.push(out);
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    panic!("the cap did not hold in two attempts: {seen:#?}");
 }
 
 /// New flows per second are bounded too (so short connections cannot fill
