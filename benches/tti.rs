@@ -18,12 +18,13 @@
 //! The server (`--bin`) reads a configuration file written for the run,
 //! printed at the start: `[limits]` raised so that one tenant's `--n`
 //! concurrent agents are never refused, and `[pool] min = --pool-min`,
-//! `max = --pool-max` (the shipped 2 and 100 by default; `--pool-min 100
+//! `max = --pool-max` (the shipped `auto` and 100 by default, `auto`
+//! resolved for this host as the server resolves it; `--pool-min 100
 //! --pool-max 100` for a pool filled to 100 from the start).
 //! Every `MCP_SANDBOX_*` variable of the benchmark's environment reaches the
 //! server and overrides the file. The server listens on 127.0.0.1 only.
 //!
-//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min 2 --pool-max 100 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst]`
+//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min auto --pool-max 100 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst]`
 
 mod common;
 
@@ -244,7 +245,11 @@ fn config_text(n: usize, pool: (usize, usize)) -> String {
 async fn main() -> std::process::ExitCode {
     let bin: String = arg("--bin", "target/release/mcp-sandbox".to_string());
     let n: usize = arg("--n", 100);
-    let min: usize = arg("--pool-min", 2);
+    let min_arg: String = arg("--pool-min", "auto".to_string());
+    let min: usize = match min_arg.as_str() {
+        "auto" => sandbox_actors::config::auto_pool_min(sandbox_actors::host::memory_bytes()),
+        n => n.parse().expect("--pool-min: a number or auto"),
+    };
     let max: usize = arg("--pool-max", 100).max(min);
     let stagger = Duration::from_millis(arg("--stagger-ms", 200));
     let pause = Duration::from_secs(arg("--second-burst-after-seconds", 60));
@@ -269,7 +274,7 @@ async fn main() -> std::process::ExitCode {
         })
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    println!("tti: n = {n}, pool min {min} max {max}, server {bin}, listening on 127.0.0.1 only");
+    println!("tti: n = {n}, pool min {min} ({min_arg}) max {max}, server {bin}, listening on 127.0.0.1 only");
     println!("server configuration file ({}):\n{text}", config.display());
     if !passed.is_empty() {
         println!(

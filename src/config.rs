@@ -521,6 +521,17 @@ mod tests {
     }
 
     #[test]
+    fn the_pool_s_minimum_is_a_number_or_auto_for_this_host() {
+        let auto = sandbox_actors::config::auto_pool_min(sandbox_actors::host::memory_bytes());
+        assert_eq!(load("[pool]\nmin = \"auto\"\n", &[]).unwrap().pool.min, auto);
+        assert_eq!(load("", &[("MCP_SANDBOX_POOL_MIN", "auto")]).unwrap().pool.min, auto);
+        assert_eq!(load("", &[]).unwrap().pool.min, auto, "the default is automatic");
+        let wrong = load("[pool]\nmin = \"many\"\n", &[]).unwrap_err().to_string();
+        assert!(wrong.contains("min") && wrong.contains("auto"), "{wrong}");
+        assert!(load("[pool]\nmin = -1\n", &[]).is_err());
+    }
+
+    #[test]
     fn every_supported_runtime_is_accepted() {
         let auto = [sandbox_actors::config::AUTO_RUNTIME];
         for runtime in sandbox_actors::config::RUNTIMES.iter().chain(&auto) {

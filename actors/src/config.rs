@@ -336,8 +336,10 @@ impl UsageConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Kept ready always (0: no pool). `size`, its earlier name, is
+    /// Kept ready always (0: no pool), or `"auto"`: as many as
+    /// [`auto_pool_min`] gives for this host. `size`, its earlier name, is
     /// renamed by the server's configuration loader.
+    #[serde(deserialize_with = "pool_min")]
     pub min: usize,
     /// The most ready-but-unclaimed sandboxes demand may raise the pool to.
     pub max: usize,
@@ -350,6 +352,37 @@ pub struct PoolConfig {
 
 /// The most creations the pool may run at once.
 pub const MAX_CREATIONS_AT_ONCE: usize = 64;
+
+/// What a waiting pooled sandbox holds of the host's memory: its agent's
+/// and worker's interpreters and the engine's shim (docs/benchmarks.md).
+pub const POOLED_SANDBOX_BYTES: u64 = 20 << 20;
+
+/// `pool.min = "auto"`: the sandboxes that fit in a 16th of the host's
+/// memory at [`POOLED_SANDBOX_BYTES`] each, from 2 to 64. Every one ready
+/// is one cold creation fewer when a burst meets a fresh server (the
+/// engine makes 11 to 17 a second on two cores): with 64 ready a fresh
+/// server's burst of 100 ended within 3.3 s, with 2 within 8.9
+/// (docs/benchmarks.md). 64 hold about 1.3 GB, 5 % of a 24 GiB host; a
+/// 2 GiB host keeps 6. An unknown host size counts as none, so 2.
+pub fn auto_pool_min(host_memory_bytes: Option<u64>) -> usize {
+    let fit = host_memory_bytes.unwrap_or(0) / 16 / POOLED_SANDBOX_BYTES;
+    (fit as usize).clamp(2, 64)
+}
+
+/// `pool.min`: a number, or `"auto"` resolved for this host as it is read.
+fn pool_min<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Min {
+        Fixed(usize),
+        Named(String),
+    }
+    match Min::deserialize(d)? {
+        Min::Fixed(n) => Ok(n),
+        Min::Named(s) if s == "auto" => Ok(auto_pool_min(crate::host::memory_bytes())),
+        Min::Named(s) => Err(serde::de::Error::custom(format!("a number or \"auto\", not {s:?}"))),
+    }
+}
 
 impl PoolConfig {
     /// Checks what serde cannot; each message names the offending key.
@@ -367,7 +400,7 @@ impl PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            min: 2,
+            min: auto_pool_min(crate::host::memory_bytes()),
             max: 100,
             shrink_after_seconds: 300,
             creations_at_once: 4,
@@ -504,5 +537,21 @@ impl SandboxConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_automatic_pool_minimum_follows_the_host_s_memory_within_bounds() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(auto_pool_min(None), 2);
+        assert_eq!(auto_pool_min(Some(GIB / 2)), 2);
+        assert_eq!(auto_pool_min(Some(2 * GIB)), 6);
+        assert_eq!(auto_pool_min(Some(8 * GIB)), 25);
+        assert_eq!(auto_pool_min(Some(24 * GIB)), 64);
+        assert_eq!(auto_pool_min(Some(1024 * GIB)), 64);
     }
 }
