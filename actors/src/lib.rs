@@ -24,7 +24,8 @@
 //!   the channel to the in-container agent; `spans`: the trace spans of
 //!   agent exchanges and engine calls within a call's job.
 //! - `pool`: making sandboxes, and keeping some made ahead of demand;
-//!   `pool_target`: how many, as demand shows.
+//!   `pool_target`: how many, as demand shows; `pool_yield`: when refills
+//!   give way to the first calls of sandboxes just claimed.
 //! - `runtime/`: the [`ContainerRuntime`](runtime::ContainerRuntime) trait and
 //!   its Docker implementation, with the image build, the disk quotas and
 //!   the host firewall; in test builds, an in-memory one (`runtime/fake.rs`)
@@ -63,6 +64,7 @@ mod nofollow;
 mod packages;
 mod pool;
 mod pool_target;
+mod pool_yield;
 pub mod records;
 mod results;
 pub mod runtime;

@@ -14,13 +14,15 @@
 //! queued before it, and a burst's creations run at the pace the engine
 //! sustains instead of all at once (a hundred creations started together
 //! all end late; started a few at a time, the first end early).
+//! While the first calls of claimed sandboxes are to come or under way,
+//! refills give way to them for a moment ([`Yield`]).
 //! Pooled sandboxes are made under the server's egress policy; a claim may
 //! switch a proxied one to another proxied policy (the proxy looks the
 //! policy up per connection), anything else is created cold.
 //! Pooled sandboxes have no record, so a restarted server removes them like
 //! any unexplained container, and a stopped server removes them itself.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -40,6 +42,7 @@ use crate::context::Context;
 use crate::error::{AgentFailure, Result, SandboxError};
 use crate::link::wait_for_agent;
 use crate::pool_target::Target;
+use crate::pool_yield::{Yield, MAX_YIELD};
 use crate::runtime::{ContainerRef, SANDBOX_UID};
 
 /// A sandbox's container before it has an owner.
@@ -54,6 +57,8 @@ pub struct Provisioned {
     /// Whether its Python worker was started ahead (not for a sandbox
     /// handed straight to a waiting claim).
     warmed: bool,
+    /// Set when claimed: its owner's first call is still to come.
+    first_call: Option<FirstCall>,
 }
 
 impl Provisioned {
@@ -64,6 +69,66 @@ impl Provisioned {
     /// The open connection to its agent, when it has one.
     pub fn take_agent(&mut self) -> Option<AgentClient> {
         self.warm.take()
+    }
+
+    /// What tells the pool that its first call ended, when it was claimed.
+    pub fn take_first_call(&mut self) -> Option<FirstCall> {
+        self.first_call.take()
+    }
+}
+
+/// The first calls of claimed sandboxes that have not ended, by when
+/// their sandbox was claimed. One that has not ended [`MAX_YIELD`] after
+/// its claim no longer counts (its caller may never call), so a sandbox
+/// claimed and left alone holds up no refill later.
+#[derive(Default)]
+struct FirstCalls {
+    claimed: Mutex<HashMap<u64, Instant>>,
+    next: AtomicU64,
+    /// Told when the last of them ends.
+    ended: Notify,
+}
+
+impl FirstCalls {
+    /// Whether a first call of a claim of the last [`MAX_YIELD`] has not
+    /// ended (the older ones are forgotten here).
+    fn pending(&self, now: Instant) -> bool {
+        let mut claimed = self.claimed.lock().expect("pool lock");
+        claimed.retain(|_, at| now.duration_since(*at) < MAX_YIELD);
+        !claimed.is_empty()
+    }
+}
+
+/// A claimed sandbox's first call, to come or under way: refills give way
+/// while any is ([`Yield`]). Its sandbox's actor drops it when its first
+/// job ends; a claim that fails drops it with the sandbox.
+pub struct FirstCall {
+    calls: Arc<FirstCalls>,
+    key: u64,
+}
+
+impl FirstCall {
+    fn new(calls: &Arc<FirstCalls>) -> Self {
+        let key = calls.next.fetch_add(1, Ordering::Relaxed);
+        calls.claimed.lock().expect("pool lock").insert(key, Instant::now());
+        Self {
+            calls: calls.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for FirstCall {
+    fn drop(&mut self) {
+        // A poisoned lock (a panic while it was held) still holds the map.
+        let mut claimed = self
+            .calls
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if claimed.remove(&self.key).is_some() && claimed.is_empty() {
+            self.calls.ended.notify_one();
+        }
     }
 }
 
@@ -98,6 +163,7 @@ pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisione
             container,
             warm: None,
             warmed: false,
+            first_call: None,
         }),
         Err(e) => {
             remove_host_side(ctx, id).await;
@@ -271,6 +337,7 @@ pub struct Pool {
     wake: Notify,
     stop: CancellationToken,
     filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    first_calls: Arc<FirstCalls>,
 }
 
 impl Pool {
@@ -291,6 +358,7 @@ impl Pool {
             wake: Notify::new(),
             stop: CancellationToken::new(),
             filler: Mutex::new(None),
+            first_calls: Arc::default(),
         });
         if enabled {
             let handle = tokio::spawn(pool.clone().fill());
@@ -312,6 +380,16 @@ impl Pool {
         if !self.enabled {
             return None;
         }
+        Some(self.take_or_wait().await)
+    }
+
+    /// A claimed sandbox, with what tells the pool of its first call.
+    fn claimed(&self, mut p: Provisioned) -> Provisioned {
+        p.first_call = Some(FirstCall::new(&self.first_calls));
+        p
+    }
+
+    async fn take_or_wait(self: &Arc<Self>) -> Result<Provisioned> {
         self.target.lock().expect("pool lock").claimed(Instant::now());
         let waiting = {
             // Under the lock of the queue, so that a sandbox finished in
@@ -321,14 +399,17 @@ impl Pool {
             if waiting.is_empty() {
                 if let Some(p) = self.take_ready() {
                     self.counters.claims.fetch_add(1, Ordering::Relaxed);
+                    // Counted before the filler hears of the claim, so
+                    // that its refill gives way to the first call.
+                    let p = self.claimed(p);
                     self.wake.notify_one();
-                    return Some(Ok(p));
+                    return Ok(p);
                 }
             }
             // The filler clears the queue under this lock once stopped
             // (or ended otherwise: see `fill`).
             if self.stop.is_cancelled() || self.filler_ended() {
-                return Some(Err(stopping()));
+                return Err(stopping());
             }
             let (tx, rx) = oneshot::channel();
             waiting.push_back(tx);
@@ -337,7 +418,8 @@ impl Pool {
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
         let mut waiting = waiting;
-        Some((&mut waiting.rx).await.unwrap_or_else(|_| Err(stopping())))
+        let handed = (&mut waiting.rx).await.unwrap_or_else(|_| Err(stopping()));
+        handed.map(|p| self.claimed(p))
     }
 
     fn filler_ended(&self) -> bool {
@@ -494,15 +576,21 @@ impl Pool {
         let mut refilling: JoinSet<(Result<Provisioned>, Duration)> = JoinSet::new();
         let mut removing: JoinSet<()> = JoinSet::new();
         let mut paused_until: Option<Instant> = None;
+        let mut yielding = Yield::default();
         loop {
             self.serve_waiting();
-            // A failure pauses refills for the pool's own sake only: claims
-            // that wait are still made for, and answered by a sandbox or by
-            // the next failure.
-            let wanted = match paused_until.is_some_and(|t| Instant::now() < t) {
+            // A failure pauses refills for the pool's own sake only, and
+            // first calls hold them only while no claim waits: claims that
+            // wait are still made for, and answered by a sandbox or by the
+            // next failure.
+            let now = Instant::now();
+            let first_calls = self.first_calls.pending(now) && self.waiting() == 0;
+            let holds = yielding.holds(now, first_calls);
+            let wanted = match holds || paused_until.is_some_and(|t| now < t) {
                 true => self.waiting(),
                 false => self.wanted(),
             };
+            let yield_ends = yielding.until();
             while self.ready() + refilling.len() < wanted && refilling.len() < self.at_once && !self.stop.is_cancelled()
             {
                 let pool = self.clone();
@@ -544,6 +632,8 @@ impl Pool {
                 },
                 Some(_) = removing.join_next() => {}
                 _ = self.wake.notified() => {}
+                _ = self.first_calls.ended.notified() => {}
+                _ = tokio::time::sleep_until(yield_ends.unwrap_or(now)), if yield_ends.is_some() => {}
                 _ = tokio::time::sleep(PRUNE_EVERY) => self.prune(),
                 _ = self.stop.cancelled() => break,
             }

@@ -32,6 +32,7 @@ use crate::history::{CallKind, CallRecord, History};
 use crate::link::{Link, Retirement};
 use crate::messages::{Finished, Queued, SandboxMsg};
 use crate::packages;
+use crate::pool::FirstCall;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
 use crate::results::{InstallStatus, InstallStatusKind, SandboxInfo};
 use crate::runtime::ContainerState;
@@ -67,6 +68,9 @@ pub struct Started {
     /// The warm pool's open connection to its agent, which the first call
     /// then uses instead of making one.
     pub agent: Option<AgentClient>,
+    /// Set for a sandbox claimed from the warm pool, whose refills give way
+    /// until its first job ends.
+    pub first_call: Option<FirstCall>,
 }
 
 pub struct SandboxState {
@@ -96,6 +100,8 @@ pub struct SandboxState {
     /// store when the actor starts and after each snapshot job, so that
     /// listings and metrics read no files.
     snapshots: SnapshotTotals,
+    /// Held until the first job ends (a sandbox claimed from the pool).
+    first_call: Option<FirstCall>,
 }
 
 impl Actor for SandboxActor {
@@ -137,11 +143,16 @@ impl Actor for SandboxActor {
         });
         let mut link = new_link(&ctx, &record, &retirement);
         let mut queue = VecDeque::new();
+        let mut first_call = None;
         // An adopted sandbox may have been paused by the previous server, or
         // its container may have died meanwhile; a pooled one may have been
         // frozen behind the server's back while it waited.
         let found = match started {
-            Some(Started { agent }) => {
+            Some(Started {
+                agent,
+                first_call: held,
+            }) => {
+                first_call = held;
                 if let Some(agent) = agent {
                     link.hand_over(agent);
                 }
@@ -173,6 +184,7 @@ impl Actor for SandboxActor {
             history: History::default(),
             last_used: OffsetDateTime::now_utc(),
             snapshots,
+            first_call,
         })
     }
 
@@ -530,6 +542,7 @@ impl SandboxActor {
     }
 
     async fn finished(&self, state: &mut SandboxState, f: Finished) -> Result<(), ActorProcessingErr> {
+        state.first_call = None;
         state.restarting = false;
         // Still dead if the job said so, or if it could not reconnect either.
         state.stopped = f.still_stopped || (state.stopped && f.link.is_disconnected());

@@ -225,6 +225,7 @@ impl Creation {
             None => pool::provision(&self.ctx, egress).await?,
         };
         let agent = provisioned.take_agent();
+        let first_call = provisioned.take_first_call();
         let (id, created) = (provisioned.id, provisioned.container);
         let created_at = OffsetDateTime::now_utc();
         let record = SandboxRecord {
@@ -245,7 +246,7 @@ impl Creation {
             let _ = remove_everything(&self.ctx, &record).await;
             return Err(e);
         }
-        let actor = match spawn_actor(&self.supervisor, record.clone(), Some(Started { agent })).await {
+        let actor = match spawn_actor(&self.supervisor, record.clone(), Some(Started { agent, first_call })).await {
             Ok(actor) => actor,
             Err(e) => {
                 let _ = remove_everything(&self.ctx, &record).await;

@@ -380,3 +380,49 @@ async fn refills_run_in_parallel_and_a_claim_that_finds_the_pool_empty_does_not_
     assert!(waited < Duration::from_secs(2), "{waited:?}");
     assert!(s.sb().stats().await.pool.misses >= 1);
 }
+
+/// The refill a claim sets off waits for the claimed sandbox's first call,
+/// so that the call does not share the host with a creation; for a moment
+/// only (a claim whose caller never calls holds it no longer than
+/// `MAX_YIELD`), and not at all while a claim waits for a sandbox.
+#[tokio::test(start_paused = true)]
+async fn refills_give_way_to_a_claimed_sandbox_s_first_call_for_a_moment() {
+    use crate::pool_yield::MAX_YIELD;
+    use tokio::time::Instant;
+    let s = Server::with(|st| st.pool = PoolConfig::fixed(2)).await;
+    until("the pool is full", || s.sb().pool_ready() == 2).await;
+    let made = creations(&s);
+    let id = s.create().await;
+    tokio::time::sleep(MAX_YIELD / 2).await;
+    assert_eq!(creations(&s), made, "a refill began before the claim's first call");
+    let called = Instant::now();
+    assert_eq!(s.stdout(id, "echo first").await, "echo first\n");
+    until("the refill after the first call", || creations(&s) == made + 1).await;
+    assert!(called.elapsed() < MAX_YIELD / 2, "{:?}", called.elapsed());
+
+    // A claim whose first call never comes.
+    tokio::time::sleep(2 * MAX_YIELD).await;
+    let claimed = Instant::now();
+    let _silent = s.create().await;
+    until("the refill after the hold", || creations(&s) == made + 2).await;
+    let held = claimed.elapsed();
+    assert!(held >= MAX_YIELD && held < 2 * MAX_YIELD, "{held:?}");
+    // Forgotten since: the next claim's refill follows its first call.
+    tokio::time::sleep(2 * MAX_YIELD).await;
+    let next = s.create().await;
+    tokio::time::sleep(MAX_YIELD / 2).await;
+    assert_eq!(creations(&s), made + 2, "a refill began before the claim's first call");
+    let called = Instant::now();
+    assert_eq!(s.stdout(next, "echo first").await, "echo first\n");
+    until("the refill after the first call", || creations(&s) == made + 3).await;
+    assert!(called.elapsed() < MAX_YIELD / 2, "{:?}", called.elapsed());
+
+    // Claims past the pool: the one that waits is made for at once.
+    until("the pool is full again", || s.sb().pool_ready() == 2).await;
+    s.fake.set_create_delay(Duration::from_secs(5));
+    tokio::time::sleep(2 * MAX_YIELD).await;
+    let burst_at = Instant::now();
+    let _three = burst(&s, 3).await;
+    let waited = burst_at.elapsed();
+    assert!(waited < Duration::from_secs(5) + MAX_YIELD, "{waited:?}");
+}
