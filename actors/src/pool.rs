@@ -90,13 +90,18 @@ struct FirstCalls {
 }
 
 impl FirstCalls {
-    /// Whether a first call of a claim of the last [`MAX_YIELD`] has not
-    /// ended (the older ones are forgotten here).
-    fn pending(&self, now: Instant) -> bool {
+    /// Until when a first call of a claim of the last [`MAX_YIELD`] that
+    /// has not ended counts (the latest claim's), if one does; the older
+    /// ones are forgotten here.
+    fn pending(&self, now: Instant) -> Option<Instant> {
         let mut claimed = self.claimed.lock().expect("pool lock");
-        claimed.retain(|_, at| now.duration_since(*at) < MAX_YIELD);
-        !claimed.is_empty()
+        forget_old(&mut claimed, now);
+        claimed.values().max().map(|at| *at + MAX_YIELD)
     }
+}
+
+fn forget_old(claimed: &mut HashMap<u64, Instant>, now: Instant) {
+    claimed.retain(|_, at| now.duration_since(*at) < MAX_YIELD);
 }
 
 /// A claimed sandbox's first call, to come or under way: refills give way
@@ -126,7 +131,9 @@ impl Drop for FirstCall {
             .claimed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if claimed.remove(&self.key).is_some() && claimed.is_empty() {
+        let ended = claimed.remove(&self.key).is_some();
+        forget_old(&mut claimed, Instant::now());
+        if ended && claimed.is_empty() {
             self.calls.ended.notify_one();
         }
     }
@@ -418,6 +425,8 @@ impl Pool {
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
         let mut waiting = waiting;
+        // Counted once handed over: the filler, which made it for this
+        // claim, holds no refill while claims wait.
         let handed = (&mut waiting.rx).await.unwrap_or_else(|_| Err(stopping()));
         handed.map(|p| self.claimed(p))
     }
@@ -584,13 +593,15 @@ impl Pool {
             // wait are still made for, and answered by a sandbox or by the
             // next failure.
             let now = Instant::now();
-            let first_calls = self.first_calls.pending(now) && self.waiting() == 0;
+            let counted_until = self.first_calls.pending(now);
+            let first_calls = counted_until.is_some() && self.waiting() == 0;
             let holds = yielding.holds(now, first_calls);
             let wanted = match holds || paused_until.is_some_and(|t| now < t) {
                 true => self.waiting(),
                 false => self.wanted(),
             };
-            let yield_ends = yielding.until();
+            // A hold ends at its limit, or once no first call counts.
+            let yield_ends = yielding.until().map(|end| counted_until.map_or(end, |c| c.min(end)));
             while self.ready() + refilling.len() < wanted && refilling.len() < self.at_once && !self.stop.is_cancelled()
             {
                 let pool = self.clone();

@@ -218,7 +218,9 @@ impl Creation {
         };
         let mut provisioned = match pooled {
             Some(p) if self.ctx.egress.claim(p.id, egress) => p,
-            Some(p) => {
+            Some(mut p) => {
+                // No first call of this one will come.
+                drop(p.take_first_call());
                 pool::discard(&self.ctx, &p).await;
                 pool::provision(&self.ctx, egress).await?
             }
@@ -243,6 +245,7 @@ impl Creation {
             seeding: self.seeding,
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
+            drop(first_call);
             let _ = remove_everything(&self.ctx, &record).await;
             return Err(e);
         }
