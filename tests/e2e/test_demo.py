@@ -37,6 +37,11 @@ def server():
         MCP_SANDBOX_GUEST_ENABLED="true",
         MCP_SANDBOX_GUEST_KEY_TTL_SECONDS=str(KEY_TTL),
         MCP_SANDBOX_GUEST_KEYS_PER_IP_PER_HOUR=str(KEYS_PER_HOUR),
+        # Each MCP call here is several requests (a session's start, the
+        # call, its end), and a guest's few calls in a second or two could
+        # meet the shipped guest rate (5 a second, burst 10): that rate has
+        # its own test (test_hostile_clients.py).
+        MCP_SANDBOX_GUEST_REQUESTS_PER_SECOND="100",
     )
     s.env["MCP_SANDBOX_SERVER_PUBLIC_URL"] = f"http://{PUBLIC_HOST}:{s.port}"
     s.start()
