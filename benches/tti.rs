@@ -13,7 +13,10 @@
 //! score: per statistic 100 × (1 − value / 10 s), clamped to [0, 100],
 //! weighted median 60 %, p95 25 %, p99 15 %, times the success rate; and
 //! the split: when `create_sandbox` answered, and how long the first call
-//! then took (p50 and p99 of each).
+//! then took (p50 and p99 of each); and where the host's CPU went while
+//! the mode ran (server, containers, this benchmark, the rest) and how much
+//! of it per attempt: a burst that keeps every core busy cannot answer its
+//! last attempt sooner than that CPU divided by the cores.
 //!
 //! The server (`--bin`) reads a configuration file written for the run,
 //! printed at the start: `[limits]` raised so that one tenant's `--n`
@@ -30,6 +33,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::cpu::{CpuMark, CpuSplit};
 use common::mcp::{load_limits, McpClient, Server, LOAD_SANDBOX_LIFETIME_SECONDS};
 use common::{arg, Series};
 use futures_util::StreamExt;
@@ -308,7 +312,9 @@ async fn main() -> std::process::ExitCode {
         let filled = pool_full(&http, &server.base, Duration::from_secs(120)).await;
         let clients = agents(&http, &server.base, n).await;
         let t = Instant::now();
+        let before = CpuMark::now(server.pid());
         let attempts = run_mode(&clients, &label.replace(' ', "-"), mode, deadline, mode_deadline).await;
+        let cpu = CpuSplit::since(&before, &CpuMark::now(server.pid()));
         let took = t.elapsed();
         let ok: Vec<Duration> = attempts.iter().filter_map(|a| a.tti).collect();
         let created = Series::new("created", attempts.iter().filter_map(|a| a.created).collect());
@@ -338,6 +344,7 @@ async fn main() -> std::process::ExitCode {
             first_call.pct(50.0),
             first_call.pct(99.0)
         );
+        println!("  {label}: {}", cpu.line(n, "attempt"));
         for e in errors.iter().take(3) {
             println!("  {label} error: {e}");
         }

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod cpu;
 pub mod mcp;
 
 use std::time::{Duration, Instant};
