@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// Counters read at one moment; [`CpuSplit::since`] subtracts two of them.
 pub struct CpuMark {
     at: Instant,
-    host: Option<(Duration, Duration)>,
+    host: Option<HostTimes>,
     server: Option<Duration>,
     containers: Option<Duration>,
     own: Option<Duration>,
@@ -46,9 +46,9 @@ impl CpuSplit {
         let diff = |a: Option<Duration>, b: Option<Duration>| Some(b?.saturating_sub(a?));
         Self {
             wall: end.at - start.at,
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            host: diff(start.host.map(|h| h.0), end.host.map(|h| h.0)),
-            steal: diff(start.host.map(|h| h.1), end.host.map(|h| h.1)),
+            cores: end.host.map_or(1, |h| h.cores),
+            host: diff(start.host.map(|h| h.busy), end.host.map(|h| h.busy)),
+            steal: diff(start.host.map(|h| h.steal), end.host.map(|h| h.steal)),
             server: diff(start.server, end.server),
             containers: diff(start.containers, end.containers),
             own: diff(start.own, end.own),
@@ -83,11 +83,21 @@ impl CpuSplit {
     }
 }
 
-/// Time the cores spent running anything, and time the hypervisor gave
-/// them to other guests (steal: a shared host's noise, not this host's
-/// work), from `/proc/stat` (whose ticks make them exact to about 10 ms
-/// per core).
-fn host_times() -> Option<(Duration, Duration)> {
+/// The host's counters in `/proc/stat`, whose ticks make them exact to
+/// about 10 ms per core.
+#[derive(Clone, Copy)]
+struct HostTimes {
+    /// Time the cores spent running anything.
+    busy: Duration,
+    /// Time the hypervisor gave them to other guests: a shared host's
+    /// noise, not this host's work.
+    steal: Duration,
+    /// The cores those times are summed over (every `cpuN` line), so that
+    /// the busy share is of the same cores whatever this process may use.
+    cores: usize,
+}
+
+fn host_times() -> Option<HostTimes> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let fields: Vec<u64> = stat
         .lines()
@@ -96,12 +106,20 @@ fn host_times() -> Option<(Duration, Duration)> {
         .split_whitespace()
         .filter_map(|f| f.parse().ok())
         .collect();
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0);
     // user nice system idle iowait irq softirq steal (guest time is in user).
-    let busy = [0, 1, 2, 5, 6]
-        .iter()
-        .map(|&i| fields.get(i).copied().unwrap_or(0))
-        .sum();
-    Some((ticks(busy), ticks(fields.get(7).copied().unwrap_or(0))))
+    let cores = stat
+        .lines()
+        .filter(|l| {
+            l.strip_prefix("cpu")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .count();
+    Some(HostTimes {
+        busy: ticks([0, 1, 2, 5, 6].iter().map(|&i| field(i)).sum()),
+        steal: ticks(field(7)),
+        cores: cores.max(1),
+    })
 }
 
 /// A process's CPU: the sum of its live threads' run time in nanoseconds
@@ -158,8 +176,10 @@ fn read_number(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// Clock ticks as time; whole seconds apart, so that a long-running host's
+/// totals (ticks × 10⁹ past u64) cannot overflow.
 fn ticks(n: u64) -> Duration {
     // SAFETY: sysconf reads a constant of the system and has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Duration::from_nanos(n * 1_000_000_000 / per_second)
+    Duration::from_secs(n / per_second) + Duration::from_nanos(n % per_second * 1_000_000_000 / per_second)
 }
