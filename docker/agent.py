@@ -96,6 +96,23 @@ GRACE = 2.0
 QUERY_DEADLINE = 5.0
 PROGRESS_EVERY = 1.0
 PROGRESS_CHUNK = 16 * 1024
+# A shell command is handed to a shell started ahead of it (`Spare`) once
+# the agent has been idle this long: the shell's start (exec, dynamic linking
+# and, in a virtual machine, the C library's CPU probes) is three quarters of
+# a short command's cost, and commands in quick succession, or a burst of
+# first calls across many sandboxes, should not pay for starting the next.
+SPARE_AFTER = 1.0
+# The most a spare shell is handed: one write of at most PIPE_BUF bytes to an
+# empty pipe arrives whole, and the shell reads its input 8 KiB at a time,
+# so it holds the whole script before the script's first command runs (a
+# longer command is started as `sh -c`).
+SPARE_SCRIPT_MAX = 4096
+# Put before the command: its standard input is /dev/null and `$-` is what
+# `sh -c` shows, on the command's own first line (messages keep its line
+# numbers).
+SPARE_PROLOGUE = b"exec </dev/null; set +s; "
+# See Spare.script (a NUL byte is refused too: `sh -c` cannot take one).
+SPARE_REFUSES = (b"exec", b"eval", b"source", b". ", b".\t", b".\n", b"\0")
 # /dev/null, for what a started program or the worker between runs writes
 # and reads (close-on-exec, as every descriptor of the agent's).
 DEVNULL = os.open(os.devnull, os.O_RDWR)
@@ -270,16 +287,17 @@ class Child:
 class Process(Child):
     """A program started in a session of its own (subprocess.Popen with
     start_new_session), in the agent's folder (the results folder, see
-    Agent): standard input from /dev/null, output to the given descriptors
+    Agent): standard input and output from and to the given descriptors
     (/dev/null by default), no other descriptor but `pass_fds` (the agent's
     are all close-on-exec). Started by posix_spawn, which does not copy the
     agent's memory as a fork would; a program that cannot be started raises
-    OSError here, as Popen does."""
+    OSError here, as Popen does. `program` is the file started, when not
+    `argv[0]` found on PATH."""
 
-    def __init__(self, argv, stdout=DEVNULL, stderr=DEVNULL, pass_fds=()):
+    def __init__(self, argv, stdout=DEVNULL, stderr=DEVNULL, pass_fds=(), stdin=DEVNULL, program=None):
         self.returncode = None
         actions = [
-            (os.POSIX_SPAWN_DUP2, DEVNULL, 0),
+            (os.POSIX_SPAWN_DUP2, stdin, 0),
             (os.POSIX_SPAWN_DUP2, stdout, 1),
             (os.POSIX_SPAWN_DUP2, stderr, 2),
         ]
@@ -288,7 +306,7 @@ class Process(Child):
         try:
             # Ignored signals stay ignored across exec; Python ignores SIGPIPE.
             self.pid = os.posix_spawnp(
-                argv[0],
+                program or argv[0],
                 argv,
                 os.environ,
                 file_actions=actions,
@@ -321,6 +339,119 @@ class Process(Child):
 
 # Processes nobody waits for any more, until they end.
 ABANDONED = []
+
+
+def find_program(name):
+    """Where a spawn finds `name` on PATH now (the first regular, executable
+    file), with its identity: a file replaced at the same path is another
+    program."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK):
+            return path, st.st_dev, st.st_ino
+    return None
+
+
+class Spare:
+    """A shell started ahead of the next shell command: `sh -s`, in a
+    session of its own, its output already in spool files, waiting on a
+    pipe for its script. A command handed to it runs as `sh -c COMMAND`
+    would (the same messages and line numbers, `$0`, `$#`, `$-`, standard
+    input from /dev/null, exit codes; dash forks a last command under
+    `sh -c` too); only its command line (`ps`) says `sh -s`."""
+
+    def __init__(self, out, err):
+        self.out, self.err = out, err
+        self.sh = find_program("sh")
+        if self.sh is None:
+            raise OSError("no sh on PATH")
+        fds = []
+        try:
+            for path in (out, err):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                # Made afresh, never opened as found: the agent opens these
+                # on its own, and a FIFO planted at the name by a run's code
+                # would block it, a link would point its writes elsewhere.
+                fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            self.files = [self.identity(fd) for fd in fds]
+            r, self.w = os.pipe()
+            try:
+                # A pipe a run's code filled (through /proc, as the same
+                # user) refuses the script rather than blocking the agent.
+                os.set_blocking(self.w, False)
+                self.proc = Process(["sh", "-s"], stdout=fds[0], stderr=fds[1], stdin=r, program=self.sh[0])
+            except BaseException:
+                os.close(self.w)
+                raise
+            finally:
+                os.close(r)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    @staticmethod
+    def identity(file):
+        st = os.stat(file)
+        return st.st_dev, st.st_ino
+
+    @staticmethod
+    def script(argv):
+        """What a spare shell is handed for `argv`, when it can take it: a
+        shell command (the server's `sh -c`) short enough to arrive whole,
+        and in which no word can turn the shell's own standard input to a
+        file (`exec <file`, also through `eval`, `.` or `source`): the
+        spare shell would read the rest of its script from there, where
+        `sh -c` has all of its script in its argument."""
+        if len(argv) != 3 or argv[:2] != ["sh", "-c"]:
+            return None
+        try:
+            command = os.fsencode(argv[2])
+        except UnicodeError:
+            return None
+        if len(SPARE_PROLOGUE) + len(command) > SPARE_SCRIPT_MAX or any(w in command for w in SPARE_REFUSES):
+            return None
+        return SPARE_PROLOGUE + command
+
+    def hand(self, script):
+        """Starts `script`; False (the spare discarded) when the shell is gone,
+        `sh` on PATH is now another program, its pipe does not take the
+        script at once, or its spool files were replaced (by a run's code:
+        the agent's user is the sandbox's)."""
+        try:
+            intact = (
+                self.proc.poll() is None
+                and [self.identity(f) for f in (self.out, self.err)] == self.files
+                and find_program("sh") == self.sh
+                and os.write(self.w, script) == len(script)
+            )
+        except OSError:
+            intact = False
+        if not intact:
+            self.discard()
+            return False
+        os.close(self.w)
+        return True
+
+    def discard(self):
+        os.close(self.w)
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.abandon()
+        for path in (self.out, self.err):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def reap_abandoned():
@@ -1046,6 +1177,10 @@ class Agent:
         self.worker = Worker()
         self.job = None
         self.seq = 0
+        # The shell the next shell command is handed to, and when the next
+        # is made (the agent idle for SPARE_AFTER; None: not before a run).
+        self.spare = None
+        self.spare_due = time.monotonic() + SPARE_AFTER
         # (path, ctime_ns, size) of the files a scan saw changed at the current
         # run's clock tick or later as it began: a file written in the same
         # tick before the run is not reported as the run's.
@@ -1281,8 +1416,14 @@ class Agent:
             self.worker.requests.write((json_dumps(msg) + "\n").encode())
         else:
             argv = [str(a) for a in req["argv"]]
-            with open(job.out, "wb") as out, open(job.err, "wb") as err:
-                job.proc = Process(argv, stdout=out.fileno(), stderr=err.fileno())
+            spare, script = self.spare, Spare.script(argv)
+            if spare is not None and script is not None:
+                self.spare = None
+                if spare.hand(script):
+                    job.out, job.err, job.proc = spare.out, spare.err, spare.proc
+            if job.proc is None:
+                with open(job.out, "wb") as out, open(job.err, "wb") as err:
+                    job.proc = Process(argv, stdout=out.fileno(), stderr=err.fileno())
         self.job = job
 
     def stop_job(self, job):
@@ -1301,9 +1442,11 @@ class Agent:
     def tick(self):
         reap_abandoned()
         job = self.job
-        if job is None:
-            return
         now = time.monotonic()
+        if job is None:
+            self.make_spare(now)
+            return
+        self.spare_due = now + SPARE_AFTER
         if job.kind == "run" and job.proc.poll() is not None:
             self.finish(job, job.proc.returncode)
             return
@@ -1321,6 +1464,17 @@ class Agent:
         if job.progress and now >= job.next_progress:
             job.next_progress = now + PROGRESS_EVERY
             self.send_progress(job)
+
+    def make_spare(self, now):
+        """Starts the spare shell when it is due; one that cannot start (the
+        process limit reached, /tmp full) is not tried again before a run."""
+        if self.spare is not None or self.spare_due is None or now < self.spare_due:
+            return
+        self.spare_due = None
+        try:
+            self.spare = Spare(os.path.join(SPOOL, "spare.out"), os.path.join(SPOOL, "spare.err"))
+        except OSError:
+            pass
 
     def send_progress(self, job):
         chunks = []
@@ -1495,9 +1649,10 @@ class Agent:
     # ---- loop -------------------------------------------------------------
     def timeout(self):
         job = self.job
-        if job is None:
-            return None
         now = time.monotonic()
+        if job is None:
+            due = self.spare_due if self.spare is None else None
+            return None if due is None else max(0.0, due - now)
         marks = [job.grace_deadline or job.deadline]
         if job.progress:
             marks.append(job.next_progress)

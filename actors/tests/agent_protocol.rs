@@ -4,6 +4,8 @@
 //!
 //! Needs neither a Docker engine nor root; a missing `python3` fails the tests.
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -658,6 +660,141 @@ async fn programs_run_with_exit_code_and_timeout() {
         "{err}"
     );
     assert_eq!(exec(&mut c, "print('after')").await.stdout, "after\n");
+}
+
+/// The agent's spare shell (`sh -s`, started once the agent has been idle
+/// a second), waited for.
+async fn spare_shell(agent: &Agent) -> u32 {
+    let agent_pid = agent.child.id().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let spare = processes().find(|p| {
+            p.ppid == agent_pid && std::fs::read(format!("/proc/{}/cmdline", p.pid)).is_ok_and(|c| c == b"sh\0-s\0")
+        });
+        if let Some(p) = spare {
+            return p.pid;
+        }
+        assert!(Instant::now() < deadline, "no spare shell: {}", agent.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What `sh -c command` prints and exits with (128 + a signal's number, as
+/// the agent reports it), started here as the agent would start it, its
+/// process id in what it prints replaced by `PID`.
+fn sh_c(results: &Path, command: &str) -> (String, String, i64) {
+    use std::os::unix::process::ExitStatusExt;
+    let child = std::process::Command::new("sh")
+        .args(["-c", command])
+        .current_dir(results)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap().replace(&pid.to_string(), "PID");
+    let code = out.status.code().unwrap_or_else(|| 128 + out.status.signal().unwrap());
+    (text(out.stdout), text(out.stderr), i64::from(code))
+}
+
+/// Each command is compared with what the host's `sh -c` makes of it:
+/// messages and line numbers, `$0`, `$#`, `$-`, standard input, the folder,
+/// exit codes (a signal's included), output before a kill.
+#[tokio::test]
+async fn a_shell_command_after_a_pause_runs_in_a_spare_shell_as_sh_c_runs_it() {
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let commands = [
+        "echo \"$$ $0 $# [$-]\"; no-such-program",
+        "echo $$; echo one\nif then",
+        "cat; readlink /proc/self/fd/0; echo \"$$ in $(pwd -P)\" >&2; exit 3",
+        "printf '%s\\n' \"$$ $(printf 'x%.0s' 1 2 3)\"; kill -9 $$",
+    ];
+    for command in commands {
+        let spare = spare_shell(&agent).await.to_string();
+        let r = c.run(&program(&["sh", "-c", command]), 30.0, CAP, None).await.unwrap();
+        let (stdout, stderr, code) = sh_c(&agent.results, command);
+        assert!(
+            r.stdout.starts_with(&spare) || r.stderr.starts_with(&spare),
+            "{command}: not run in the spare shell: {r:?}"
+        );
+        assert_eq!(r.stdout.replace(&spare, "PID"), stdout, "{command}");
+        assert_eq!(r.stderr.replace(&spare, "PID"), stderr, "{command}");
+        assert_eq!(r.exit_code, code, "{command}");
+    }
+
+    // Longer than a pipe takes at once, or able to turn the shell's own
+    // input to a file (whose rest the spare shell would run as its script):
+    // started as `sh -c`; the spare stays.
+    let spare = spare_shell(&agent).await;
+    let long = format!(": {}; echo $$", "a".repeat(5000));
+    let r = c.run(&program(&["sh", "-c", &long]), 30.0, CAP, None).await.unwrap();
+    assert_ne!(r.stdout.trim(), spare.to_string(), "{r:?}");
+    let data = "printf 'one\\necho INJECTED\\n' > data.txt; exec <data.txt; read x; echo \"got $x\"";
+    let r = c.run(&program(&["sh", "-c", data]), 30.0, CAP, None).await.unwrap();
+    assert_eq!((r.stdout.as_str(), r.exit_code), ("got one\n", 0), "{r:?}");
+    assert_eq!(spare_shell(&agent).await, spare);
+
+    // A spare killed while the agent waits is not used: the command runs.
+    // SAFETY: signalling a process id; no memory is involved.
+    unsafe { libc::kill(spare as i32, libc::SIGKILL) };
+    let dead = || {
+        std::fs::read_to_string(format!("/proc/{spare}/stat"))
+            .map_or(true, |s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dead() {
+        assert!(Instant::now() < deadline, "the spare shell outlived SIGKILL");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = c
+        .run(&program(&["sh", "-c", "echo $$"]), 30.0, CAP, None)
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_ne!(r.stdout.trim(), spare.to_string(), "{r:?}");
+
+    // A FIFO planted at the spool name of the next spare's output (as a
+    // run's code can) neither blocks the agent nor is written to.
+    let fifo = agent.dir.path().join("spool").join("spare.out");
+    let _ = std::fs::remove_file(&fifo);
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; no memory is kept.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let spare = spare_shell(&agent).await;
+    assert!(std::fs::metadata(&fifo).unwrap().is_file(), "made afresh");
+
+    // A spare stopped with its pipe filled (through /proc, as the same
+    // user) does not block the agent: the command runs as `sh -c`.
+    // SAFETY: signalling a process id; no memory is involved.
+    unsafe { libc::kill(spare as i32, libc::SIGSTOP) };
+    // Stopped before the pipe is filled, or it would read some of it.
+    let stopped = || {
+        let stat = std::fs::read_to_string(format!("/proc/{spare}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..].starts_with('T')
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stopped() {
+        assert!(Instant::now() < deadline, "the spare shell did not stop");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut pipe = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(format!("/proc/{spare}/fd/0"))
+        .unwrap();
+    while pipe.write(&[b'#'; 4096]).is_ok() {}
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        c.run(&program(&["sh", "-c", "echo $$"]), 5.0, CAP, None),
+    )
+    .await
+    .expect("the agent answers")
+    .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_ne!(r.stdout.trim(), spare.to_string(), "{r:?}");
 }
 
 #[tokio::test]
