@@ -111,6 +111,7 @@ SPARE_SCRIPT_MAX = 4096
 # `sh -c` shows, on the command's own first line (messages keep its line
 # numbers).
 SPARE_PROLOGUE = b"exec </dev/null; set +s; "
+SPARE_SHELL = "/bin/sh"
 # See Spare.script (a NUL byte is refused too: `sh -c` cannot take one).
 SPARE_REFUSES = (b"exec", b"eval", b"source", b". ", b".\t", b".\n", b"\0")
 # /dev/null, for what a started program or the worker between runs writes
@@ -341,10 +342,9 @@ class Process(Child):
 ABANDONED = []
 
 
-def find_program(name):
-    """Where a spawn finds `name` on PATH now (the first regular, executable
-    file), with its identity: a file replaced at the same path is another
-    program."""
+def found_on_path(name):
+    """The identity (device, inode) of the file a spawn finds as `name` on
+    PATH now, the first regular, executable one; None if there is none."""
     for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
         path = os.path.join(folder or ".", name)
         try:
@@ -352,7 +352,7 @@ def find_program(name):
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK):
-            return path, st.st_dev, st.st_ino
+            return st.st_dev, st.st_ino
     return None
 
 
@@ -366,9 +366,13 @@ class Spare:
 
     def __init__(self, out, err):
         self.out, self.err = out, err
-        self.sh = find_program("sh")
-        if self.sh is None:
-            raise OSError("no sh on PATH")
+        # The image's shell, in the read-only root, and only while it is the
+        # `sh` that PATH finds: a `sh` a run put earlier on PATH (the venv's
+        # bin folder is the sandbox's) is never started by the agent on its
+        # own, say while an install runs; commands go to it as `sh -c`.
+        self.sh = self.identity(SPARE_SHELL)
+        if found_on_path("sh") != self.sh:
+            raise OSError(f"sh on PATH is not {SPARE_SHELL}")
         fds = []
         try:
             for path in (out, err):
@@ -386,7 +390,7 @@ class Spare:
                 # A pipe a run's code filled (through /proc, as the same
                 # user) refuses the script rather than blocking the agent.
                 os.set_blocking(self.w, False)
-                self.proc = Process(["sh", "-s"], stdout=fds[0], stderr=fds[1], stdin=r, program=self.sh[0])
+                self.proc = Process(["sh", "-s"], stdout=fds[0], stderr=fds[1], stdin=r, program=SPARE_SHELL)
             except BaseException:
                 os.close(self.w)
                 raise
@@ -428,7 +432,7 @@ class Spare:
             intact = (
                 self.proc.poll() is None
                 and [self.identity(f) for f in (self.out, self.err)] == self.files
-                and find_program("sh") == self.sh
+                and found_on_path("sh") == self.sh
                 and os.write(self.w, script) == len(script)
             )
         except OSError:
