@@ -111,6 +111,7 @@ SPARE_SCRIPT_MAX = 4096
 # `sh -c` shows, on the command's own first line (messages keep its line
 # numbers).
 SPARE_PROLOGUE = b"exec </dev/null; set +s; "
+# The shell a spare is: the image's, in the read-only root (see Spare).
 SPARE_SHELL = "/bin/sh"
 # See Spare.script (a NUL byte is refused too: `sh -c` cannot take one).
 SPARE_REFUSES = (b"exec", b"eval", b"source", b". ", b".\t", b".\n", b"\0")
@@ -342,9 +343,15 @@ class Process(Child):
 ABANDONED = []
 
 
+def identity(st):
+    """A file's identity (device, inode) from its stat: a file replaced at
+    the same path is another file."""
+    return st.st_dev, st.st_ino
+
+
 def found_on_path(name):
-    """The identity (device, inode) of the file a spawn finds as `name` on
-    PATH now, the first regular, executable one; None if there is none."""
+    """The identity of the file a spawn finds as `name` on PATH now, the
+    first regular, executable one; None if there is none."""
     for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
         path = os.path.join(folder or ".", name)
         try:
@@ -352,7 +359,7 @@ def found_on_path(name):
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK):
-            return st.st_dev, st.st_ino
+            return identity(st)
     return None
 
 
@@ -370,7 +377,7 @@ class Spare:
         # `sh` that PATH finds: a `sh` a run put earlier on PATH (the venv's
         # bin folder is the sandbox's) is never started by the agent on its
         # own, say while an install runs; commands go to it as `sh -c`.
-        self.sh = self.identity(SPARE_SHELL)
+        self.sh = identity(os.stat(SPARE_SHELL))
         if found_on_path("sh") != self.sh:
             raise OSError(f"sh on PATH is not {SPARE_SHELL}")
         fds = []
@@ -384,7 +391,7 @@ class Spare:
                 # on its own, and a FIFO planted at the name by a run's code
                 # would block it, a link would point its writes elsewhere.
                 fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            self.files = [self.identity(fd) for fd in fds]
+            self.files = [identity(os.stat(fd)) for fd in fds]
             r, self.w = os.pipe()
             try:
                 # A pipe a run's code filled (through /proc, as the same
@@ -399,11 +406,6 @@ class Spare:
         finally:
             for fd in fds:
                 os.close(fd)
-
-    @staticmethod
-    def identity(file):
-        st = os.stat(file)
-        return st.st_dev, st.st_ino
 
     @staticmethod
     def script(argv):
@@ -431,7 +433,7 @@ class Spare:
         try:
             intact = (
                 self.proc.poll() is None
-                and [self.identity(f) for f in (self.out, self.err)] == self.files
+                and [identity(os.stat(f)) for f in (self.out, self.err)] == self.files
                 and found_on_path("sh") == self.sh
                 and os.write(self.w, script) == len(script)
             )

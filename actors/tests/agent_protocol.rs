@@ -679,6 +679,13 @@ async fn spare_shell(agent: &Agent) -> u32 {
     }
 }
 
+/// A process's state letter in `/proc/<pid>/stat` (`Z` a zombie, `T`
+/// stopped); None once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].chars().next()
+}
+
 /// What `sh -c command` prints and exits with (128 + a signal's number, as
 /// the agent reports it), started here as the agent would start it, its
 /// process id in what it prints replaced by `PID`.
@@ -740,10 +747,7 @@ async fn a_shell_command_after_a_pause_runs_in_a_spare_shell_as_sh_c_runs_it() {
     // A spare killed while the agent waits is not used: the command runs.
     // SAFETY: signalling a process id; no memory is involved.
     unsafe { libc::kill(spare as i32, libc::SIGKILL) };
-    let dead = || {
-        std::fs::read_to_string(format!("/proc/{spare}/stat"))
-            .map_or(true, |s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
-    };
+    let dead = || process_state(spare).is_none_or(|s| s == 'Z');
     let deadline = Instant::now() + Duration::from_secs(10);
     while !dead() {
         assert!(Instant::now() < deadline, "the spare shell outlived SIGKILL");
@@ -771,10 +775,7 @@ async fn a_shell_command_after_a_pause_runs_in_a_spare_shell_as_sh_c_runs_it() {
     // SAFETY: signalling a process id; no memory is involved.
     unsafe { libc::kill(spare as i32, libc::SIGSTOP) };
     // Stopped before the pipe is filled, or it would read some of it.
-    let stopped = || {
-        let stat = std::fs::read_to_string(format!("/proc/{spare}/stat")).unwrap();
-        stat[stat.rfind(')').unwrap() + 2..].starts_with('T')
-    };
+    let stopped = || process_state(spare) == Some('T');
     let deadline = Instant::now() + Duration::from_secs(10);
     while !stopped() {
         assert!(Instant::now() < deadline, "the spare shell did not stop");
