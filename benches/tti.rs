@@ -251,7 +251,7 @@ async fn main() -> std::process::ExitCode {
     let n: usize = arg("--n", 100);
     let min_arg: String = arg("--pool-min", "auto".to_string());
     let min: usize = match min_arg.as_str() {
-        "auto" => sandbox_actors::config::auto_pool_min(sandbox_actors::host::memory_bytes()),
+        "auto" => sandbox_actors::config::auto_pool_min(sandbox_host::figures::memory_bytes()),
         n => n.parse().expect("--pool-min: a number or auto"),
     };
     let max: usize = arg("--pool-max", 100).max(min);

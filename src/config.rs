@@ -522,7 +522,7 @@ mod tests {
 
     #[test]
     fn the_pool_s_minimum_is_a_number_or_auto_for_this_host() {
-        let auto = sandbox_actors::config::auto_pool_min(sandbox_actors::host::memory_bytes());
+        let auto = sandbox_actors::config::auto_pool_min(sandbox_host::figures::memory_bytes());
         assert_eq!(load("[pool]\nmin = \"auto\"\n", &[]).unwrap().pool.min, auto);
         assert_eq!(load("", &[("MCP_SANDBOX_POOL_MIN", "auto")]).unwrap().pool.min, auto);
         assert_eq!(load("", &[]).unwrap().pool.min, auto, "the default is automatic");

@@ -31,12 +31,12 @@ const SERVER_OOM_SCORE_ADJ: i32 = -900;
 /// Protects the server from the OOM killer and warns when the configured
 /// sandboxes may together take more memory than the host has.
 fn guard_host(config: &Config) {
-    if let Err(e) = sandbox_actors::host::protect_from_oom_killer(SERVER_OOM_SCORE_ADJ) {
+    if let Err(e) = sandbox_host::figures::protect_from_oom_killer(SERVER_OOM_SCORE_ADJ) {
         tracing::warn!(error = %e, "could not lower the server's OOM score (this needs CAP_SYS_RESOURCE); sandboxes still score higher");
     }
     let most = config.limits.max_sandboxes_total as u64;
     let wanted = most * (config.sandbox.memory_mb << 20);
-    if let Some(host) = sandbox_actors::host::memory_bytes().filter(|&m| wanted > m) {
+    if let Some(host) = sandbox_host::figures::memory_bytes().filter(|&m| wanted > m) {
         tracing::warn!(
             sandboxes = most,
             memory_mb = config.sandbox.memory_mb,

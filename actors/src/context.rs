@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex};
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::egress::Egress;
 use crate::records::RecordStore;
-use crate::runtime::disk::Disks;
-use crate::runtime::{agent_dir, ContainerRuntime, SandboxPaths};
 use crate::snapshots::Snapshots;
 use crate::usage::Meter;
+use sandbox_egress::Egress;
+use sandbox_host::agent_dir;
+use sandbox_host::disk::Disks;
+use sandbox_runtime::{ContainerRuntime, SandboxPaths};
 
 pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,

@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sandbox_egress::EgressError;
+use sandbox_host::disk::DiskError;
+use sandbox_runtime::RuntimeError;
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +23,10 @@ pub enum SandboxError {
     /// A limit was reached; the message says which and what to do.
     #[error("{0}")]
     Quota(String),
+    /// The container runtime failed (the engine, the image, a sandbox's
+    /// disks or network).
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
     #[error("Docker is unavailable: {0}. Try again later; if it persists, the server operator must check the Docker engine.")]
     Docker(#[from] DockerError),
     #[error("the sandbox's agent failed: {0}")]
@@ -34,14 +41,6 @@ pub enum SandboxError {
     /// earlier image and adopted since) and lacks an operation.
     #[error("sandbox {id} runs an older agent that cannot {what}; nothing was changed. A sandbox made now with create_sandbox has the current agent.")]
     Outdated { id: Uuid, what: &'static str },
-    #[error("sandbox image: {0}")]
-    Image(#[from] ImageError),
-    /// A sandbox's capped file systems could not be made or mounted.
-    #[error("sandbox disk: {0}")]
-    Disk(#[from] DiskError),
-    /// An `open` sandbox could not be joined to the server's network.
-    #[error("sandbox network: {0}. Try again; if it persists, the server operator must check the server's log.")]
-    Network(#[from] crate::runtime::bridge::AttachError),
     #[error("record store: {0}")]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -59,14 +58,12 @@ impl SandboxError {
             SandboxError::File(_) => "file",
             SandboxError::UploadRefused(_) => "upload_refused",
             SandboxError::Quota(_) => "quota",
+            SandboxError::Runtime(e) => e.kind(),
             SandboxError::Docker(_) => "docker",
             SandboxError::Agent(_) => "agent",
             SandboxError::Unresponsive { .. } => "unresponsive",
             SandboxError::Ended { .. } => "ended",
             SandboxError::Outdated { .. } => "outdated",
-            SandboxError::Image(_) => "image",
-            SandboxError::Disk(_) => "disk",
-            SandboxError::Network(_) => "network",
             SandboxError::Store(_) => "store",
             SandboxError::Snapshot(SnapshotError::NotFound(_)) => "not_found",
             SandboxError::Snapshot(_) => "snapshot",
@@ -75,15 +72,9 @@ impl SandboxError {
     }
 }
 
-/// What went wrong with the Docker engine.
+/// What went wrong with the Docker engine, seen from the domain.
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
-    /// The engine refused a request or could not be reached.
-    #[error(transparent)]
-    Engine(#[from] bollard::errors::Error),
-    /// The engine's statistics stream of a container ended without a sample.
-    #[error("no statistics for the container")]
-    NoStatistics,
     #[error("the engine did not report the container's usage in time")]
     UsageTimedOut,
     /// The removal of a deleted sandbox failed; it is retried at every tick.
@@ -91,52 +82,12 @@ pub enum DockerError {
     RemovalRetried(#[source] Arc<SandboxError>),
 }
 
-/// Why the sandbox image could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ImageError {
-    /// A file of the build (the bootstrap script, the CA bundle) could not
-    /// be written, read or run.
-    #[error("{} {}: {source}", .what, .path.display())]
-    File {
-        what: &'static str,
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("packing the build context: {0}")]
-    Context(#[source] std::io::Error),
-    /// The engine failed during the build; `hint` says what may fix it.
-    #[error("build on {base}: {source}{hint}")]
-    Engine {
-        base: String,
-        source: bollard::errors::Error,
-        hint: &'static str,
-    },
-    /// A build step failed; `message` is the engine's.
-    #[error("build on {base}: {message}{hint}")]
-    Step {
-        base: String,
-        message: String,
-        hint: &'static str,
-    },
-    #[error("build on {base} finished without producing {image}")]
-    NotProduced { base: String, image: String },
-    #[error("{} failed ({status})", .script.display())]
-    Bootstrap {
-        script: std::path::PathBuf,
-        status: std::process::ExitStatus,
-    },
-    #[error("importing the root file system: {0}")]
-    ImportRefused(String),
-    #[error("importing the root file system: {0}")]
-    Import(#[source] bollard::errors::Error),
-}
-
 /// Why a sandbox's agent could not serve a call.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentFailure {
     /// An exchange with the agent failed; the agent error says how.
     #[error(transparent)]
-    Exchange(#[from] crate::agent::AgentError),
+    Exchange(#[from] sandbox_runtime::agent::AgentError),
     /// No connection could be opened to it.
     #[error("could not connect to the agent ({0})")]
     Unreachable(#[source] std::io::Error),
@@ -154,17 +105,6 @@ pub enum AgentFailure {
     },
     #[error("the Python worker did not start in time")]
     WorkerDidNotStart,
-}
-
-/// Why a sandbox's capped file systems could not be made, mounted or removed.
-#[derive(Debug, thiserror::Error)]
-pub enum DiskError {
-    /// A tool (`mkfs.ext4`, `mount`) failed or did not answer; `what` says
-    /// what was being done.
-    #[error("{what}: {detail}")]
-    Tool { what: String, detail: String },
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
 }
 
 /// What went wrong with the record store.
@@ -190,9 +130,18 @@ pub enum StoreError {
     ServerId { path: PathBuf, source: std::io::Error },
 }
 
-impl From<bollard::errors::Error> for SandboxError {
-    fn from(e: bollard::errors::Error) -> Self {
-        SandboxError::Docker(e.into())
+impl From<DiskError> for SandboxError {
+    fn from(e: DiskError) -> Self {
+        SandboxError::Runtime(e.into())
+    }
+}
+
+impl From<EgressError> for SandboxError {
+    fn from(e: EgressError) -> Self {
+        match e {
+            EgressError::Rules { .. } => SandboxError::InvalidArgument(e.to_string()),
+            EgressError::Socket { .. } => SandboxError::Internal(e.to_string()),
+        }
     }
 }
 

@@ -20,12 +20,12 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::agent::Work;
 use crate::config::PackagesConfig;
 use crate::error::Result;
 use crate::link::Link;
 use crate::messages::{Finished, SandboxMsg};
 use crate::records::{InstallRecord, InstallState};
+use sandbox_runtime::agent::Work;
 
 /// The image's uv environment, on the read-only root (docker/Dockerfile).
 pub const TRUSTED_UV: &str = "/opt/uv/bin/uv";

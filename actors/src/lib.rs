@@ -1,7 +1,10 @@
-//! The sandbox domain of mcp-sandbox: sandbox actors that own Docker
-//! containers, the supervisor that restarts them, the install-task actor, the
-//! records of who owns what, and the container runtime. Nothing here knows
-//! about HTTP or MCP.
+//! The sandbox domain of mcp-sandbox: sandbox actors that own containers,
+//! the supervisor that restarts them, the install-task actor, the pool, the
+//! records of who owns what, snapshots, forks and usage. Nothing here knows
+//! about HTTP or MCP. Below it, crates of their own: `sandbox-runtime` (the
+//! container runtime and the agent channel), `sandbox-egress` (the egress
+//! policies and proxy) and `sandbox-host` (the Linux host: bridge ports,
+//! firewall, capped disks, link-proof file access).
 //!
 //! # Layout
 //!
@@ -20,59 +23,42 @@
 //! - `install`: the install-task actor.
 //! - `messages`: what the actors send each other; `results`: what they
 //!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
-//! - `link`: one sandbox's connection to its agent, with recovery; `agent`:
-//!   the channel to the in-container agent; `spans`: the trace spans of
-//!   agent exchanges and engine calls within a call's job.
+//! - `link`: one sandbox's connection to its agent, with recovery.
 //! - `pool`: making sandboxes, and keeping some made ahead of demand;
 //!   `pool_target`: how many, as demand shows; `pool_yield`: when refills
 //!   give way to the first calls of sandboxes just claimed.
-//! - `runtime/`: the [`ContainerRuntime`](runtime::ContainerRuntime) trait and
-//!   its Docker implementation, with the image build, the disk quotas and
-//!   the host firewall; in test builds, an in-memory one (`runtime/fake.rs`)
-//!   with a scripted agent, which the engine-free tests in `tests/` use.
-//! - `egress/`: the egress proxy; `egress_rules`: allow-lists and the
-//!   addresses never reached, read by the configuration check, the proxy and
-//!   the firewall.
 //! - `records`: the record store; `history`: a sandbox's recent calls.
 //! - `usage/`: what each tenant used, by the hour: the meter and this
 //!   month's totals (`mod.rs`), their rows in the record store (`store.rs`),
 //!   and the sampler that reads every sandbox's counters (`sampler.rs`).
 //! - `files/`: file tools on `/app/results` (paths and opening in `mod.rs`,
-//!   `list.rs`, `read.rs`); `uploads`: what may be uploaded,
-//!   and its packing; `nofollow`: the link-proof lookups both use;
-//!   `packages`: accepted package specs.
+//!   `list.rs`, `read.rs`); `uploads`: what may be uploaded, and its
+//!   packing; `packages`: accepted package specs.
 //! - `config`: the configuration sections and [`Settings`]; `context`: what
 //!   every actor shares.
 //! - `error`: [`SandboxError`] and the errors it carries; `status`, `scope`,
-//!   `labels`, `host`: sandbox states, whose sandboxes a call reaches, Docker
-//!   labels, figures about the host.
+//!   `resources`: sandbox states, whose sandboxes a call reaches, what the
+//!   sandboxes take from the host and the free-disk guard.
 
-pub mod agent;
 pub mod config;
 mod context;
-pub mod egress;
-mod egress_rules;
 mod error;
 pub mod files;
 mod history;
-pub mod host;
 mod install;
-pub mod labels;
 mod link;
 mod messages;
-mod nofollow;
 mod packages;
 mod pool;
 mod pool_target;
 mod pool_yield;
 pub mod records;
+mod resources;
 mod results;
-pub mod runtime;
 mod sandbox;
 mod scope;
 mod service;
 pub mod snapshots;
-mod spans;
 mod status;
 mod supervisor;
 pub mod uploads;
@@ -81,18 +67,17 @@ pub mod usage;
 #[cfg(test)]
 mod tests;
 
-pub use agent::{Package, Progress, RunOutput, Work};
 pub use config::{EgressPolicy, Settings};
-pub use egress_rules::RuleError;
-pub use error::{AgentFailure, DiskError, DockerError, ImageError, Result, SandboxError, StoreError};
+pub use error::{AgentFailure, DockerError, Result, SandboxError, StoreError};
 pub use history::{CallKind, CallRecord};
-pub use host::Resources;
 pub use link::Ran;
 pub use pool::PoolStats;
+pub use resources::Resources;
 pub use results::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
-pub use runtime::disk::{DiskUsage, DiskUse};
-pub use runtime::Usage;
 pub use sandbox::MAX_INSTALL_RECORDS;
+pub use sandbox_host::disk::{DiskUsage, DiskUse};
+pub use sandbox_runtime::agent::{Package, Progress, RunOutput, Work};
+pub use sandbox_runtime::{RuntimeError, Usage};
 pub use scope::Scope;
 pub use service::{CreateOptions, Fork, Forked, Quota, Sandboxes, Stats, MAX_FORKS};
 pub use status::SandboxStatus;

@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::agent::{AgentClient, AgentError, Carried, Progress, PythonState, RunOutput, Work};
 use crate::context::{Context, Counters};
 use crate::error::{AgentFailure, Result, SandboxError};
-use crate::runtime::{ContainerState, SandboxPaths};
-use crate::spans;
+use sandbox_runtime::agent::{AgentClient, AgentError, Carried, Progress, PythonState, RunOutput, Work};
+use sandbox_runtime::spans;
+use sandbox_runtime::{ContainerState, SandboxPaths};
 
 /// How long a (re)started container may take until its agent answers.
 const AGENT_START: Duration = Duration::from_secs(30);
@@ -137,7 +137,7 @@ impl Link {
                 // It may have died (or been thawed) meanwhile: only a
                 // container that is still frozen is an error here.
                 if let Ok(ContainerState::Paused) = self.ctx.runtime.state(&self.container_id).await {
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
             self.paused = false;
@@ -415,7 +415,7 @@ impl Link {
 
     /// Lists the venv's distributions over a short-lived second connection,
     /// so it works while a run holds the main one; within [`AGENT_QUERY`].
-    pub async fn packages(ctx: &Context, sandbox: Uuid) -> Result<Vec<crate::agent::Package>> {
+    pub async fn packages(ctx: &Context, sandbox: Uuid) -> Result<Vec<sandbox_runtime::agent::Package>> {
         let unresponsive = || SandboxError::Unresponsive {
             id: sandbox,
             what: "listing its packages",

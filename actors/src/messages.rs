@@ -8,7 +8,6 @@ use ractor::RpcReplyPort;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Package, Progress, Work};
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
 use crate::link::{Link, Ran};
@@ -16,6 +15,7 @@ use crate::records::InstallRecord;
 use crate::results::{InstallStatus, SandboxInfo, Uploaded};
 use crate::snapshots::{SnapshotDone, SnapshotOp, SnapshotTotals};
 use crate::uploads::UploadSource;
+use sandbox_runtime::agent::{Package, Progress, Work};
 
 /// A run of Python code or of a shell command.
 pub struct RunRequest {
@@ -71,7 +71,7 @@ pub enum SandboxMsg {
 impl SandboxMsg {
     /// `self` within the current call's span, when there is one.
     pub(crate) fn traced(self) -> SandboxMsg {
-        match crate::spans::current_call() {
+        match sandbox_runtime::spans::current_call() {
             Some(span) => SandboxMsg::Traced(span, Box::new(self)),
             None => self,
         }

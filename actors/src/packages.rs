@@ -3,8 +3,8 @@
 //! anything that looks like an option is refused, so a caller cannot switch
 //! the index or read a requirements file from the sandbox's host.
 
-use crate::agent::Package;
 use crate::error::{Result, SandboxError};
+use sandbox_runtime::agent::Package;
 
 const MAX_SPEC: usize = 512;
 const MAX_SPECS: usize = 32;

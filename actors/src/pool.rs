@@ -36,14 +36,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::agent::{AgentClient, Work};
 use crate::config::{EgressPolicy, PoolConfig};
 use crate::context::Context;
 use crate::error::{AgentFailure, Result, SandboxError};
 use crate::link::wait_for_agent;
 use crate::pool_target::Target;
 use crate::pool_yield::{Yield, MAX_YIELD};
-use crate::runtime::{ContainerRef, SANDBOX_UID};
+use sandbox_host::SANDBOX_UID;
+use sandbox_runtime::agent::{AgentClient, Work};
+use sandbox_runtime::ContainerRef;
 
 /// A sandbox's container before it has an owner.
 pub struct Provisioned {
@@ -153,7 +154,7 @@ fn prepare_dir(dir: &Path) -> std::io::Result<()> {
 /// volume and running container of a new sandbox under `egress`.
 pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisioned> {
     // The pool does not refill while the host's disk is nearly full.
-    crate::host::check_free_disk(&ctx.settings)?;
+    crate::resources::check_free_disk(&ctx.settings)?;
     let id = Uuid::new_v4();
     ctx.egress.attach(id, egress)?;
     let paths = ctx.paths(id);
@@ -162,7 +163,7 @@ pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisione
             prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
         }
         ctx.disks.prepare(id).await?;
-        ctx.runtime.create(&paths, None).await
+        Ok::<_, SandboxError>(ctx.runtime.create(&paths, None).await?)
     };
     match made.await {
         Ok(container) => Ok(Provisioned {

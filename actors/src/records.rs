@@ -16,9 +16,9 @@ use time::OffsetDateTime;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::agent::Package;
 use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError, StoreError};
+use sandbox_runtime::agent::Package;
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 /// `"{sandbox id}/{requirement}"` → [`InstallRecord`].

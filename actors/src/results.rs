@@ -5,11 +5,11 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::agent::Package;
 use crate::records::{InstallRecord, InstallState};
-use crate::runtime::disk::DiskUsage;
 use crate::snapshots::SnapshotTotals;
 use crate::status::SandboxStatus;
+use sandbox_host::disk::DiskUsage;
+use sandbox_runtime::agent::Package;
 
 /// What an install status query finds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

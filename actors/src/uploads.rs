@@ -6,7 +6,7 @@
 //! The checked path is then read as it was checked, whoever writes the
 //! folder meanwhile: it is walked again from `/` one component at a time
 //! without following links, and a folder's entries are looked up from the
-//! folder's own descriptor, never by path ([`crate::nofollow`]). A link in
+//! folder's own descriptor, never by path ([`sandbox_host::nofollow`]). A link in
 //! an uploaded folder is copied as a link (it points into the sandbox's own
 //! file system there), never followed on the host; FIFOs, sockets and
 //! devices are left out unopened.
@@ -17,11 +17,11 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
-use crate::agent::RESULTS_IN_CONTAINER;
 use crate::config::Settings;
 use crate::error::{Result, SandboxError};
-use crate::nofollow::{self, EntryKind, Found, Stopped, Why};
-use crate::runtime::SANDBOX_UID;
+use sandbox_host::nofollow::{self, EntryKind, Found, Stopped, Why};
+use sandbox_host::SANDBOX_UID;
+use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 
 /// Largest upload, in bytes of file content.
 pub const MAX_UPLOAD_BYTES: u64 = 256 * 1024 * 1024;

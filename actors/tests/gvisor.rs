@@ -7,8 +7,8 @@
 mod common;
 
 use common::{Harness, OWNER};
-use sandbox_actors::config::EgressPolicy;
 use sandbox_actors::snapshots::{CarriedState, PythonState};
+use sandbox_actors::EgressPolicy;
 
 /// How a scenario ended: its assertions all held, or gVisor's platform
 /// ended the container under it (the server restarted it and said so).

@@ -10,10 +10,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{docker, Harness, OWNER};
-use sandbox_actors::config::EgressPolicy;
 use sandbox_actors::records::RecordStore;
-use sandbox_actors::runtime::{ContainerRuntime, DockerRuntime, SandboxPaths};
+use sandbox_actors::EgressPolicy;
 use sandbox_actors::{InstallStatusKind, Quota, SandboxError, SandboxStatus, Work};
+use sandbox_runtime::{ContainerRuntime, DockerRuntime, SandboxPaths};
 
 /// Programs a sandbox could plant where an installer might look for its own.
 const PLANTED: [&str; 8] = ["uv", "uvx", "python", "python3", "pip", "pip3", "sh", "env"];
@@ -111,12 +111,19 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
     let id = h.create().await;
     // The installer of this very sandbox, running a probe instead of uv.
     let settings = common::settings(h.root.path());
-    let mut runtime = DockerRuntime::connect(&h.server_id, &settings).await.unwrap();
+    let mut runtime = DockerRuntime::connect(
+        &h.server_id,
+        &settings.sandbox,
+        &settings.state_dir,
+        settings.agents_dir(),
+    )
+    .await
+    .unwrap();
     runtime.isolate_network().await.unwrap();
     let paths = SandboxPaths {
         id,
         results: settings.results_dir.join(id.to_string()),
-        agent: sandbox_actors::runtime::agent_dir(&settings.agents_dir(), id),
+        agent: sandbox_host::agent_dir(&settings.agents_dir(), id),
         egress: None,
         packages: Some(settings.state_dir.join("disks").join(id.to_string()).join("packages")),
     };

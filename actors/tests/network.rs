@@ -11,10 +11,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, OWNER};
-use sandbox_actors::config::EgressPolicy;
-use sandbox_actors::egress::host_networks;
-use sandbox_actors::runtime::DockerRuntime;
+use sandbox_actors::EgressPolicy;
 use sandbox_actors::{CreateOptions, Quota, RunOutput, Work};
+use sandbox_host::addresses::host_networks;
+use sandbox_runtime::DockerRuntime;
 use uuid::Uuid;
 
 const ALL: [EgressPolicy; 4] = [
@@ -276,7 +276,7 @@ async fn open_probe(h: &Harness, id: Uuid) -> std::net::Ipv4Addr {
 }
 
 /// An `open` sandbox is joined to the server's network by the server
-/// (runtime/bridge.rs): the engine's networking is off for it; `eth0` has
+/// (sandbox_host::bridge): the engine's networking is off for it; `eth0` has
 /// an address of the half of the subnet the engine's range leaves to the
 /// server, and no IPv6 (which the IPv4 firewall would not see); names
 /// resolve through the host's name servers and its own name to loopback;
@@ -452,10 +452,10 @@ async fn reaches_on_an_icc_network(isolate_host: bool) -> String {
         let labels = [
             format!(
                 "{}={}",
-                sandbox_actors::labels::PROJECT,
-                sandbox_actors::labels::PROJECT_VALUE
+                sandbox_runtime::labels::PROJECT,
+                sandbox_runtime::labels::PROJECT_VALUE
             ),
-            format!("{}={server_id}", sandbox_actors::labels::SERVER),
+            format!("{}={server_id}", sandbox_runtime::labels::SERVER),
         ];
         let name = format!("mcp-sandbox-{server_id}");
         common::docker(&["network", "create", "--label", &labels[0], "--label", &labels[1], &name]);
@@ -680,7 +680,14 @@ async fn rules_applied_again_are_one_set_in_order_with_rate_tables_of_their_own(
     let mut settings = common::settings(h.root.path());
     settings.sandbox.egress_mb_per_minute = 64;
     settings.sandbox.egress_allow = vec!["10.9.0.0/16".into()];
-    let mut runtime = DockerRuntime::connect(&h.server_id, &settings).await.unwrap();
+    let mut runtime = DockerRuntime::connect(
+        &h.server_id,
+        &settings.sandbox,
+        &settings.state_dir,
+        settings.agents_dir(),
+    )
+    .await
+    .unwrap();
     runtime.isolate_network().await.unwrap();
     let second = rules_of(&h.server_id);
     // One set, of the new generation alone: its bounds once each. (How

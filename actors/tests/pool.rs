@@ -129,7 +129,7 @@ async fn a_pooled_sandbox_that_died_is_never_handed_out() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(h.sb().stats().await.pool.ready, 1, "the pool holds a ready sandbox");
-    let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
+    let filter = format!("label={}={}", sandbox_runtime::labels::SERVER, h.server_id);
     let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
         .trim()
         .to_string();
@@ -172,7 +172,7 @@ async fn a_pooled_sandbox_that_died_is_never_handed_out() {
 async fn a_pooled_sandbox_frozen_while_it_waited_is_seen_paused_and_thawed_by_its_first_call() {
     let h = Harness::with(|s| s.pool = sandbox_actors::config::PoolConfig::fixed(1)).await;
     pool_ready(&h, 1).await;
-    let filter = format!("label={}={}", sandbox_actors::labels::SERVER, h.server_id);
+    let filter = format!("label={}={}", sandbox_runtime::labels::SERVER, h.server_id);
     let pooled = docker(&["ps", "-q", "--no-trunc", "--filter", &filter])
         .trim()
         .to_string();

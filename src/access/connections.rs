@@ -176,7 +176,7 @@ pub enum OpenFilesError {
 /// were, unless no policy in force is proxied: then `egress_max_connections`
 /// is 0), and a reserve.
 fn descriptors_needed(limits: &LimitsConfig, egress_max_connections: usize) -> u64 {
-    let per_sandbox = DESCRIPTORS_PER_SANDBOX + sandbox_actors::egress::descriptors_per_sandbox(egress_max_connections);
+    let per_sandbox = DESCRIPTORS_PER_SANDBOX + sandbox_egress::descriptors_per_sandbox(egress_max_connections);
     limits.max_connections as u64
         + REFUSALS_IN_FLIGHT as u64
         + limits.max_sandboxes_total as u64 * per_sandbox

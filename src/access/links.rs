@@ -4,7 +4,7 @@
 //! signed, expiring token instead of any API key.
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use sandbox_actors::agent::RESULTS_IN_CONTAINER;
+use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 use uuid::Uuid;
 
 use crate::access::signer::{unix_now, LinkSigner};

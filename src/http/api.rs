@@ -11,7 +11,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use sandbox_actors::files::{FileError, ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
 use sandbox_actors::snapshots::{CopyError, SnapshotError};
-use sandbox_actors::{CallRecord, SandboxError, SandboxInfo, Usage};
+use sandbox_actors::{CallRecord, RuntimeError, SandboxError, SandboxInfo, Usage};
 use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
@@ -75,9 +75,10 @@ impl IntoResponse for ApiError {
             }
             SandboxError::Outdated { .. } => StatusCode::CONFLICT,
             SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
-            SandboxError::Docker(_) | SandboxError::Image(_) | SandboxError::Network(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
+            SandboxError::Runtime(RuntimeError::Disk(_) | RuntimeError::File { .. } | RuntimeError::Internal(_)) => {
+                StatusCode::INTERNAL_SERVER_ERROR
             }
+            SandboxError::Docker(_) | SandboxError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
             SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
             SandboxError::Ended { .. } => StatusCode::GONE,
             SandboxError::Snapshot(e) => match e {
@@ -95,9 +96,7 @@ impl IntoResponse for ApiError {
                 },
                 SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
-            SandboxError::Disk(_) | SandboxError::Store(_) | SandboxError::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         error(status, &self.0.to_string())
     }

@@ -5,8 +5,8 @@
 use std::fs::File;
 use std::time::SystemTime;
 
-use sandbox_actors::agent::RESULTS_IN_CONTAINER;
 use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
+use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;

@@ -473,7 +473,7 @@ fn smallest(image: &DynamicImage) -> Result<InlineImage, NotInlined> {
 
 #[cfg(test)]
 mod tests {
-    use sandbox_actors::agent::RESULTS_IN_CONTAINER;
+    use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 
     use super::*;
 

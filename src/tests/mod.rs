@@ -6,7 +6,7 @@
 //! the Python SDK's clients, are in `tests/e2e/`.
 //!
 //! The fake agent reads each run as one directive (`set x 1`, `get x`,
-//! `sleep 90`; see `sandbox_actors::runtime::fake`). MCP tests run the rmcp
+//! `sleep 90`; see `sandbox_runtime::fake`). MCP tests run the rmcp
 //! client against the tool handler over an in-memory pipe, on tokio's
 //! paused clock where they wait; REST tests talk HTTP to a loopback port on
 //! the real clock.
@@ -22,8 +22,8 @@ use std::sync::Arc;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
-use sandbox_actors::runtime::fake::FakeRuntime;
 use sandbox_actors::Sandboxes;
+use sandbox_runtime::fake::FakeRuntime;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 

@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::SystemTime;
 
-use crate::nofollow::{self, openat};
+use sandbox_host::nofollow::{self, openat};
 
 use super::{io, resolve, EntryKind, FileError, Result, ResultsPath, MAX_LIST_DEPTH, MAX_SCANNED};
 

@@ -8,7 +8,7 @@
 //! descriptor already checked to be a regular file is opened for reading
 //! (a FIFO or device is never opened at all), reads are windows of a bounded
 //! size, and a listing stops after a bounded number of entries (the lookups
-//! are those of [`crate::nofollow`], which uploads share). Callers run these
+//! are those of [`sandbox_host::nofollow`], which uploads share). Callers run these
 //! functions off the async threads, under a deadline.
 
 use std::fs::File;
@@ -16,9 +16,9 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::agent::RESULTS_IN_CONTAINER;
-pub use crate::nofollow::EntryKind;
-use crate::nofollow::{self, Found, Stopped, Why};
+pub use sandbox_host::nofollow::EntryKind;
+use sandbox_host::nofollow::{self, Found, Stopped, Why};
+use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 
 mod list;
 mod read;

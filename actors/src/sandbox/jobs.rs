@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument, Span};
 
 use super::{join_notices, snapshot, SandboxActor, SandboxState};
-use crate::agent::Work;
 use crate::error::{Result, SandboxError};
 use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord};
@@ -19,6 +18,7 @@ use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
 use crate::results::Uploaded;
 use crate::snapshots::{Restored, SnapshotDone};
 use crate::uploads::{self, UploadSource};
+use sandbox_runtime::agent::Work;
 
 pub(super) enum Job {
     Run(RunRequest),

@@ -25,7 +25,6 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::agent::{AgentClient, Package};
 use crate::context::{Context, Counters};
 use crate::error::{DockerError, Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
@@ -35,11 +34,12 @@ use crate::packages;
 use crate::pool::FirstCall;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
 use crate::results::{InstallStatus, InstallStatusKind, SandboxInfo};
-use crate::runtime::ContainerState;
 use crate::snapshots::{SnapshotOp, SnapshotTotals};
 use crate::status::SandboxStatus;
 use deletion::{begin_deletion, Deletion};
 use jobs::{Job, Waiting};
+use sandbox_runtime::agent::{AgentClient, Package};
+use sandbox_runtime::ContainerState;
 
 pub use deletion::remove_everything;
 

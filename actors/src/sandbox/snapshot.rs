@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::join_notices;
 use crate::error::{Result, SandboxError};
-use crate::host;
 use crate::link::Link;
+use crate::resources;
 use crate::snapshots::{merge, slot, Carried, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
 
 /// The longest a fork's new sandbox waits for its turn to load: past the
@@ -32,7 +32,7 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
     match op {
         SnapshotOp::Take { label } => {
             store.check_room(id)?;
-            host::check_free_disk(&ctx.settings)?;
+            resources::check_free_disk(&ctx.settings)?;
             let snapshot = Uuid::new_v4();
             let started = Instant::now();
             let (python, notice) = link.snapshot_python(&slot(snapshot)).await?;
@@ -87,7 +87,7 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
                     "fork {fork} was given up before its copy began"
                 )));
             };
-            host::check_free_disk(&ctx.settings)?;
+            resources::check_free_disk(&ctx.settings)?;
             let from = from.map(|s| store.find(id, s)).transpose()?;
             let started = Instant::now();
             let (python, notice) = match &from {

@@ -14,10 +14,10 @@ use uuid::Uuid;
 use crate::config::EgressPolicy;
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
-use crate::host::{self};
 use crate::messages::SandboxMsg;
 use crate::pool::{self, Pool};
 use crate::records::SandboxRecord;
+use crate::resources;
 use crate::results::SandboxInfo;
 use crate::sandbox::{remove_everything, Started};
 use crate::supervisor::{Registry, SupervisorMsg};
@@ -159,7 +159,7 @@ impl Sandboxes {
             // its details would cost one message per sandbox per creation.
             None => format!("Sandbox {}", self.count(owner) + 1),
         };
-        host::check_free_disk(&self.ctx.settings)?;
+        resources::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, 1)?;
         let egress = options.egress.unwrap_or(self.ctx.egress.default_policy());
         let creation = self.creation(owner, name, egress, options.lifetime);

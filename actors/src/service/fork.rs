@@ -26,8 +26,8 @@ use uuid::Uuid;
 use super::{answer, unexpected, CreateOptions, Creation, Quota, Sandboxes};
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
-use crate::host;
 use crate::messages::{Queued, SandboxMsg};
+use crate::resources;
 use crate::results::SandboxInfo;
 use crate::scope::Scope;
 use crate::snapshots::{Carried, Export, ExportHold, SnapshotDone, SnapshotOp};
@@ -95,7 +95,7 @@ impl Sandboxes {
                 allowed.name()
             )));
         }
-        host::check_free_disk(&self.ctx.settings)?;
+        resources::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, count)?;
         let fork = Uuid::new_v4();
         let creations: Vec<Creation> = (1..=count)

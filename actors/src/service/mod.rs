@@ -21,22 +21,20 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::agent::{Progress, Work};
 use crate::config::Settings;
 use crate::context::{Context, Counters};
-use crate::egress::Egress;
 use crate::error::{DockerError, Result, SandboxError, StoreError};
+use sandbox_egress::Egress;
+use sandbox_runtime::agent::{Progress, Work};
 
 use crate::history::CallRecord;
-use crate::host::{self, Resources};
 use crate::link::Ran;
 use crate::messages::{Queued, RunRequest, SandboxMsg};
 use crate::packages;
 use crate::pool::{Pool, PoolStats};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
+use crate::resources::{self, Resources};
 use crate::results::{InstallStatus, SandboxInfo};
-use crate::runtime::disk::Disks;
-use crate::runtime::{ContainerRuntime, DockerRuntime, Usage};
 use crate::sandbox::Started;
 use crate::scope::Scope;
 use crate::snapshots::Snapshots;
@@ -44,6 +42,7 @@ use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
 use crate::usage::sampler::Sampler;
 use crate::usage::{Meter, Row, Totals};
+use sandbox_runtime::{ContainerRuntime, DockerRuntime, Usage};
 
 mod creation;
 mod files;
@@ -101,11 +100,17 @@ impl Sandboxes {
     pub async fn start(settings: Settings) -> Result<Self> {
         let store = open_store(&settings)?;
         let server_id = server_id(&settings.state_dir)?;
-        let mut runtime = DockerRuntime::connect(&server_id, &settings).await?;
+        let mut runtime = DockerRuntime::connect(
+            &server_id,
+            &settings.sandbox,
+            &settings.state_dir,
+            settings.agents_dir(),
+        )
+        .await?;
         runtime.ensure_image(&settings.state_dir).await?;
         runtime.choose_runtime().await?;
         let sandbox_net = runtime.isolate_network().await?;
-        let egress = Egress::new(&settings, sandbox_net.into_iter().collect())?;
+        let egress = Egress::new(settings.egress(), sandbox_net.into_iter().collect())?;
         Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress).await
     }
 
@@ -113,8 +118,14 @@ impl Sandboxes {
     pub async fn build_image(settings: &Settings) -> Result<String> {
         std::fs::create_dir_all(&settings.state_dir)
             .map_err(|e| SandboxError::Internal(format!("creating the state folder: {e}")))?;
-        let runtime = DockerRuntime::connect("image-build", settings).await?;
-        runtime.ensure_image(&settings.state_dir).await
+        let runtime = DockerRuntime::connect(
+            "image-build",
+            &settings.sandbox,
+            &settings.state_dir,
+            settings.agents_dir(),
+        )
+        .await?;
+        Ok(runtime.ensure_image(&settings.state_dir).await?)
     }
 
     pub async fn with_runtime(
@@ -132,7 +143,7 @@ impl Sandboxes {
             forks: Default::default(),
             counters: Counters::default(),
             egress,
-            disks: Disks::new(&settings),
+            disks: settings.disks(),
             snapshots: Snapshots::new(&settings),
             settings,
         });
@@ -211,7 +222,7 @@ impl Sandboxes {
 
     /// Whether Docker answers.
     pub async fn ping(&self) -> Result<()> {
-        self.ctx.runtime.ping().await
+        Ok(self.ctx.runtime.ping().await?)
     }
 
     /// The sandboxes in `scope`, oldest first.
@@ -296,7 +307,7 @@ impl Sandboxes {
         wait: Duration,
     ) -> Result<InstallStatus> {
         let specs = packages::parse_specs(package)?;
-        host::check_free_disk(&self.ctx.settings)?;
+        resources::check_free_disk(&self.ctx.settings)?;
         let package = specs.join(" ");
         let mut rx: watch::Receiver<InstallRecord> = self
             .query(scope.into(), id, |reply| SandboxMsg::Install {
@@ -352,9 +363,10 @@ impl Sandboxes {
     /// CPU and memory use of a sandbox's container.
     pub async fn usage<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Usage> {
         let container = self.info(scope, id).await?.container_id;
-        tokio::time::timeout(QUERY_DEADLINE, self.ctx.runtime.usage(&container))
+        let usage = tokio::time::timeout(QUERY_DEADLINE, self.ctx.runtime.usage(&container))
             .await
-            .map_err(|_| DockerError::UsageTimedOut)?
+            .map_err(|_| DockerError::UsageTimedOut)??;
+        Ok(usage)
     }
 
     /// The hourly usage rows from `from` up to `to` (Unix seconds) of the
@@ -396,9 +408,9 @@ impl Sandboxes {
     pub fn resources(&self) -> Resources {
         let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();
         Resources {
-            disk_free_bytes: host::sandbox_disk_free_bytes(&self.ctx.settings),
+            disk_free_bytes: resources::sandbox_disk_free_bytes(&self.ctx.settings),
             memory_limits_bytes: containers as u64 * (self.ctx.settings.sandbox.memory_mb << 20),
-            host_memory_bytes: host::memory_bytes(),
+            host_memory_bytes: sandbox_host::figures::memory_bytes(),
         }
     }
 
@@ -480,9 +492,9 @@ impl Sandboxes {
     /// Starts the domain on the in-memory runtime, as [`Sandboxes::start`]
     /// does on Docker: for the engine-free tests of this crate and of the
     /// front end.
-    pub async fn on_fake(settings: Settings, fake: &crate::runtime::fake::FakeRuntime) -> Result<Self> {
+    pub async fn on_fake(settings: Settings, fake: &sandbox_runtime::fake::FakeRuntime) -> Result<Self> {
         let store = open_store(&settings)?;
-        let egress = Egress::new(&settings, vec![])?;
+        let egress = Egress::new(settings.egress(), vec![])?;
         Self::with_runtime(settings, store, "fake".into(), Arc::new(fake.clone()), egress).await
     }
 }

@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use crate::error::Result;
 use crate::records::SandboxRecord;
-use crate::runtime::ContainerState;
 use crate::sandbox::remove_everything;
+use sandbox_runtime::ContainerState;
 
 use super::Sandboxes;
 

@@ -3,7 +3,7 @@
 //!
 //! The sandbox writes the folders these read (`save`) and write (`restore`)
 //! while the server, as root, walks them, so every name is looked up from
-//! its folder's descriptor without following links ([`crate::nofollow`]):
+//! its folder's descriptor without following links ([`sandbox_host::nofollow`]):
 //! a folder swapped for a link on the way cannot lead the copy elsewhere on
 //! the host. A clone reads one sandbox's folder and writes another's, so
 //! both sides are walked that way. The snapshot's own folders are the
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::error::CopyError;
-use crate::nofollow::{self, EntryKind, Found};
+use sandbox_host::nofollow::{self, EntryKind, Found};
 
 /// Folders deeper than this are refused (each level holds a descriptor).
 const MAX_DEPTH: usize = 128;

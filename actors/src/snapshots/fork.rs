@@ -23,9 +23,10 @@ use uuid::Uuid;
 
 use super::copy;
 use super::{bounded, bounded_until, slot, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots};
-use crate::agent::{Carried, CarriedState};
 use crate::error::CopyError;
-use crate::runtime::{SandboxPaths, SANDBOX_UID};
+use sandbox_host::SANDBOX_UID;
+use sandbox_runtime::agent::{Carried, CarriedState};
+use sandbox_runtime::SandboxPaths;
 
 /// The agent's fork file of `fork`, beneath the results folder.
 fn fork_file(fork: Uuid) -> [String; 3] {

@@ -33,13 +33,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 use uuid::Uuid;
 
-pub use crate::agent::{Carried, CarriedState, PythonState};
 use crate::config::Settings;
 pub use crate::error::{CopyError, SnapshotError};
-use crate::runtime::{SandboxPaths, SANDBOX_UID};
 use copy::{Budget, Saved};
 pub(crate) use fork::merge;
 pub use fork::{Export, ExportHold};
+use sandbox_host::SANDBOX_UID;
+pub use sandbox_runtime::agent::{Carried, CarriedState, PythonState};
+use sandbox_runtime::SandboxPaths;
 
 /// How long copying a snapshot's files (either way) may take.
 const COPY_DEADLINE: Duration = Duration::from_secs(300);

@@ -6,11 +6,11 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::{pass, Server, OWNER};
-use crate::agent::Work;
 use crate::error::SandboxError;
-use crate::runtime::fake::Event;
-use crate::runtime::ContainerState;
 use crate::status::SandboxStatus;
+use sandbox_runtime::agent::Work;
+use sandbox_runtime::fake::Event;
+use sandbox_runtime::ContainerState;
 
 #[tokio::test(start_paused = true)]
 async fn calls_run_one_at_a_time_in_arrival_order() {
@@ -134,7 +134,7 @@ async fn delete_ends_a_run_in_flight_and_refuses_queued_calls() {
 /// listing every container, and leaves every other sandbox's alone.
 #[tokio::test(start_paused = true)]
 async fn a_deletion_removes_every_container_of_its_sandbox_and_no_other() {
-    use crate::runtime::{ContainerRuntime, SandboxPaths};
+    use sandbox_runtime::{ContainerRuntime, SandboxPaths};
     let s = Server::start().await;
     let (id, other) = (s.create().await, s.create().await);
     let (first, others) = (s.container(id), s.container(other));

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::{Server, OWNER};
 use crate::error::SandboxError;
-use crate::runtime::fake::{Behaviour, Event};
-use crate::runtime::{ContainerRuntime, ContainerState};
 use crate::Work;
+use sandbox_runtime::fake::{Behaviour, Event};
+use sandbox_runtime::{ContainerRuntime, ContainerState};
 
 #[tokio::test(start_paused = true)]
 async fn python_state_lives_across_calls() {
@@ -218,7 +218,7 @@ async fn an_agent_s_long_error_texts_are_bounded_in_results_and_history() {
     for _ in 0..5 {
         let err = s.run(id, "echo x").await.unwrap_err();
         assert!(
-            err.to_string().len() <= 2 * crate::agent::MAX_AGENT_TEXT,
+            err.to_string().len() <= 2 * sandbox_runtime::agent::MAX_AGENT_TEXT,
             "{}",
             err.to_string().len()
         );

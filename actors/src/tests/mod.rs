@@ -1,5 +1,5 @@
 //! Unit tests of the domain's logic on the in-memory runtime
-//! ([`crate::runtime::fake`]) and tokio's paused clock: no Docker engine,
+//! ([`sandbox_runtime::fake`]) and tokio's paused clock: no Docker engine,
 //! and a deadline of minutes passes at once. The same paths against the
 //! real engine are in `actors/tests/`.
 
@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::agent::Work;
 use crate::error::Result;
-use crate::runtime::fake::FakeRuntime;
 use crate::{Quota, Ran, Sandboxes, Settings};
+use sandbox_runtime::agent::Work;
+use sandbox_runtime::fake::FakeRuntime;
 
 pub const OWNER: &str = "tester";
 
@@ -76,7 +76,7 @@ impl Server {
             .sandbox_id
     }
 
-    /// Runs one directive of the fake agent (see `runtime::fake`).
+    /// Runs one directive of the fake agent (see `sandbox_runtime::fake`).
     pub async fn run(&self, id: Uuid, directive: &str) -> Result<Ran> {
         self.sb()
             .run(OWNER, id, Work::Python(directive.into()), None, None)

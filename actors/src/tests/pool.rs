@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{pass, until, Server, OWNER};
 use crate::config::PoolConfig;
-use crate::runtime::fake::Event;
 use crate::{CreateOptions, EgressPolicy, Quota};
+use sandbox_runtime::fake::Event;
 
 fn creations(s: &Server) -> usize {
     s.fake.count(|e| matches!(e, Event::Created { .. }))

@@ -7,8 +7,8 @@ use futures_util::future::join_all;
 
 use super::{pass, Server, OWNER};
 use crate::error::SandboxError;
-use crate::runtime::ContainerState;
 use crate::Quota;
+use sandbox_runtime::{ContainerState, RuntimeError};
 
 const ONE_EACH: Quota = Quota { per_owner: 1, total: 3 };
 
@@ -61,7 +61,7 @@ async fn refused_by_docker(s: &Server) -> SandboxError {
         .create(OWNER, None, ONE_EACH, Default::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, SandboxError::Docker(_)), "{err}");
+    assert!(matches!(err, SandboxError::Runtime(RuntimeError::Engine(_))), "{err}");
     err
 }
 
@@ -102,15 +102,15 @@ async fn other_owners_sandboxes_are_not_found() {
 }
 
 /// A container and volume of this server that no record explains.
-async fn unrecorded_container(s: &Server) -> crate::runtime::ContainerRef {
-    let paths = crate::runtime::SandboxPaths {
+async fn unrecorded_container(s: &Server) -> sandbox_runtime::ContainerRef {
+    let paths = sandbox_runtime::SandboxPaths {
         id: uuid::Uuid::new_v4(),
         results: Default::default(),
         agent: Default::default(),
         egress: None,
         packages: None,
     };
-    crate::runtime::ContainerRuntime::create(&s.fake, &paths, None)
+    sandbox_runtime::ContainerRuntime::create(&s.fake, &paths, None)
         .await
         .unwrap()
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::{pass, until, Server, OWNER};
 use crate::error::SandboxError;
-use crate::runtime::fake::Event;
-use crate::runtime::ContainerState;
 use crate::CreateOptions;
+use sandbox_runtime::fake::Event;
+use sandbox_runtime::ContainerState;
 
 #[tokio::test(start_paused = true)]
 async fn a_container_that_dies_while_idle_is_brought_back_without_a_call() {

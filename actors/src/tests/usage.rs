@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{pass, Server, OWNER};
-use crate::runtime::Usage;
 use crate::Quota;
+use sandbox_runtime::Usage;
 
 const OTHER: &str = "other";
 

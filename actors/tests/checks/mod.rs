@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{docker, eventually, Harness, OWNER};
-use sandbox_actors::config::EgressPolicy;
+use sandbox_actors::EgressPolicy;
 use sandbox_actors::{InstallStatusKind, SandboxError, SandboxStatus, Scope, Work};
 
 /// Defines one `#[tokio::test]` per check below, each running it under

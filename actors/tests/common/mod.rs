@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use sandbox_actors::{labels, InstallStatus, InstallStatusKind, Quota, Ran, Sandboxes, Settings, Work};
+use sandbox_actors::{InstallStatus, InstallStatusKind, Quota, Ran, Sandboxes, Settings, Work};
+use sandbox_runtime::labels;
 use uuid::Uuid;
 
 pub const OWNER: &str = "tester";
@@ -167,7 +168,7 @@ impl Drop for Harness {
         for n in docker(&["network", "ls", "-q", "--filter", &filter]).lines() {
             docker(&["network", "rm", n]);
         }
-        let _ = sandbox_actors::runtime::firewall::remove(&self.server_id);
+        let _ = sandbox_host::firewall::remove(&self.server_id);
         unmount_under(self.root.path());
     }
 }

@@ -1,41 +1,35 @@
-//! The container runtime: everything the sandbox actors ask of Docker, behind
-//! a trait so that unit tests of actor logic can replace it (`fake`, in this
-//! crate's tests and with the `test-runtime` feature).
+//! The container runtime: everything the sandbox actors ask of a container
+//! engine, behind a trait so that unit tests of actor logic can replace it
+//! (`fake`, in this crate's tests and with the `test-runtime` feature).
+//!
+//! - [`ContainerRuntime`] (here) and its Docker implementation (`docker`),
+//!   with the sandbox image's build (`image`) and the labels every engine
+//!   object carries (`labels`);
+//! - `agent`: the channel to the agent inside each sandbox;
+//! - `spans`: the trace spans of agent exchanges and engine calls;
+//! - `config`: the `[sandbox]` section, what every container is made with;
+//! - `error`: [`RuntimeError`].
 
-pub mod bridge;
-pub mod conntrack;
-pub mod disk;
+pub mod agent;
+pub mod config;
 mod docker;
+mod error;
 #[cfg(any(test, feature = "test-runtime"))]
 pub mod fake;
-pub mod firewall;
 mod image;
-mod loopdev;
-mod netlink;
-mod sparse;
-mod veth;
+pub mod labels;
+pub mod spans;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::agent::AgentClient;
-use crate::error::Result;
 
 pub use docker::DockerRuntime;
-
-/// The sandbox user of the image (docker/Dockerfile).
-pub const SANDBOX_UID: u32 = 1000;
-/// The egress proxy's socket in the folder [`SandboxPaths::egress`] names.
-pub const EGRESS_SOCKET_NAME: &str = "proxy.sock";
-
-/// The host folder of a sandbox's agent socket, in the server's folder of
-/// agent sockets.
-pub fn agent_dir(agents: &Path, sandbox: Uuid) -> PathBuf {
-    agents.join(sandbox.to_string())
-}
+pub use error::{ImageError, Result, RuntimeError};
 
 /// Host side of one sandbox: the folders bind-mounted into its container.
 #[derive(Debug, Clone)]

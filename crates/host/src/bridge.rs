@@ -7,7 +7,7 @@
 //! creation, and what bounds a burst of them on a small host
 //! (docs/benchmarks.md). The container is made with networking disabled,
 //! as a proxied one is, and the server does by netlink requests of its own
-//! (runtime/veth.rs, no program started) what the engine would: a veth pair, one end a port of the bridge and the other
+//! (veth.rs, no program started) what the engine would: a veth pair, one end a port of the bridge and the other
 //! `eth0` in the container's namespace; IPv6 off on both (a sandbox could
 //! otherwise talk link-local IPv6 to another port of the bridge, which the
 //! IPv4 firewall does not see); an address from the half of the subnet that

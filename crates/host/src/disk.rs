@@ -36,10 +36,7 @@ use tokio::sync::Mutex;
 use tracing::warn;
 use uuid::Uuid;
 
-use super::SANDBOX_UID;
-use crate::config::Settings;
-use crate::error::DiskError;
-use crate::host;
+use crate::{agent_dir, figures, SANDBOX_UID};
 
 /// How long one `mkfs.ext4` or `mount` may take.
 const TOOL_DEADLINE: Duration = Duration::from_secs(30);
@@ -54,11 +51,34 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DiskError + '_ {
     }
 }
 
+/// Why a sandbox's capped file systems could not be made, mounted or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// A tool (`mkfs.ext4`, `mount`) failed or did not answer; `what` says
+    /// what was being done.
+    #[error("{what}: {detail}")]
+    Tool { what: String, detail: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
 /// One capped file system: its size in MiB and inode count (0 MiB: uncapped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cap {
-    mb: u64,
-    inodes: u64,
+pub struct Cap {
+    pub mb: u64,
+    pub inodes: u64,
+}
+
+/// Where the disks of this server's sandboxes live.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// `state_dir/disks`: one folder of images per sandbox.
+    pub root: PathBuf,
+    /// The server's results folder: a sandbox's results image is mounted
+    /// on its folder there.
+    pub results_dir: PathBuf,
+    /// The server's folder of agent sockets (see [`agent_dir`]).
+    pub agents_dir: PathBuf,
 }
 
 /// A capped folder's use against its cap.
@@ -71,7 +91,7 @@ pub struct DiskUse {
 }
 
 impl DiskUse {
-    fn of(space: host::Space) -> Self {
+    fn of(space: figures::Space) -> Self {
         Self {
             used_bytes: space.total_bytes.saturating_sub(space.free_bytes),
             limit_bytes: space.total_bytes,
@@ -112,20 +132,13 @@ pub struct Disks {
 }
 
 impl Disks {
-    pub fn new(settings: &Settings) -> Self {
-        let config = &settings.sandbox;
+    pub fn new(layout: Layout, results: Cap, packages: Cap) -> Self {
         Self {
-            root: settings.state_dir.join("disks"),
-            results_dir: settings.results_dir.clone(),
-            agents_dir: settings.agents_dir(),
-            results: Cap {
-                mb: config.results_mb,
-                inodes: config.results_inodes,
-            },
-            packages: Cap {
-                mb: config.packages_mb,
-                inodes: config.packages_inodes,
-            },
+            root: layout.root,
+            results_dir: layout.results_dir,
+            agents_dir: layout.agents_dir,
+            results,
+            packages,
             templates: Arc::default(),
         }
     }
@@ -145,7 +158,7 @@ impl Disks {
     async fn fresh_image(&self, image: &Path, cap: Cap) -> Result<(), DiskError> {
         let template = self.template(cap).await?;
         let target = image.to_path_buf();
-        tokio::task::spawn_blocking(move || super::sparse::copy(&template, &target))
+        tokio::task::spawn_blocking(move || crate::sparse::copy(&template, &target))
             .await
             .map_err(|e| DiskError::Tool {
                 what: format!("copying an empty image to {}", image.display()),
@@ -217,7 +230,7 @@ impl Disks {
         let mounted = images
             .iter()
             .map(|(image, mount, cap)| self.fresh_and_mount(image, mount, *cap));
-        let agent = super::agent_dir(&self.agents_dir, id);
+        let agent = agent_dir(&self.agents_dir, id);
         let (images, agent) = tokio::join!(futures_util::future::join_all(mounted), mount_agent_tmpfs(&agent));
         images.into_iter().collect::<Result<(), _>>()?;
         agent
@@ -244,7 +257,7 @@ impl Disks {
                 remounted = true;
             }
         }
-        let agent = super::agent_dir(&self.agents_dir, id);
+        let agent = agent_dir(&self.agents_dir, id);
         if !is_mount_point(&agent) {
             std::fs::create_dir_all(&agent).map_err(io(&agent))?;
             mount_agent_tmpfs(&agent).await?;
@@ -257,7 +270,7 @@ impl Disks {
     /// gone). The emptied mount points are left for the caller to remove.
     pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
         let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
-        mounts.push(super::agent_dir(&self.agents_dir, id));
+        mounts.push(agent_dir(&self.agents_dir, id));
         for mount in &mounts {
             unmount(mount).await?;
         }
@@ -305,7 +318,7 @@ impl Disks {
         }
         let of = |mb: u64, mount: PathBuf| {
             (mb > 0 && is_mount_point(&mount))
-                .then(|| host::space(&mount).map(DiskUse::of))
+                .then(|| figures::space(&mount).map(DiskUse::of))
                 .flatten()
         };
         Some(DiskUsage {
@@ -449,7 +462,7 @@ async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
     let (source, target) = (image.to_path_buf(), mount.to_path_buf());
     let flags = libc::MS_NODEV | libc::MS_NOSUID;
     let mounting = tokio::task::spawn_blocking(move || {
-        super::loopdev::mount_ext4(&source, &target, flags, "noinit_itable,discard")
+        crate::loopdev::mount_ext4(&source, &target, flags, "noinit_itable,discard")
     });
     let tool = |detail: String| DiskError::Tool {
         what: format!("mounting {}", image.display()),

@@ -12,7 +12,7 @@ pub const PROJECT_VALUE: &str = "mcp-sandbox";
 pub const SERVER: &str = "io.mcp-sandbox.server";
 pub const SANDBOX: &str = "io.mcp-sandbox.sandbox";
 /// The address the server gave an `open` sandbox on its bridge
-/// (`runtime::bridge`): its record of what it handed out, read back at start.
+/// (`sandbox_host::bridge`): its record of what it handed out, read back at start.
 pub const ADDRESS: &str = "io.mcp-sandbox.address";
 
 /// Labels for an object that belongs to one server.

@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use sandbox_actors::agent::{AgentClient, AgentError, CarriedState, PythonState, SOCKET_NAME};
-use sandbox_actors::{Package, Work};
+use sandbox_runtime::agent::{AgentClient, AgentError, CarriedState, Package, PythonState, Work, SOCKET_NAME};
 use tokio::sync::mpsc;
 
-const AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/agent.py");
+const AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docker/agent.py");
 const CAP: usize = 64 * 1024;
 /// A distribution that only the test's `PYTHONPATH` holds.
 const DIST: (&str, &str) = ("mcp-sandbox-protocol-test", "1.2.3");
@@ -171,17 +170,17 @@ fn program(argv: &[&str]) -> Work {
     Work::Program(argv.iter().map(|s| s.to_string()).collect())
 }
 
-async fn exec(c: &mut AgentClient, code: &str) -> sandbox_actors::RunOutput {
+async fn exec(c: &mut AgentClient, code: &str) -> sandbox_runtime::agent::RunOutput {
     c.run(&py(code), 30.0, CAP, None).await.unwrap()
 }
 
 /// A progress sender for a run, and the stdout of its first progress line:
 /// user code that prints a marker is then known to be running.
 fn first_progress() -> (
-    mpsc::Sender<sandbox_actors::Progress>,
+    mpsc::Sender<sandbox_runtime::agent::Progress>,
     tokio::sync::oneshot::Receiver<String>,
 ) {
-    let (tx, mut rx) = mpsc::channel::<sandbox_actors::Progress>(64);
+    let (tx, mut rx) = mpsc::channel::<sandbox_runtime::agent::Progress>(64);
     let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         if let Some(p) = rx.recv().await {

@@ -25,9 +25,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage};
 use crate::agent::AgentClient;
-use crate::error::{Result, SandboxError};
+use crate::{
+    ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, Result, RuntimeError, SandboxPaths, Usage,
+};
 
 /// How an agent answers: what the sandbox's user can put in its place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -781,7 +782,7 @@ impl Agent {
 }
 
 /// An error as the engine answers it.
-fn refusal(status_code: u16, message: String) -> SandboxError {
+fn refusal(status_code: u16, message: String) -> RuntimeError {
     bollard::errors::Error::DockerResponseServerError { status_code, message }.into()
 }
 

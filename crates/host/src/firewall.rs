@@ -28,8 +28,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::config::SandboxConfig;
-use crate::egress_rules::{host_networks, name_servers, RuleError, Rules, PRIVATE_V4};
+use crate::addresses::{host_networks, name_servers, PRIVATE_V4};
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
 const LINK_LOCAL: &str = "169.254.0.0/16";
@@ -66,8 +65,6 @@ pub enum FirewallError {
     /// iptables ran and refused; `stderr` says why.
     #[error("iptables {args}: {stderr}")]
     Refused { args: String, stderr: String },
-    #[error(transparent)]
-    Rules(#[from] RuleError),
 }
 
 impl FirewallError {
@@ -80,7 +77,6 @@ impl FirewallError {
             FirewallError::Refused { stderr, .. } => ["Permission denied", "must be root", "can't initialize"]
                 .iter()
                 .any(|s| stderr.contains(s)),
-            FirewallError::Rules(_) => false,
         }
     }
 }
@@ -112,12 +108,14 @@ fn iptables(args: &[&str]) -> Result<String, FirewallError> {
     }
 }
 
-/// What one sandbox may use of the network: `egress_max_connections` and
-/// `egress_mb_per_minute`.
+/// What one sandbox may use of the network (`sandbox.egress_max_connections`
+/// and `sandbox.egress_mb_per_minute`).
 #[derive(Debug, Clone, Copy)]
-struct Bounds {
-    connections: usize,
-    bytes_per_minute: u64,
+pub struct Bounds {
+    /// Flows of any protocol at once.
+    pub connections: usize,
+    /// Bytes a minute in each direction.
+    pub bytes_per_minute: u64,
 }
 
 /// New flows (connections, UDP exchanges) one `open` sandbox may start per
@@ -393,16 +391,11 @@ fn split_rule(spec: &str) -> Vec<String> {
     out
 }
 
-/// Replaces this server's rules with fresh ones for `subnet`, from the
-/// sandbox settings: `egress_allow`, whose CIDRs stay reachable, and the
-/// egress bounds. Blocks (iptables runs, and retries): call it off the
+/// Replaces this server's rules with fresh ones for `subnet`: the CIDRs of
+/// `listed` (the allow-list's) stay reachable, and every sandbox address is
+/// held to `bounds`. Blocks (iptables runs, and retries): call it off the
 /// async threads.
-pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<(), FirewallError> {
-    let listed: Vec<IpNet> = Rules::parse(&config.egress_allow)?.nets().copied().collect();
-    let bounds = Bounds {
-        connections: config.egress_max_connections,
-        bytes_per_minute: config.egress_mb_per_minute.saturating_mul(1024 * 1024),
-    };
+pub fn apply(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Result<(), FirewallError> {
     let bridged = std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").unwrap_or_default();
     if bridged.trim() != "1" {
         tracing::warn!("net.bridge.bridge-nf-call-iptables is not 1: traffic between two sandboxes of one bridge bypasses iptables, and only the engine's inter-container option keeps them apart");
@@ -423,7 +416,7 @@ pub fn apply(server_id: &str, subnet: &str, config: &SandboxConfig) -> Result<()
     let chains = chains()?;
     let old = tagged(server_id, &chains)?;
     let generation = next_generation(&old, server_id);
-    let new = rules(server_id, generation, subnet, &listed, bounds);
+    let new = rules(server_id, generation, subnet, listed, bounds);
     // Each rule is inserted first, so they go in last to first.
     for (chain, rule) in new.into_iter().rev().filter(|(c, _)| chains.contains(c)) {
         let mut args = vec!["1"];

@@ -15,7 +15,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use super::sni::{self, Hello};
 use super::{Attached, Shared};
-use crate::config::EgressPolicy;
+use crate::EgressPolicy;
 
 /// Largest request head accepted.
 const MAX_HEAD: usize = 16 * 1024;

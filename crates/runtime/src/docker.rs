@@ -18,16 +18,17 @@ use bollard::Docker;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use super::bridge::{self, Bridge, Holder};
-use super::{
-    ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, SandboxPaths, Usage, EGRESS_SOCKET_NAME,
-    SANDBOX_UID,
-};
+use sandbox_egress::{Rules, EGRESS_SOCKET_NAME};
+use sandbox_host::addresses::{host_networks, name_servers, resolver_config};
+use sandbox_host::bridge::{self, Bridge, Holder};
+use sandbox_host::{agent_dir, conntrack, firewall, SANDBOX_UID};
+
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
-use crate::config::{SandboxConfig, Settings, AUTO_RUNTIME};
-use crate::error::{DockerError, Result, SandboxError};
-use crate::labels;
-use crate::spans;
+use crate::config::{SandboxConfig, AUTO_RUNTIME};
+use crate::{image, labels, spans};
+use crate::{
+    ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, Result, RuntimeError, SandboxPaths, Usage,
+};
 
 /// Where the sandbox image keeps the CA bundle that `ca_bundle` replaces.
 const CA_IN_CONTAINER: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -56,7 +57,10 @@ fn write_mounted(path: &Path, text: &str) -> Result<()> {
     std::fs::write(&part, text)
         .and_then(|()| std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o644)))
         .and_then(|()| std::fs::rename(&part, path))
-        .map_err(|e| SandboxError::Internal(format!("writing {}: {e}", path.display())))
+        .map_err(|source| RuntimeError::File {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// How long `sandbox.runtime = "auto"` waits for its trial container.
@@ -90,12 +94,14 @@ impl DockerRuntime {
     /// does not put one in request paths otherwise), and writes the
     /// loopback `/etc/hosts` of sandboxes without a network into the state
     /// folder.
-    pub async fn connect(server_id: &str, settings: &Settings) -> Result<Self> {
+    /// `state_dir` is the server's own folder, `agents` its folder of agent
+    /// sockets (one folder per sandbox).
+    pub async fn connect(server_id: &str, config: &SandboxConfig, state_dir: &Path, agents: PathBuf) -> Result<Self> {
         let docker = Docker::connect_with_local_defaults()?.negotiate_version().await?;
         docker.ping().await?;
-        let config = settings.sandbox.clone();
-        let image = super::image::tag(&config);
-        let loopback_hosts = settings.state_dir.join("hosts");
+        let config = config.clone();
+        let image = image::tag(&config);
+        let loopback_hosts = state_dir.join("hosts");
         write_mounted(&loopback_hosts, LOOPBACK_HOSTS)?;
         Ok(Self {
             docker,
@@ -103,10 +109,10 @@ impl DockerRuntime {
             config,
             image,
             network: None,
-            agents: settings.agents_dir(),
+            agents,
             loopback_hosts,
             bridge: None,
-            resolv_conf: settings.state_dir.join("resolv.conf"),
+            resolv_conf: state_dir.join("resolv.conf"),
         })
     }
 
@@ -114,7 +120,7 @@ impl DockerRuntime {
     /// sandboxes and installer containers (never Docker's default bridge),
     /// with inter-container traffic off, and with `sandbox.isolate_host`
     /// applies the host firewall rules for its subnet (see
-    /// [`super::firewall`]). Without rules (no iptables, not root)
+    /// [`firewall`]). Without rules (no iptables, not root)
     /// sandboxes still run; the warning says what is lost. Returns the subnet.
     pub async fn isolate_network(&mut self) -> Result<Option<ipnet::IpNet>> {
         let subnet = self.make_network().await?;
@@ -155,10 +161,19 @@ impl DockerRuntime {
             return Ok(None);
         };
         if self.config.isolate_host {
-            let (server_id, net, config) = (self.server_id.clone(), subnet.clone(), self.config.clone());
-            let applied = tokio::task::spawn_blocking(move || super::firewall::apply(&server_id, &net, &config))
+            let listed: Vec<ipnet::IpNet> = Rules::parse(&self.config.egress_allow)
+                .map_err(|e| RuntimeError::Internal(format!("sandbox.egress_allow: {e}")))?
+                .nets()
+                .copied()
+                .collect();
+            let bounds = firewall::Bounds {
+                connections: self.config.egress_max_connections,
+                bytes_per_minute: self.config.egress_mb_per_minute.saturating_mul(1024 * 1024),
+            };
+            let (server_id, net) = (self.server_id.clone(), subnet.clone());
+            let applied = tokio::task::spawn_blocking(move || firewall::apply(&server_id, &net, &listed, bounds))
                 .await
-                .map_err(|e| SandboxError::Internal(e.to_string()))?;
+                .map_err(|e| RuntimeError::Internal(e.to_string()))?;
             match applied {
                 Ok(()) => {}
                 Err(e) if e.unavailable() => {
@@ -167,7 +182,7 @@ impl DockerRuntime {
                 // The host has a firewall and refused part of the rules:
                 // sandboxes are not started half-fenced.
                 Err(e) => {
-                    return Err(SandboxError::Internal(format!(
+                    return Err(RuntimeError::Internal(format!(
                         "the host firewall rules of the sandbox network could not be applied ({e}); \
                          nothing is started without them while sandbox.isolate_host is true: \
                          check what else changes iptables on this host, then start again"
@@ -255,12 +270,12 @@ impl DockerRuntime {
         if let Some(why) = bridge::cannot_join() {
             return Err(why);
         }
-        let host: Vec<IpAddr> = crate::egress_rules::host_networks()
+        let host: Vec<IpAddr> = host_networks()
             .into_iter()
             .filter(|n| n.prefix_len() == n.max_prefix_len())
             .map(|n| n.addr())
             .collect();
-        let servers = bridge::reachable_name_servers(&crate::egress_rules::name_servers(), &host);
+        let servers = bridge::reachable_name_servers(&name_servers(), &host);
         // (The firewall lets the subnet reach the same servers on port 53.)
         if servers.is_empty() {
             return Err("the host has no name server a sandbox on the bridge could reach".into());
@@ -275,7 +290,7 @@ impl DockerRuntime {
             .ok()
             .and_then(|m| m.trim().parse().ok())
             .ok_or_else(|| format!("the bridge interface {interface} is not on this host"))?;
-        let host_resolv = crate::egress_rules::resolver_config();
+        let host_resolv = resolver_config();
         write_mounted(&self.resolv_conf, &bridge::resolv_conf(&host_resolv, &servers)).map_err(|e| e.to_string())?;
         let taken = self.addresses_in_use().await.map_err(|e| e.to_string())?;
         // One walk of the kernel's table forgets the flows of every free
@@ -284,7 +299,7 @@ impl DockerRuntime {
         // netlink, which a host without conntrack's netlink module does not
         // offer.
         let held: HashSet<Ipv4Addr> = taken.iter().map(|(address, _)| *address).collect();
-        let forgotten = super::conntrack::forget_where_off_thread(move |a| range.contains(&a) && !held.contains(&a))
+        let forgotten = conntrack::forget_where_off_thread(move |a| range.contains(&a) && !held.contains(&a))
             .await
             .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
         if forgotten > 0 {
@@ -471,9 +486,9 @@ impl DockerRuntime {
         }
     }
 
-    /// Builds the sandbox image unless it is present (see [`super::image`]).
+    /// Builds the sandbox image unless it is present (see [`image`]).
     pub async fn ensure_image(&self, scratch: &Path) -> Result<String> {
-        super::image::ensure(&self.docker, &self.config, &self.image, scratch).await?;
+        image::ensure(&self.docker, &self.config, &self.image, scratch).await?;
         Ok(self.image.clone())
     }
 
@@ -542,7 +557,7 @@ impl DockerRuntime {
             if address.is_some() {
                 self.join_bridge(&created.id, address).await?;
             }
-            Ok::<_, SandboxError>(created.id)
+            Ok::<_, RuntimeError>(created.id)
         };
         match made.await {
             Ok(container_id) => Ok(ContainerRef { container_id, volume }),
@@ -612,7 +627,7 @@ impl DockerRuntime {
     fn server_network(&self) -> Result<&str> {
         self.network
             .as_deref()
-            .ok_or_else(|| SandboxError::Internal("the server's sandbox network was not set up".into()))
+            .ok_or_else(|| RuntimeError::Internal("the server's sandbox network was not set up".into()))
     }
 
     /// `address`: where the server joins an `open` sandbox to its bridge
@@ -772,7 +787,7 @@ fn network_bytes(dir: &str) -> Option<u64> {
 /// enough deleted sandboxes would fill it for the whole host. Whether they
 /// were forgotten.
 async fn forget_flows(address: Ipv4Addr) -> bool {
-    match super::conntrack::forget_off_thread(address).await {
+    match conntrack::forget_off_thread(address).await {
         Ok(_) => true,
         Err(e) => {
             tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address; its next join will");
@@ -909,7 +924,7 @@ impl ContainerRuntime for DockerRuntime {
             .stats(container_id, Some(options))
             .next()
             .await
-            .ok_or(DockerError::NoStatistics)??;
+            .ok_or(RuntimeError::NoStatistics)??;
         let cpu_ns = stats.cpu_stats.and_then(|c| c.cpu_usage).and_then(|u| u.total_usage);
         let memory = stats.memory_stats.unwrap_or_default();
         let cache = memory
@@ -1092,7 +1107,7 @@ impl ContainerRuntime for DockerRuntime {
     async fn release(&self) -> Result<()> {
         if let Some(network) = &self.network {
             let server_id = self.server_id.clone();
-            let removed = tokio::task::spawn_blocking(move || super::firewall::remove(&server_id)).await;
+            let removed = tokio::task::spawn_blocking(move || firewall::remove(&server_id)).await;
             if let Ok(Err(e)) = removed {
                 tracing::warn!(error = %e, "could not remove host firewall rules");
             }
@@ -1106,7 +1121,7 @@ impl ContainerRuntime for DockerRuntime {
     }
 
     async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient> {
-        let socket = super::agent_dir(&self.agents, sandbox).join(SOCKET_NAME);
+        let socket = agent_dir(&self.agents, sandbox).join(SOCKET_NAME);
         AgentClient::connect(&socket, self.config.output_cap_bytes).await
     }
 }

@@ -30,7 +30,7 @@ pub enum EntryKind {
 }
 
 impl EntryKind {
-    pub(crate) fn of_mode(mode: u32) -> Self {
+    pub fn of_mode(mode: u32) -> Self {
         match mode & libc::S_IFMT {
             libc::S_IFREG => EntryKind::File,
             libc::S_IFDIR => EntryKind::Folder,
@@ -41,7 +41,7 @@ impl EntryKind {
 }
 
 /// `openat(dir, name)` with `O_NOFOLLOW`: a symlink is never followed.
-pub(crate) fn openat(dir: &OwnedFd, name: &OsStr, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+pub fn openat(dir: &OwnedFd, name: &OsStr, flags: libc::c_int) -> std::io::Result<OwnedFd> {
     let c = CString::new(name.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::ENOENT))?;
     // SAFETY: a valid directory descriptor and a NUL-terminated name; the
     // result is owned below.
@@ -66,20 +66,20 @@ fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
 /// Lists the folder a descriptor holds (by `/proc/self/fd/N`, which names
 /// that folder, not whatever its path now leads to). An entry's
 /// `metadata()` is its own status, not that of what a link points to.
-pub(crate) fn read_dir(dir: &OwnedFd) -> std::io::Result<std::fs::ReadDir> {
+pub fn read_dir(dir: &OwnedFd) -> std::io::Result<std::fs::ReadDir> {
     std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
 }
 
 /// A name looked up without following it: an `O_PATH` descriptor of what it
 /// names (not opened for reading, so a FIFO cannot block) and its status.
-pub(crate) struct Found {
-    pub(crate) fd: OwnedFd,
-    pub(crate) st: libc::stat,
+pub struct Found {
+    pub fd: OwnedFd,
+    pub st: libc::stat,
 }
 
 impl Found {
     /// What `name` in the folder `dir` is, without following it.
-    pub(crate) fn open(dir: &OwnedFd, name: &OsStr) -> std::io::Result<Self> {
+    pub fn open(dir: &OwnedFd, name: &OsStr) -> std::io::Result<Self> {
         Self::of(openat(dir, name, libc::O_PATH)?)
     }
 
@@ -87,13 +87,13 @@ impl Found {
         Ok(Self { st: fstat(&fd)?, fd })
     }
 
-    pub(crate) fn kind(&self) -> EntryKind {
+    pub fn kind(&self) -> EntryKind {
         EntryKind::of_mode(self.st.st_mode)
     }
 
     /// Opens what an `O_PATH` descriptor names, by the descriptor: the same
     /// inode, whatever was renamed meanwhile.
-    pub(crate) fn reopen(&self, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+    pub fn reopen(&self, flags: libc::c_int) -> std::io::Result<OwnedFd> {
         let path = CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).expect("no NUL");
         // SAFETY: a NUL-terminated path; the result is owned below.
         let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
@@ -106,7 +106,7 @@ impl Found {
 
     /// The target of the link this names (read from the link's own
     /// descriptor, never resolved).
-    pub(crate) fn read_link(&self) -> std::io::Result<PathBuf> {
+    pub fn read_link(&self) -> std::io::Result<PathBuf> {
         let mut buf = vec![0u8; libc::PATH_MAX as usize];
         // SAFETY: an open descriptor, an empty NUL-terminated path (the
         // descriptor itself) and a buffer of the length given.
@@ -126,13 +126,13 @@ impl Found {
 /// Why a [`walk`] stopped, and where: the first `at` segments name what was
 /// wrong.
 #[derive(Debug)]
-pub(crate) struct Stopped {
-    pub(crate) at: usize,
-    pub(crate) why: Why,
+pub struct Stopped {
+    pub at: usize,
+    pub why: Why,
 }
 
 #[derive(Debug)]
-pub(crate) enum Why {
+pub enum Why {
     /// A link stands where a folder was needed.
     Link,
     /// Something else that is not a folder does.
@@ -145,7 +145,7 @@ pub(crate) enum Why {
 /// at a time, each looked up from the descriptor of the folder before it.
 /// The last segment may name anything (a link too, reported, not
 /// followed); every earlier one must be a folder.
-pub(crate) fn walk<S: AsRef<OsStr>>(root: OwnedFd, segments: &[S]) -> Result<Found, Stopped> {
+pub fn walk<S: AsRef<OsStr>>(root: OwnedFd, segments: &[S]) -> Result<Found, Stopped> {
     let mut found = Found::of(root).map_err(|e| Stopped { at: 0, why: Why::Io(e) })?;
     for (i, segment) in segments.iter().enumerate() {
         let why = match found.kind() {
@@ -177,7 +177,7 @@ fn check(ret: libc::c_int) -> std::io::Result<()> {
 
 /// Creates the regular file `name` in `dir` with `mode`; fails if anything
 /// has that name (a link planted there is never written through).
-pub(crate) fn create_file(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Result<OwnedFd> {
+pub fn create_file(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Result<OwnedFd> {
     let c = c_name(name)?;
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: a valid directory descriptor and a NUL-terminated name; with
@@ -191,21 +191,21 @@ pub(crate) fn create_file(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Re
 }
 
 /// Makes the folder `name` in `dir`.
-pub(crate) fn mkdir_at(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Result<()> {
+pub fn mkdir_at(dir: &OwnedFd, name: &OsStr, mode: u32) -> std::io::Result<()> {
     let c = c_name(name)?;
     // SAFETY: a valid directory descriptor and a NUL-terminated name.
     check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) })
 }
 
 /// Makes the symbolic link `name` in `dir`, pointing at `target` (stored, not resolved).
-pub(crate) fn symlink_at(target: &OsStr, dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
+pub fn symlink_at(target: &OsStr, dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
     let (t, c) = (c_name(target)?, c_name(name)?);
     // SAFETY: NUL-terminated strings and a valid directory descriptor.
     check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), c.as_ptr()) })
 }
 
 /// Gives `name` in `dir` (a link itself, never what it points to) to `uid`.
-pub(crate) fn chown_at(dir: &OwnedFd, name: &OsStr, uid: u32) -> std::io::Result<()> {
+pub fn chown_at(dir: &OwnedFd, name: &OsStr, uid: u32) -> std::io::Result<()> {
     let c = c_name(name)?;
     // SAFETY: a valid directory descriptor and a NUL-terminated name.
     check(unsafe { libc::fchownat(dir.as_raw_fd(), c.as_ptr(), uid, uid, libc::AT_SYMLINK_NOFOLLOW) })
@@ -213,7 +213,7 @@ pub(crate) fn chown_at(dir: &OwnedFd, name: &OsStr, uid: u32) -> std::io::Result
 
 /// Removes `name` from `dir` whatever it is; a folder with everything in it,
 /// each level opened from the one above, at most `depth` levels deep.
-pub(crate) fn remove_at(dir: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Result<()> {
+pub fn remove_at(dir: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Result<()> {
     let c = c_name(name)?;
     // SAFETY: a valid directory descriptor and a NUL-terminated name.
     if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } == 0 {

@@ -1,21 +1,9 @@
-//! Figures about the host the sandboxes share: free disk space where the
-//! server keeps their data, and the host's memory. They back the free-disk
-//! guard, `/health`, `/metrics` and the start-up memory warning.
+//! Figures about the host the sandboxes share: the free space of a file
+//! system and the host's memory. They back the free-disk guard, `/health`,
+//! `/metrics`, the start-up memory warning and the pool's size; and the
+//! server's own standing with the kernel's OOM killer.
 
 use std::path::Path;
-
-use crate::config::Settings;
-use crate::error::{Result, SandboxError};
-
-/// What the sandboxes take from the host.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Resources {
-    /// Free space where sandbox data lives (see [`sandbox_disk_free_bytes`]).
-    pub disk_free_bytes: Option<u64>,
-    /// Memory limits of every sandbox container, pooled ones included, added up.
-    pub memory_limits_bytes: u64,
-    pub host_memory_bytes: Option<u64>,
-}
 
 /// Space of the file system holding `path`, as `statvfs` reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,25 +37,6 @@ pub fn space(path: &Path) -> Option<Space> {
 /// be on different file systems; the fuller one decides).
 pub fn free_disk_bytes<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Option<u64> {
     paths.into_iter().filter_map(|p| space(p).map(|s| s.free_bytes)).min()
-}
-
-/// The free disk space that decides the guard: the fuller of the state
-/// folder's (sandbox disk images) and the results folder's file systems.
-pub fn sandbox_disk_free_bytes(settings: &Settings) -> Option<u64> {
-    free_disk_bytes([settings.state_dir.as_path(), settings.results_dir.as_path()])
-}
-
-/// Refuses new work that writes to the host's disk (a sandbox, an
-/// install) while free space is below `min_free_disk_mb`.
-pub fn check_free_disk(settings: &Settings) -> Result<()> {
-    let min = settings.min_free_disk_mb;
-    match sandbox_disk_free_bytes(settings) {
-        Some(free) if min > 0 && free < min << 20 => Err(SandboxError::Quota(format!(
-            "the server's disk is nearly full ({} MB free, {min} MB required by limits.min_free_disk_mb): no new sandboxes or installs until space is freed; try again later",
-            free >> 20
-        ))),
-        _ => Ok(()),
-    }
 }
 
 /// The host's memory (`MemTotal` of `/proc/meminfo`).

@@ -7,7 +7,9 @@
 //! anything the proxy does not admit. The policy is looked up for each
 //! connection, so a pooled sandbox takes its owner's policy when claimed.
 
+mod policy;
 mod proxy;
+mod rules;
 mod sni;
 
 use std::collections::{BTreeMap, HashMap};
@@ -23,12 +25,49 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::config::{EgressPolicy, Settings};
-use crate::error::{Result, SandboxError};
-use crate::runtime::{EGRESS_SOCKET_NAME, SANDBOX_UID};
+use sandbox_host::addresses::host_networks;
+use sandbox_host::SANDBOX_UID;
 
-use crate::egress_rules::is_host_name;
-pub use crate::egress_rules::{host_networks, Guard, Rules};
+pub use policy::EgressPolicy;
+pub use rules::{is_host_name, Guard, RuleError, Rules};
+
+/// The proxy's socket in the folder [`Egress::socket_dir`] names.
+pub const EGRESS_SOCKET_NAME: &str = "proxy.sock";
+
+/// Why the proxy could not be set up, or could not serve a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// An allow-list entry is none of the forms [`Rules::parse`] takes.
+    #[error("{key}: {source}")]
+    Rules {
+        key: &'static str,
+        #[source]
+        source: RuleError,
+    },
+    #[error("egress proxy socket of {id}: {source}")]
+    Socket {
+        id: Uuid,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the proxy is set up with.
+#[derive(Debug, Clone)]
+pub struct EgressSettings {
+    /// The folder of the sandboxes' socket folders (`state_dir/egress`).
+    pub root: PathBuf,
+    /// The server-wide policy (`sandbox.network`).
+    pub default: EgressPolicy,
+    /// Connections one sandbox may hold at once (`sandbox.egress_max_connections`).
+    pub max_connections: usize,
+    /// `sandbox.egress_mb_per_minute`.
+    pub mb_per_minute: u64,
+    /// `sandbox.egress_allow`.
+    pub allow: Vec<String>,
+    /// The hosts installs contact: the package index and its file hosts.
+    pub packages_hosts: Vec<String>,
+}
 
 /// Refusals logged per sandbox per minute; more are only counted.
 const LOGGED_PER_MINUTE: u64 = 20;
@@ -91,23 +130,19 @@ pub struct Egress {
 impl Egress {
     /// `never` are ranges no sandbox may reach even when listed (the
     /// server's own sandbox network).
-    pub fn new(settings: &Settings, never: Vec<IpNet>) -> Result<Self> {
-        let s = &settings.sandbox;
-        let parse = |list: &[String], key: &str| {
-            Rules::parse(list).map_err(|e| SandboxError::InvalidArgument(format!("{key}: {e}")))
-        };
-        let packages_hosts = settings.packages.hosts();
+    pub fn new(settings: EgressSettings, never: Vec<IpNet>) -> Result<Self, EgressError> {
+        let parse = |list: &[String], key| Rules::parse(list).map_err(|source| EgressError::Rules { key, source });
         Ok(Self {
-            root: settings.state_dir.join("egress"),
-            default: s.network,
-            max_connections: s.egress_max_connections,
-            bytes_per_minute: s.egress_mb_per_minute.saturating_mul(1024 * 1024),
+            root: settings.root,
+            default: settings.default,
+            max_connections: settings.max_connections,
+            bytes_per_minute: settings.mb_per_minute.saturating_mul(1024 * 1024),
             shared: Arc::new(Shared {
-                packages: parse(&packages_hosts, "packages")?,
-                allow: parse(&s.egress_allow, "sandbox.egress_allow")?,
+                packages: parse(&settings.packages_hosts, "packages")?,
+                allow: parse(&settings.allow, "sandbox.egress_allow")?,
                 guard: Guard::new(host_networks(), never),
             }),
-            packages_hosts,
+            packages_hosts: settings.packages_hosts,
             attached: Mutex::new(HashMap::new()),
             denials: Arc::default(),
         })
@@ -147,7 +182,7 @@ impl Egress {
 
     /// Registers a sandbox under `policy` and, when proxied, starts
     /// listening on its socket (before its container exists).
-    pub fn attach(&self, id: Uuid, policy: EgressPolicy) -> Result<()> {
+    pub fn attach(&self, id: Uuid, policy: EgressPolicy) -> Result<(), EgressError> {
         let sb = Arc::new(Attached {
             id,
             policy: Mutex::new(policy),
@@ -158,9 +193,7 @@ impl Egress {
             stop: CancellationToken::new(),
         });
         if policy.is_proxied() {
-            let listener = self
-                .listen(id)
-                .map_err(|e| SandboxError::Internal(format!("egress proxy socket of {id}: {e}")))?;
+            let listener = self.listen(id).map_err(|source| EgressError::Socket { id, source })?;
             tokio::spawn(accept(
                 listener,
                 sb.clone(),
@@ -328,9 +361,15 @@ mod tests {
         const CAP: usize = 4;
         const CLIENTS: usize = 300;
         let root = tempfile::tempdir().unwrap();
-        let mut settings = Settings::under(root.path());
-        settings.sandbox.egress_max_connections = CAP;
-        let egress = Egress::new(&settings, vec![]).unwrap();
+        let settings = EgressSettings {
+            root: root.path().join("egress"),
+            default: EgressPolicy::Packages,
+            max_connections: CAP,
+            mb_per_minute: 64,
+            allow: vec![],
+            packages_hosts: vec!["pypi.org".into()],
+        };
+        let egress = Egress::new(settings, vec![]).unwrap();
         let id = Uuid::new_v4();
         egress.attach(id, EgressPolicy::Packages).unwrap();
         let socket = egress.socket_dir(id).unwrap().join(EGRESS_SOCKET_NAME);

@@ -9,18 +9,18 @@ use tracing::instrument::Instrumented;
 use tracing::{Instrument, Span};
 
 /// `fut` as one exchange with a sandbox's agent (`op` names the request).
-pub(crate) fn agent<F: Future>(op: &'static str, fut: F) -> Instrumented<F> {
+pub fn agent<F: Future>(op: &'static str, fut: F) -> Instrumented<F> {
     fut.instrument(under_current(|| tracing::info_span!("agent", op)))
 }
 
 /// `fut` as one call to the container engine (`op` names it).
-pub(crate) fn engine<F: Future>(op: &'static str, fut: F) -> Instrumented<F> {
+pub fn engine<F: Future>(op: &'static str, fut: F) -> Instrumented<F> {
     fut.instrument(under_current(|| tracing::info_span!("engine", op)))
 }
 
 /// The current span when it is a call's: one of the server's own, not
 /// none and not the span ractor runs every actor in.
-pub(crate) fn current_call() -> Option<Span> {
+pub fn current_call() -> Option<Span> {
     let span = Span::current();
     let ours = span.metadata().is_some_and(|m| !m.target().starts_with("ractor"));
     ours.then_some(span)

@@ -18,8 +18,8 @@ use tokio_util::io::ReaderStream;
 use tracing::info;
 
 use crate::config::SandboxConfig;
-use crate::error::{ImageError, Result};
 use crate::labels;
+use crate::{ImageError, Result};
 
 const DOCKERFILE: &[u8] = include_bytes!("../../../docker/Dockerfile");
 const AGENT: &[u8] = include_bytes!("../../../docker/agent.py");

@@ -1,0 +1,58 @@
+//! The Linux host under mcp-sandbox's sandboxes: what the server itself
+//! does to the kernel for them, without the container engine.
+//!
+//! - Network: `netlink` (the kernel's netlink sockets), `veth` (a pair
+//!   between the bridge and a container's namespace), `bridge` (joining
+//!   `open` sandboxes to the server's bridge network and handing out their
+//!   addresses), `conntrack` (forgetting the flows of an address given
+//!   back), `firewall` (the iptables rules and bounds of bridged
+//!   sandboxes), `addresses` (the host's own networks and name servers).
+//! - Disks: `disk` (the kernel-capped file systems of each sandbox),
+//!   `loopdev` (loop devices and ext4 mounts), `sparse` (copies that keep
+//!   holes).
+//! - Files: `nofollow` (opening what a path names, one component at a
+//!   time, never following a symbolic link).
+//! - `figures`: free space, memory, the OOM score.
+//!
+//! Nothing here knows of containers, actors, HTTP or MCP; each module has
+//! an error type of its own, gathered in [`HostError`].
+
+pub mod addresses;
+pub mod bridge;
+pub mod conntrack;
+pub mod disk;
+pub mod figures;
+pub mod firewall;
+mod loopdev;
+mod netlink;
+pub mod nofollow;
+mod sparse;
+mod veth;
+
+use std::path::{Path, PathBuf};
+
+use uuid::Uuid;
+
+/// The sandbox user of the image (docker/Dockerfile): it owns what the
+/// server makes for a sandbox on the host's disks.
+pub const SANDBOX_UID: u32 = 1000;
+
+/// The host folder of a sandbox's agent socket, in the server's folder of
+/// agent sockets.
+pub fn agent_dir(agents: &Path, sandbox: Uuid) -> PathBuf {
+    agents.join(sandbox.to_string())
+}
+
+/// What went wrong on the host.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A sandbox's capped file systems.
+    #[error(transparent)]
+    Disk(#[from] disk::DiskError),
+    /// Joining an `open` sandbox to the bridge.
+    #[error(transparent)]
+    Network(#[from] bridge::AttachError),
+    /// The firewall rules of bridged sandboxes.
+    #[error(transparent)]
+    Firewall(#[from] firewall::FirewallError),
+}
