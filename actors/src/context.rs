@@ -4,12 +4,14 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::records::RecordStore;
 use crate::snapshots::Snapshots;
+use crate::usage::reading::{Subject, READING_DEADLINE};
 use crate::usage::Meter;
 use sandbox_egress::Egress;
 use sandbox_host::agent_dir;
@@ -64,5 +66,18 @@ impl Context {
             egress: self.egress.socket_dir(id),
             packages: self.disks.packages_dir(id),
         }
+    }
+
+    /// Reads `s`'s counters (the engine's, within [`READING_DEADLINE`], and
+    /// its proxy's) and adds what it used since its last reading to its
+    /// tenant's hour; `last`: it is going, and is forgotten.
+    pub async fn read_usage(&self, s: Subject, last: bool) {
+        let usage = tokio::time::timeout(READING_DEADLINE, self.runtime.usage(&s.container))
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let proxied = self.egress.moved(s.id);
+        let period = Duration::from_secs(self.settings.usage.sample_seconds);
+        self.meter.take_reading(s, usage, proxied, period, last);
     }
 }

@@ -12,7 +12,8 @@
 //!   sandbox's actor and sends it a message (`mod.rs`); creations and the
 //!   quota (`creation.rs`), the file tools and uploads (`files.rs`),
 //!   snapshots (`snapshots.rs`), forks, which make new sandboxes from one
-//!   (`fork.rs`), and the start-up reconciliation (`reconcile.rs`).
+//!   (`fork.rs`), the start-up reconciliation (`reconcile.rs`), and the
+//!   usage sampler that walks the supervisor's registry (`sampler.rs`).
 //! - `supervisor`: parent and registry of the sandbox actors.
 //! - `sandbox/`: the sandbox actor: its state and upkeep (`mod.rs`), the jobs
 //!   it queues and the tasks that run them (`jobs.rs`), snapshot work
@@ -30,7 +31,7 @@
 //! - `records`: the record store; `history`: a sandbox's recent calls.
 //! - `usage/`: what each tenant used, by the hour: the meter and this
 //!   month's totals (`mod.rs`), their rows in the record store (`store.rs`),
-//!   and the sampler that reads every sandbox's counters (`sampler.rs`).
+//!   and what one reading of a sandbox's counters adds (`reading.rs`).
 //! - `files/`: file tools on `/app/results` (paths and opening in `mod.rs`,
 //!   `list.rs`, `read.rs`); `uploads`: what may be uploaded, and its
 //!   packing; `packages`: accepted package specs.

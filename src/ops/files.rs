@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::access::links::Links;
 use crate::ops::inline_images::ImageNote;
-use crate::ops::results::rfc3339;
+use crate::ops::timestamps::rfc3339;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct FileListing {

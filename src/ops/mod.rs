@@ -14,6 +14,7 @@ pub(crate) mod inline_images;
 pub(crate) mod mcp_results;
 pub(crate) mod results;
 pub(crate) mod tasks;
+pub(crate) mod timestamps;
 pub(crate) mod usage;
 
 use std::future::Future;

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::access::links::Links;
 use crate::ops::files::FileListing;
 use crate::ops::inline_images::ImageNote;
+use crate::ops::timestamps::rfc3339;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CreatedSandbox {
@@ -355,11 +356,6 @@ pub struct DeleteResult {
     pub success: bool,
     pub sandbox_id: String,
     pub message: String,
-}
-
-pub(crate) fn rfc3339(t: time::OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
 
 fn packages(list: Vec<Package>) -> Vec<InstalledPackage> {

@@ -11,6 +11,7 @@ use time::format_description::well_known::Rfc3339;
 use time::{Date, OffsetDateTime, Time};
 
 use crate::access::caller::Caller;
+use crate::ops::timestamps::rfc3339;
 use crate::ops::Ops;
 
 /// The figures' columns, in the CSV's order.
@@ -85,10 +86,6 @@ pub struct UsageReport {
     pub granularity: Granularity,
     /// Oldest first, then by tenant.
     pub rows: Vec<UsageRow>,
-}
-
-fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(&Rfc3339).unwrap_or_default()
 }
 
 impl UsageReport {

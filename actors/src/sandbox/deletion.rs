@@ -12,7 +12,7 @@ use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::SandboxMsg;
 use crate::records::{InstallState, SandboxRecord};
-use crate::usage::sampler::{self, Subject};
+use crate::usage::reading::Subject;
 
 /// How long a delete waits for the job in flight to hand its link back
 /// before it removes the container anyway.
@@ -76,7 +76,7 @@ pub(super) fn begin_deletion(
         ..Subject::from(&info(state))
     };
     tokio::spawn(async move {
-        sampler::read(&ctx, subject, true).await;
+        ctx.read_usage(subject, true).await;
         // Durable first: a server killed during the removal finishes it at
         // its next start.
         let marked = ctx.store.put(record.clone()).await;

@@ -40,14 +40,15 @@ use crate::scope::Scope;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
-use crate::usage::sampler::Sampler;
 use crate::usage::{Meter, Row, Totals};
+use sampler::Sampler;
 use sandbox_runtime::{ContainerRuntime, DockerRuntime, Usage};
 
 mod creation;
 mod files;
 mod fork;
 mod reconcile;
+mod sampler;
 mod snapshots;
 
 pub use creation::{CreateOptions, Quota};

@@ -5,7 +5,7 @@
 //! `usage.retention_days` are removed as new ones are written.
 //!
 //! Figures accrue in memory and are written every `usage.sample_seconds`
-//! (see [`sampler`]): a crash of the server loses at most that long. This
+//! (see [`reading`]): a crash of the server loses at most that long. This
 //! month's totals per tenant are kept in memory too, so a budget check on
 //! every call costs a lookup, not a scan.
 
@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::history::CallKind;
 use crate::records::RecordStore;
 
-pub(crate) mod sampler;
+pub(crate) mod reading;
 mod store;
 
 /// What one tenant used in one period.
@@ -109,8 +109,8 @@ pub struct Meter {
     store: RecordStore,
     retention_days: u64,
     accrued: Mutex<Accrued>,
-    /// Each live sandbox's last reading (see [`sampler`]).
-    pub(crate) readings: Mutex<HashMap<Uuid, sampler::Seen>>,
+    /// Each live sandbox's last reading (see [`reading`]).
+    pub(crate) readings: Mutex<HashMap<Uuid, reading::Seen>>,
     /// When this meter opened: sandboxes made before were counted, up to
     /// their last reading, by an earlier server.
     pub(crate) opened_at: OffsetDateTime,
