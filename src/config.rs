@@ -450,6 +450,7 @@ fn comparable(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sandbox_actors::config::PoolMin;
 
     fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
@@ -507,11 +508,11 @@ mod tests {
 
     #[test]
     fn the_pool_s_earlier_key_still_sets_its_minimum() {
-        assert_eq!(load("[pool]\nsize = 3\n", &[]).unwrap().pool.min, 3);
+        assert_eq!(load("[pool]\nsize = 3\n", &[]).unwrap().pool.min, PoolMin::Fixed(3));
         let c = load("[pool]\nmin = 2\nmax = 9\n", &[("MCP_SANDBOX_POOL_SIZE", "5")]).unwrap();
         assert_eq!(
             (c.pool.min, c.pool.max),
-            (5, 9),
+            (PoolMin::Fixed(5), 9),
             "the variable wins over the file's new name"
         );
         assert!(
@@ -522,13 +523,16 @@ mod tests {
 
     #[test]
     fn the_pool_s_minimum_is_a_number_or_auto_for_this_host() {
-        let auto = sandbox_actors::config::auto_pool_min(sandbox_host::figures::memory_bytes());
+        let auto = PoolMin::Auto;
         assert_eq!(load("[pool]\nmin = \"auto\"\n", &[]).unwrap().pool.min, auto);
         assert_eq!(load("", &[("MCP_SANDBOX_POOL_MIN", "auto")]).unwrap().pool.min, auto);
         assert_eq!(load("", &[]).unwrap().pool.min, auto, "the default is automatic");
         let wrong = load("[pool]\nmin = \"many\"\n", &[]).unwrap_err().to_string();
         assert!(wrong.contains("min") && wrong.contains("auto"), "{wrong}");
         assert!(load("[pool]\nmin = -1\n", &[]).is_err());
+        let memory = sandbox_host::figures::memory_bytes();
+        assert_eq!(auto.resolve(memory), sandbox_actors::config::auto_pool_min(memory));
+        assert_eq!(PoolMin::Fixed(7).resolve(memory), 7);
     }
 
     #[test]

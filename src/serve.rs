@@ -124,7 +124,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let ops = ops(&config, sandboxes.clone(), signer.clone())?;
     let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
     let app = crate::http::router(&config, ops, signer, shutdown.clone());
-    info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, pool_min = config.pool.min, pool_max = config.pool.max, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
+    info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, pool_min = config.pool.min.resolve(sandbox_host::figures::memory_bytes()), pool_max = config.pool.max, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let pruning = shutdown.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(PRUNE_EVERY);

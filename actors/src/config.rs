@@ -208,11 +208,9 @@ impl UsageConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Kept ready always (0: no pool), or `"auto"`: as many as
-    /// [`auto_pool_min`] gives for this host. `size`, its earlier name, is
-    /// renamed by the server's configuration loader.
-    #[serde(deserialize_with = "pool_min")]
-    pub min: usize,
+    /// Kept ready always. `size`, its earlier name, is renamed by the
+    /// server's configuration loader.
+    pub min: PoolMin,
     /// The most ready-but-unclaimed sandboxes demand may raise the pool to.
     pub max: usize,
     /// Without a claim for this long, the pool steps back down towards `min`.
@@ -241,18 +239,38 @@ pub fn auto_pool_min(host_memory_bytes: Option<u64>) -> usize {
     (fit as usize).clamp(2, 64)
 }
 
-/// `pool.min`: a number, or `"auto"` resolved for this host as it is read.
-fn pool_min<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Min {
-        Fixed(usize),
-        Named(String),
+/// `pool.min`: a number (0: no pool), or `"auto"`, which the pool resolves
+/// for the host it runs on when it starts ([`PoolMin::resolve`]), not the
+/// configuration as it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMin {
+    Fixed(usize),
+    Auto,
+}
+
+impl PoolMin {
+    /// The number of sandboxes kept ready on a host of `host_memory_bytes`.
+    pub fn resolve(self, host_memory_bytes: Option<u64>) -> usize {
+        match self {
+            PoolMin::Fixed(n) => n,
+            PoolMin::Auto => auto_pool_min(host_memory_bytes),
+        }
     }
-    match Min::deserialize(d)? {
-        Min::Fixed(n) => Ok(n),
-        Min::Named(s) if s == "auto" => Ok(auto_pool_min(sandbox_host::figures::memory_bytes())),
-        Min::Named(s) => Err(serde::de::Error::custom(format!("a number or \"auto\", not {s:?}"))),
+}
+
+impl<'de> Deserialize<'de> for PoolMin {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Min {
+            Fixed(usize),
+            Named(String),
+        }
+        match Min::deserialize(d)? {
+            Min::Fixed(n) => Ok(PoolMin::Fixed(n)),
+            Min::Named(s) if s == "auto" => Ok(PoolMin::Auto),
+            Min::Named(s) => Err(serde::de::Error::custom(format!("a number or \"auto\", not {s:?}"))),
+        }
     }
 }
 
@@ -272,7 +290,7 @@ impl PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            min: auto_pool_min(sandbox_host::figures::memory_bytes()),
+            min: PoolMin::Auto,
             max: 100,
             shrink_after_seconds: 300,
             creations_at_once: 4,
@@ -289,7 +307,7 @@ impl PoolConfig {
     /// Exactly `n` kept ready, whatever the demand.
     pub fn fixed(n: usize) -> Self {
         Self {
-            min: n,
+            min: PoolMin::Fixed(n),
             max: n,
             ..Self::default()
         }

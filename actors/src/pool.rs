@@ -351,8 +351,9 @@ pub struct Pool {
 impl Pool {
     /// A pool under `config` that fills at most `room()` places.
     pub fn start(ctx: Arc<Context>, config: &PoolConfig, room: Room) -> Arc<Self> {
-        let target = Target::new(config.min, config.max, Duration::from_secs(config.shrink_after_seconds));
-        let enabled = config.max.max(config.min) > 0;
+        let min = config.min.resolve(sandbox_host::figures::memory_bytes());
+        let target = Target::new(min, config.max, Duration::from_secs(config.shrink_after_seconds));
+        let enabled = config.max.max(min) > 0;
         let pool = Arc::new(Self {
             ctx,
             room,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::{until, Server, OWNER};
+use crate::config::PoolMin;
 use crate::snapshots::CarriedState;
 use crate::{Forked, Quota, SandboxError, Work};
 
@@ -68,7 +69,7 @@ async fn forks_start_with_the_variables_and_files_then_go_their_own_way() {
 
 #[tokio::test(start_paused = true)]
 async fn sixteen_forks_load_a_few_at_a_time_and_all_hold_the_namespace() {
-    let s = Server::with(|c| c.pool.min = 0).await;
+    let s = Server::with(|c| c.pool.min = PoolMin::Fixed(0)).await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     let forked = fork(&s, id, crate::MAX_FORKS, None).await.unwrap();
@@ -158,7 +159,7 @@ async fn nothing_was_forked(s: &Server, id: Uuid) {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_behind_a_long_queue_gives_up_and_leaves_no_sandbox() {
-    let s = Server::with(|c| c.pool.min = 0).await;
+    let s = Server::with(|c| c.pool.min = PoolMin::Fixed(0)).await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     // Ten minutes each: the fork's copy would wait behind both.
@@ -172,7 +173,7 @@ async fn a_fork_behind_a_long_queue_gives_up_and_leaves_no_sandbox() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_whose_caller_hangs_up_while_its_source_is_busy_leaves_no_sandbox() {
-    let s = Server::with(|c| c.pool.min = 0).await;
+    let s = Server::with(|c| c.pool.min = PoolMin::Fixed(0)).await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     let busy = s.run(id, "sleep 20");
@@ -258,7 +259,7 @@ async fn another_tenant_cannot_fork_a_sandbox_or_its_snapshots() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_that_fails_midway_leaves_no_sandbox() {
-    let s = Server::with(|c| c.pool.min = 0).await;
+    let s = Server::with(|c| c.pool.min = PoolMin::Fixed(0)).await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     s.fake.fail_creates(1);
@@ -270,7 +271,7 @@ async fn a_fork_that_fails_midway_leaves_no_sandbox() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fork_whose_caller_hangs_up_leaves_no_sandbox() {
-    let s = Server::with(|c| c.pool.min = 0).await;
+    let s = Server::with(|c| c.pool.min = PoolMin::Fixed(0)).await;
     let id = s.create().await;
     s.run(id, "set x 1").await.unwrap();
     s.fake.set_create_delay(std::time::Duration::from_secs(5));

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{pass, until, Server, OWNER};
-use crate::config::PoolConfig;
+use crate::config::{PoolConfig, PoolMin};
 use crate::{CreateOptions, EgressPolicy, Quota};
 use sandbox_runtime::fake::Event;
 
@@ -170,7 +170,7 @@ async fn burst(s: &Server, n: usize) -> Vec<uuid::Uuid> {
 
 fn adaptive(min: usize, max: usize) -> PoolConfig {
     PoolConfig {
-        min,
+        min: PoolMin::Fixed(min),
         max,
         shrink_after_seconds: 120,
         ..PoolConfig::default()
