@@ -28,8 +28,15 @@ use tracing_subscriber::filter::{filter_fn, Targets};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-/// The crates whose spans are exported (not the HTTP or MCP libraries').
-const TRACED: [&str; 2] = ["mcp_sandbox", "sandbox_actors"];
+/// The crates whose spans are exported: the project's own, not the HTTP or
+/// MCP libraries'. The agent and engine spans are the runtime's.
+const TRACED: [&str; 5] = [
+    "mcp_sandbox",
+    "sandbox_actors",
+    "sandbox_runtime",
+    "sandbox_egress",
+    "sandbox_host",
+];
 /// A `traceparent` is exactly this long (version 00, W3C Trace Context);
 /// other lengths are not a context this server reads.
 const TRACEPARENT_LEN: usize = 55;

@@ -4,11 +4,13 @@
 //! [`Settings`] that join them with the server's folders.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use sandbox_egress::{is_host_name, EgressSettings};
 use sandbox_host::disk::{Cap, Disks, Layout};
+use sandbox_host::syscalls::Syscalls;
 
 pub use sandbox_egress::EgressPolicy;
 use sandbox_runtime::config::invalid;
@@ -61,8 +63,9 @@ impl Settings {
         self.state_dir.join("agents")
     }
 
-    /// The capped file systems of the sandboxes, as `[sandbox]` sizes them.
-    pub fn disks(&self) -> Disks {
+    /// The capped file systems of the sandboxes, as `[sandbox]` sizes them,
+    /// made and mounted through `host`.
+    pub fn disks(&self, host: Arc<dyn Syscalls>) -> Disks {
         let s = &self.sandbox;
         let layout = Layout {
             root: self.state_dir.join("disks"),
@@ -77,7 +80,7 @@ impl Settings {
             mb: s.packages_mb,
             inodes: s.packages_inodes,
         };
-        Disks::new(layout, results, packages)
+        Disks::new(host, layout, results, packages)
     }
 
     /// What the egress proxy is set up with.

@@ -139,7 +139,7 @@ async fn files_deleted_in_a_sandbox_give_their_blocks_back_to_the_host() {
     let results = s.results_dir.join(id.to_string());
     std::fs::create_dir_all(&results).unwrap();
     std::fs::create_dir_all(s.agents_dir().join(id.to_string())).unwrap();
-    let disks = s.disks();
+    let disks = s.disks(sandbox_host::syscalls::linux());
     disks.prepare(id).await.unwrap();
     let image = s.state_dir.join("disks").join(id.to_string()).join("results.img");
     let fresh = allocated(&image);
@@ -260,7 +260,7 @@ async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
     h.sandboxes.take().unwrap().shutdown().await;
     docker(&["stop", "-t", "0", &h.container_of(id), &h.container_of(lost)]);
     let orphan = Uuid::new_v4();
-    let disks = h.settings.disks();
+    let disks = h.settings.disks(sandbox_host::syscalls::linux());
     for dir in [
         h.settings.results_dir.join(orphan.to_string()),
         h.settings.state_dir.join("agents").join(orphan.to_string()),

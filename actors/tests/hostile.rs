@@ -116,6 +116,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
         &settings.sandbox,
         &settings.state_dir,
         settings.agents_dir(),
+        sandbox_host::syscalls::linux(),
     )
     .await
     .unwrap();

@@ -685,6 +685,7 @@ async fn rules_applied_again_are_one_set_in_order_with_rate_tables_of_their_own(
         &settings.sandbox,
         &settings.state_dir,
         settings.agents_dir(),
+        sandbox_host::syscalls::linux(),
     )
     .await
     .unwrap();

@@ -70,7 +70,8 @@ impl App {
         let config = Config::load(None, env.into_iter()).expect("a valid configuration");
         let settings = config.settings(None).unwrap();
         let fake = FakeRuntime::new(settings.sandbox.output_cap_bytes);
-        let sandboxes = Sandboxes::on_fake(settings, &fake)
+        let host = Arc::new(sandbox_host::recording::Recorder::new());
+        let sandboxes = Sandboxes::on_fake(settings, &fake, host)
             .await
             .expect("start on the fake runtime");
         let signer = crate::serve::signer(&config, None).unwrap();

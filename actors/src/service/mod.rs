@@ -25,6 +25,7 @@ use crate::config::Settings;
 use crate::context::{Context, Counters};
 use crate::error::{DockerError, Result, SandboxError, StoreError};
 use sandbox_egress::Egress;
+use sandbox_host::syscalls::Syscalls;
 use sandbox_runtime::agent::{Progress, Work};
 
 use crate::history::CallRecord;
@@ -101,18 +102,20 @@ impl Sandboxes {
     pub async fn start(settings: Settings) -> Result<Self> {
         let store = open_store(&settings)?;
         let server_id = server_id(&settings.state_dir)?;
+        let host = sandbox_host::syscalls::linux();
         let mut runtime = DockerRuntime::connect(
             &server_id,
             &settings.sandbox,
             &settings.state_dir,
             settings.agents_dir(),
+            host.clone(),
         )
         .await?;
         runtime.ensure_image(&settings.state_dir).await?;
         runtime.choose_runtime().await?;
         let sandbox_net = runtime.isolate_network().await?;
         let egress = Egress::new(settings.egress(), sandbox_net.into_iter().collect())?;
-        Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress).await
+        Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress, host).await
     }
 
     /// Builds the sandbox image unless present, and returns its tag.
@@ -124,6 +127,7 @@ impl Sandboxes {
             &settings.sandbox,
             &settings.state_dir,
             settings.agents_dir(),
+            sandbox_host::syscalls::linux(),
         )
         .await?;
         Ok(runtime.ensure_image(&settings.state_dir).await?)
@@ -135,6 +139,7 @@ impl Sandboxes {
         server_id: String,
         runtime: Arc<dyn ContainerRuntime>,
         egress: Egress,
+        host: Arc<dyn Syscalls>,
     ) -> Result<Self> {
         let meter = Meter::open(store.clone(), &settings.usage).await?;
         let ctx = Arc::new(Context {
@@ -144,7 +149,7 @@ impl Sandboxes {
             forks: Default::default(),
             counters: Counters::default(),
             egress,
-            disks: settings.disks(),
+            disks: settings.disks(host),
             snapshots: Snapshots::new(&settings),
             settings,
         });
@@ -493,10 +498,15 @@ impl Sandboxes {
     /// Starts the domain on the in-memory runtime, as [`Sandboxes::start`]
     /// does on Docker: for the engine-free tests of this crate and of the
     /// front end.
-    pub async fn on_fake(settings: Settings, fake: &sandbox_runtime::fake::FakeRuntime) -> Result<Self> {
+    /// Every mount and `mkfs` goes to `host` (in tests, a recording double).
+    pub async fn on_fake(
+        settings: Settings,
+        fake: &sandbox_runtime::fake::FakeRuntime,
+        host: Arc<dyn Syscalls>,
+    ) -> Result<Self> {
         let store = open_store(&settings)?;
         let egress = Egress::new(settings.egress(), vec![])?;
-        Self::with_runtime(settings, store, "fake".into(), Arc::new(fake.clone()), egress).await
+        Self::with_runtime(settings, store, "fake".into(), Arc::new(fake.clone()), egress, host).await
     }
 }
 

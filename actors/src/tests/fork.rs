@@ -303,7 +303,7 @@ async fn a_fork_never_seeded_is_removed_when_the_server_starts_again() {
     record.seeding = Some(Uuid::new_v4());
     store.put(record).await.unwrap();
     drop(store);
-    s.sandboxes = Some(super::open(&s.settings, &s.fake).await.unwrap());
+    s.sandboxes = Some(super::open(&s.settings, &s.fake, &s.host).await.unwrap());
     let mut left: Vec<Uuid> = s.sb().list(OWNER).await.into_iter().map(|i| i.sandbox_id).collect();
     left.sort();
     let mut expected = vec![id, done];

@@ -4,6 +4,7 @@
 //! real engine are in `actors/tests/`.
 
 mod actor;
+mod disks;
 mod fork;
 mod link;
 mod pool;
@@ -13,8 +14,10 @@ mod spans;
 mod supervisor;
 mod usage;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use sandbox_host::recording::Recorder;
 use uuid::Uuid;
 
 use crate::error::Result;
@@ -28,6 +31,8 @@ pub const OWNER: &str = "tester";
 pub struct Server {
     pub sandboxes: Option<Sandboxes>,
     pub fake: FakeRuntime,
+    /// Every mount and `mkfs` the server makes, recorded and played.
+    pub host: Arc<Recorder>,
     pub settings: Settings,
     _root: tempfile::TempDir,
 }
@@ -40,17 +45,20 @@ impl Server {
     pub async fn with(tweak: impl FnOnce(&mut Settings)) -> Self {
         let root = tempfile::tempdir().unwrap();
         let mut settings = Settings::under(root.path());
-        // No capped file systems (they need root and loop devices), no
-        // egress proxy, no pausing unless a test asks.
+        // No capped file systems (the recorder plays them for the tests
+        // that turn them on), no egress proxy, no pausing unless a test
+        // asks.
         settings.sandbox.results_mb = 0;
         settings.sandbox.packages_mb = 0;
         settings.sandbox.pause_after_seconds = 0;
         tweak(&mut settings);
         let fake = FakeRuntime::new(settings.sandbox.output_cap_bytes);
-        let sandboxes = open(&settings, &fake).await.expect("start on the fake runtime");
+        let host = Arc::new(Recorder::new());
+        let sandboxes = open(&settings, &fake, &host).await.expect("start on the fake runtime");
         Self {
             sandboxes: Some(sandboxes),
             fake,
+            host,
             settings,
             _root: root,
         }
@@ -65,7 +73,7 @@ impl Server {
         if let Some(s) = self.sandboxes.take() {
             s.shutdown().await;
         }
-        self.sandboxes = Some(open(&self.settings, &self.fake).await.expect("restart"));
+        self.sandboxes = Some(open(&self.settings, &self.fake, &self.host).await.expect("restart"));
     }
 
     pub async fn create(&self) -> Uuid {
@@ -93,8 +101,8 @@ impl Server {
     }
 }
 
-async fn open(settings: &Settings, fake: &FakeRuntime) -> Result<Sandboxes> {
-    Sandboxes::on_fake(settings.clone(), fake).await
+async fn open(settings: &Settings, fake: &FakeRuntime, host: &Arc<Recorder>) -> Result<Sandboxes> {
+    Sandboxes::on_fake(settings.clone(), fake, host.clone()).await
 }
 
 /// Lets background work (ticks, refills, retries) run for `d` of paused time.

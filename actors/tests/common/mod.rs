@@ -168,7 +168,7 @@ impl Drop for Harness {
         for n in docker(&["network", "ls", "-q", "--filter", &filter]).lines() {
             docker(&["network", "rm", n]);
         }
-        let _ = sandbox_host::firewall::remove(&self.server_id);
+        let _ = sandbox_host::firewall::remove(&sandbox_host::syscalls::Linux, &self.server_id);
         unmount_under(self.root.path());
     }
 }

@@ -25,17 +25,16 @@
 //! with both caps at 0 the folders are plain directories as before.
 
 use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::process::Command;
 use tokio::sync::Mutex;
 use tracing::warn;
 use uuid::Uuid;
 
+use crate::syscalls::Syscalls;
 use crate::{agent_dir, figures, SANDBOX_UID};
 
 /// How long one `mkfs.ext4` or `mount` may take.
@@ -118,8 +117,10 @@ pub struct DiskUsage {
 }
 
 /// The capped file systems of this server's sandboxes.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Disks {
+    /// Every mount, `mkfs` and unmount goes through it.
+    host: Arc<dyn Syscalls>,
     /// `state_dir/disks`: one folder of images per sandbox.
     root: PathBuf,
     results_dir: PathBuf,
@@ -132,8 +133,9 @@ pub struct Disks {
 }
 
 impl Disks {
-    pub fn new(layout: Layout, results: Cap, packages: Cap) -> Self {
+    pub fn new(host: Arc<dyn Syscalls>, layout: Layout, results: Cap, packages: Cap) -> Self {
         Self {
+            host,
             root: layout.root,
             results_dir: layout.results_dir,
             agents_dir: layout.agents_dir,
@@ -150,7 +152,7 @@ impl Disks {
         let mut slot = self.templates[usize::from(cap != self.results)].lock().await;
         match &*slot {
             Some(made) if made.is_file() => Ok(made.clone()),
-            _ => Ok(slot.insert(make_template(&self.root, cap).await?).clone()),
+            _ => Ok(slot.insert(make_template(&self.host, &self.root, cap).await?).clone()),
         }
     }
 
@@ -169,7 +171,7 @@ impl Disks {
 
     async fn fresh_and_mount(&self, image: &Path, mount: &Path, cap: Cap) -> Result<(), DiskError> {
         self.fresh_image(image, cap).await?;
-        mount_image(image, mount).await
+        mount_image(&self.host, image, mount).await
     }
 
     fn enabled(&self) -> bool {
@@ -231,7 +233,10 @@ impl Disks {
             .iter()
             .map(|(image, mount, cap)| self.fresh_and_mount(image, mount, *cap));
         let agent = agent_dir(&self.agents_dir, id);
-        let (images, agent) = tokio::join!(futures_util::future::join_all(mounted), mount_agent_tmpfs(&agent));
+        let (images, agent) = tokio::join!(
+            futures_util::future::join_all(mounted),
+            mount_agent_tmpfs(&self.host, &agent)
+        );
         images.into_iter().collect::<Result<(), _>>()?;
         agent
     }
@@ -244,7 +249,7 @@ impl Disks {
         }
         let mut remounted = false;
         for (image, mount, cap) in self.images(id) {
-            if !is_mount_point(&mount) {
+            if !self.host.is_mount_point(&mount) {
                 std::fs::create_dir_all(&mount).map_err(io(&mount))?;
                 if !image.is_file() {
                     // Its files went with the image; the cap must not.
@@ -252,15 +257,15 @@ impl Disks {
                     std::fs::create_dir_all(image.parent().expect("in a folder")).map_err(io(&image))?;
                     self.fresh_and_mount(&image, &mount, cap).await?;
                 } else {
-                    mount_image(&image, &mount).await?;
+                    mount_image(&self.host, &image, &mount).await?;
                 }
                 remounted = true;
             }
         }
         let agent = agent_dir(&self.agents_dir, id);
-        if !is_mount_point(&agent) {
+        if !self.host.is_mount_point(&agent) {
             std::fs::create_dir_all(&agent).map_err(io(&agent))?;
-            mount_agent_tmpfs(&agent).await?;
+            mount_agent_tmpfs(&self.host, &agent).await?;
             remounted = true;
         }
         Ok(remounted)
@@ -272,7 +277,7 @@ impl Disks {
         let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
         mounts.push(agent_dir(&self.agents_dir, id));
         for mount in &mounts {
-            unmount(mount).await?;
+            unmount(&self.host, mount).await?;
         }
         let dir = self.root.join(id.to_string());
         match std::fs::remove_dir_all(&dir) {
@@ -303,7 +308,7 @@ impl Disks {
         for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("probe-") {
-                let _ = unmount(&entry.path().join("mnt")).await;
+                let _ = unmount(&self.host, &entry.path().join("mnt")).await;
                 let _ = std::fs::remove_dir_all(entry.path());
             } else if name.starts_with("template-") && !templates.contains(&name) {
                 let _ = std::fs::remove_file(entry.path());
@@ -317,7 +322,7 @@ impl Disks {
             return None;
         }
         let of = |mb: u64, mount: PathBuf| {
-            (mb > 0 && is_mount_point(&mount))
+            (mb > 0 && self.host.is_mount_point(&mount))
                 .then(|| figures::space(&mount).map(DiskUse::of))
                 .flatten()
         };
@@ -355,57 +360,23 @@ impl Disks {
     }
 }
 
-/// Whether `path` is the root of a mount (its device differs from its parent's).
-fn is_mount_point(path: &Path) -> bool {
-    let (Ok(me), Some(Ok(parent))) = (path.metadata(), path.parent().map(Path::metadata)) else {
-        return false;
-    };
-    me.dev() != parent.dev()
-}
-
-async fn run(what: String, cmd: &mut Command) -> Result<(), DiskError> {
-    cmd.kill_on_drop(true).stdin(std::process::Stdio::null());
-    let out = match tokio::time::timeout(TOOL_DEADLINE, cmd.output()).await {
-        Err(_) => {
-            return Err(DiskError::Tool {
-                what,
-                detail: format!("no answer within {TOOL_DEADLINE:?}"),
-            })
-        }
-        Ok(Err(e)) => {
-            return Err(DiskError::Tool {
-                what,
-                detail: e.to_string(),
-            })
-        }
-        Ok(Ok(out)) => out,
-    };
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(DiskError::Tool {
-        what,
-        detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
-    })
-}
-
 /// A sparse image file of the cap's size holding an empty ext4 owned by the
 /// sandbox user: no reserved blocks, the cap's inode count, and inode
 /// tables and journal left unwritten (the image occupies well under a
 /// megabyte until the sandbox writes).
-async fn make_image(image: &Path, cap: Cap) -> Result<(), DiskError> {
+async fn make_image(host: &Arc<dyn Syscalls>, image: &Path, cap: Cap) -> Result<(), DiskError> {
     let file = std::fs::File::create(image).map_err(io(image))?;
     file.set_len(cap.mb << 20).map_err(io(image))?;
     drop(file);
-    let extended = format!("lazy_itable_init=1,lazy_journal_init=1,root_owner={SANDBOX_UID}:{SANDBOX_UID}");
-    run(
-        format!("mkfs.ext4 {}", image.display()),
-        Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-N", &cap.inodes.to_string(), "-E", &extended])
-            .arg(image)
-            .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin"),
-    )
-    .await
+    let (host, target) = (host.clone(), image.to_path_buf());
+    let tool = |detail: String| DiskError::Tool {
+        what: format!("mkfs.ext4 {}", image.display()),
+        detail,
+    };
+    tokio::task::spawn_blocking(move || host.make_ext4(&target, cap.inodes, TOOL_DEADLINE))
+        .await
+        .map_err(|e| tool(e.to_string()))?
+        .map_err(tool)
 }
 
 fn template_name(cap: Cap) -> String {
@@ -417,19 +388,19 @@ fn template_name(cap: Cap) -> String {
 /// would not be filled from the image) and written out, made aside (in a
 /// `probe-` folder, which a later start removes if this one was killed) and
 /// then renamed into place.
-async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
+async fn make_template(host: &Arc<dyn Syscalls>, root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
     let path = root.join(template_name(cap));
     let work = root.join(format!("probe-{}", Uuid::new_v4().simple()));
     let (image, mount) = (work.join("template.img"), work.join("mnt"));
     let made = async {
         std::fs::create_dir_all(&mount).map_err(io(&mount))?;
-        make_image(&image, cap).await?;
-        mount_image(&image, &mount).await?;
+        make_image(host, &image, cap).await?;
+        mount_image(host, &image, &mount).await?;
         let lost = mount.join("lost+found");
         let emptied = std::fs::remove_dir(&lost).map_err(io(&lost));
         // Not detached lazily: the file system must be written out and gone
         // before its image is copied.
-        unmount_now(&mount).await?;
+        unmount_now(host, &mount).await?;
         emptied?;
         std::fs::File::open(&image)
             .and_then(|f| f.sync_all())
@@ -437,7 +408,7 @@ async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
         std::fs::rename(&image, &path).map_err(io(&path))
     }
     .await;
-    let _ = unmount(&mount).await;
+    let _ = unmount(host, &mount).await;
     let _ = std::fs::remove_dir_all(&work);
     made.map(|()| path)
 }
@@ -458,12 +429,11 @@ async fn make_template(root: &Path, cap: Cap) -> Result<PathBuf, DiskError> {
 /// Writing and deleting 15 000 small files and 500 MB in large ones took no
 /// measurably longer with `discard` than without. An image mounted before
 /// this option was added gets it when it is mounted again.
-async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
-    let (source, target) = (image.to_path_buf(), mount.to_path_buf());
+async fn mount_image(host: &Arc<dyn Syscalls>, image: &Path, mount: &Path) -> Result<(), DiskError> {
+    let (host, source, target) = (host.clone(), image.to_path_buf(), mount.to_path_buf());
     let flags = libc::MS_NODEV | libc::MS_NOSUID;
-    let mounting = tokio::task::spawn_blocking(move || {
-        crate::loopdev::mount_ext4(&source, &target, flags, "noinit_itable,discard")
-    });
+    let mounting =
+        tokio::task::spawn_blocking(move || host.mount_ext4(&source, &target, flags, "noinit_itable,discard"));
     let tool = |detail: String| DiskError::Tool {
         what: format!("mounting {}", image.display()),
         detail,
@@ -475,30 +445,14 @@ async fn mount_image(image: &Path, mount: &Path) -> Result<(), DiskError> {
         .map_err(|e| tool(format!("through a loop device at {}: {e}", mount.display())))
 }
 
-/// Mounts the agent's tmpfs by the system call (a tmpfs needs no device,
-/// so no `mount` process).
-async fn mount_agent_tmpfs(dir: &Path) -> Result<(), DiskError> {
-    use std::os::unix::ffi::OsStrExt;
+/// Mounts the agent's tmpfs (a tmpfs needs no device, so no `mount`
+/// process).
+async fn mount_agent_tmpfs(host: &Arc<dyn Syscalls>, dir: &Path) -> Result<(), DiskError> {
     let options = format!("{AGENT_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID}");
-    let target = dir.to_path_buf();
+    let (host, target) = (host.clone(), dir.to_path_buf());
     tokio::task::spawn_blocking(move || {
-        let c_target = std::ffi::CString::new(target.as_os_str().as_bytes()).expect("no NUL in a path");
-        let c_options = std::ffi::CString::new(options).expect("no NUL in the options");
-        // SAFETY: valid NUL-terminated strings that outlive the call.
-        let done = unsafe {
-            libc::mount(
-                c"mcp-sandbox-agent".as_ptr(),
-                c_target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                AGENT_TMPFS_FLAGS,
-                c_options.as_ptr().cast(),
-            )
-        } == 0;
-        if done {
-            Ok(())
-        } else {
-            Err(io(&target)(std::io::Error::last_os_error()))
-        }
+        host.mount_tmpfs("mcp-sandbox-agent", &target, AGENT_TMPFS_FLAGS, &options)
+            .map_err(io(&target))
     })
     .await
     .map_err(|e| DiskError::Tool {
@@ -510,42 +464,199 @@ async fn mount_agent_tmpfs(dir: &Path) -> Result<(), DiskError> {
 /// Unmounts `path` if it is a mount point. A busy file system is detached
 /// lazily: it disappears from the host's tree now, and its loop device is
 /// freed once the last user lets go.
-async fn unmount(path: &Path) -> Result<(), DiskError> {
-    unmount_with(path, true).await
+async fn unmount(host: &Arc<dyn Syscalls>, path: &Path) -> Result<(), DiskError> {
+    unmount_with(host, path, true).await
 }
 
 /// Unmounts `path` if it is a mount point, failing if it is busy.
-async fn unmount_now(path: &Path) -> Result<(), DiskError> {
-    unmount_with(path, false).await
+async fn unmount_now(host: &Arc<dyn Syscalls>, path: &Path) -> Result<(), DiskError> {
+    unmount_with(host, path, false).await
 }
 
-async fn unmount_with(path: &Path, lazily_if_busy: bool) -> Result<(), DiskError> {
-    if !is_mount_point(path) {
+async fn unmount_with(host: &Arc<dyn Syscalls>, path: &Path, lazily_if_busy: bool) -> Result<(), DiskError> {
+    if !host.is_mount_point(path) {
         return Ok(());
     }
-    let target = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        use std::os::unix::ffi::OsStrExt;
-        let c_path = std::ffi::CString::new(target.as_os_str().as_bytes()).expect("no NUL in a path");
-        // SAFETY: a valid NUL-terminated path.
-        let done = unsafe { libc::umount2(c_path.as_ptr(), 0) } == 0
-            || (lazily_if_busy && unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0);
-        if done {
-            Ok(())
-        } else {
-            Err(io(&target)(std::io::Error::last_os_error()))
-        }
-    })
-    .await
-    .map_err(|e| DiskError::Tool {
-        what: format!("unmounting {}", path.display()),
-        detail: e.to_string(),
-    })?
+    let (host, target) = (host.clone(), path.to_path_buf());
+    tokio::task::spawn_blocking(move || host.unmount(&target, lazily_if_busy).map_err(io(&target)))
+        .await
+        .map_err(|e| DiskError::Tool {
+            what: format!("unmounting {}", path.display()),
+            detail: e.to_string(),
+        })?
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::{Call, Recorder};
+
+    const RESULTS: Cap = Cap { mb: 64, inodes: 4096 };
+    const PACKAGES: Cap = Cap { mb: 128, inodes: 8192 };
+
+    fn disks(root: &Path, host: &Arc<Recorder>) -> Disks {
+        let layout = Layout {
+            root: root.join("disks"),
+            results_dir: root.join("results"),
+            agents_dir: root.join("agents"),
+        };
+        Disks::new(host.clone(), layout, RESULTS, PACKAGES)
+    }
+
+    /// A new sandbox's folders, as the pool makes them before its disks.
+    fn folders(root: &Path, id: Uuid) -> [PathBuf; 3] {
+        let places = [
+            root.join("results").join(id.to_string()),
+            root.join("agents").join(id.to_string()),
+            root.join("disks").join(id.to_string()).join("packages"),
+        ];
+        for dir in &places[..2] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        places
+    }
+
+    fn mounts(calls: &[Call]) -> Vec<(PathBuf, String)> {
+        calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::MountExt4 { target, options, .. } | Call::MountTmpfs { target, options } => {
+                    Some((target.clone(), options.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_s_disks_are_made_from_templates_mounted_and_removed_with_nothing_left() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let disks = disks(root.path(), &host);
+        disks.check().await.unwrap();
+        // Each cap's template: an image formatted with the cap's inodes,
+        // mounted aside to empty it (lost+found), unmounted at once (not
+        // lazily: it is copied next).
+        let made: Vec<u64> = host
+            .calls()
+            .iter()
+            .filter_map(|c| match c {
+                Call::MakeExt4 { inodes, .. } => Some(*inodes),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(made, [RESULTS.inodes, PACKAGES.inodes]);
+        assert!(host
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Unmount { lazily: false, .. })));
+        assert!(host.mounted().is_empty(), "the templates' mounts are gone");
+        let templates: Vec<_> = std::fs::read_dir(root.path().join("disks"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(templates.len(), 2, "only the two templates stay: {templates:?}");
+
+        let id = Uuid::new_v4();
+        let [results, agent, packages] = folders(root.path(), id);
+        let before = host.calls().len();
+        disks.prepare(id).await.unwrap();
+        let calls = host.calls()[before..].to_vec();
+        assert!(
+            !calls.iter().any(|c| matches!(c, Call::MakeExt4 { .. })),
+            "a sandbox's images are copies of the templates, no mkfs: {calls:?}"
+        );
+        let mut mounted = mounts(&calls);
+        mounted.sort();
+        let image = "noinit_itable,discard".to_string();
+        let mut expected = vec![
+            (results.clone(), image.clone()),
+            (
+                agent.clone(),
+                format!("{AGENT_TMPFS},uid={SANDBOX_UID},gid={SANDBOX_UID}"),
+            ),
+            (packages.clone(), image),
+        ];
+        expected.sort();
+        assert_eq!(mounted, expected);
+        assert!(!results.join("lost+found").exists(), "the template was emptied");
+        assert_eq!(disks.packages_dir(id), Some(packages.clone()));
+
+        // A mount lost (a host reboot) comes back; what is there is left alone.
+        assert!(!disks.ensure(id).await.unwrap(), "nothing to mount again");
+        host.unmount(&results, false).unwrap();
+        assert!(disks.ensure(id).await.unwrap());
+        assert!(host.is_mount_point(&results));
+
+        let before = host.calls().len();
+        disks.remove(id).await.unwrap();
+        let mut unmounted: Vec<PathBuf> = host.calls()[before..]
+            .iter()
+            .map(|c| match c {
+                Call::Unmount { target, lazily: true } => target.clone(),
+                other => panic!("only lazy unmounts on removal, not {other:?}"),
+            })
+            .collect();
+        unmounted.sort();
+        let mut all = vec![results, agent, packages];
+        all.sort();
+        assert_eq!(unmounted, all);
+        assert!(host.mounted().is_empty());
+        assert!(!root.path().join("disks").join(id.to_string()).exists());
+    }
+
+    #[tokio::test]
+    async fn a_mount_that_fails_is_reported_and_the_removal_after_it_leaves_nothing_mounted() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let disks = disks(root.path(), &host);
+        disks.check().await.unwrap();
+        host.fail("mount_ext4", "packages.img");
+        let id = Uuid::new_v4();
+        folders(root.path(), id);
+        let err = disks.prepare(id).await.unwrap_err().to_string();
+        assert!(err.contains("mounting") && err.contains("packages.img"), "{err}");
+        assert!(
+            !host.mounted().is_empty(),
+            "the results and agent mounts went in beside it"
+        );
+        disks.remove(id).await.unwrap();
+        assert!(host.mounted().is_empty());
+        assert!(!root.path().join("disks").join(id.to_string()).exists());
+    }
+
+    #[tokio::test]
+    async fn a_host_that_cannot_format_images_is_told_how_to_run_without_quotas() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        host.fail("make_ext4", "template.img");
+        let err = disks(root.path(), &host).check().await.unwrap_err().to_string();
+        assert!(err.contains("sandbox.results_mb = 0"), "{err}");
+        assert!(host.mounted().is_empty());
+        let left: Vec<_> = std::fs::read_dir(root.path().join("disks"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert!(left.is_empty(), "the probe's folder is removed: {left:?}");
+    }
+
+    #[tokio::test]
+    async fn without_caps_nothing_is_mounted() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let layout = Layout {
+            root: root.path().join("disks"),
+            results_dir: root.path().join("results"),
+            agents_dir: root.path().join("agents"),
+        };
+        let off = Cap { mb: 0, inodes: 0 };
+        let disks = Disks::new(host.clone(), layout, off, off);
+        let id = Uuid::new_v4();
+        disks.check().await.unwrap();
+        disks.prepare(id).await.unwrap();
+        assert!(disks.usage(id).is_none());
+        assert!(host.calls().is_empty());
+    }
 
     #[test]
     fn a_folder_is_full_below_one_percent() {

@@ -29,6 +29,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use crate::addresses::{host_networks, name_servers, PRIVATE_V4};
+use crate::syscalls::Syscalls;
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
 const LINK_LOCAL: &str = "169.254.0.0/16";
@@ -85,20 +86,16 @@ impl FirewallError {
 /// at the same moment (the engine, another server) can make one fail.
 const ATTEMPTS: u32 = 5;
 
-fn iptables(args: &[&str]) -> Result<String, FirewallError> {
+fn iptables(host: &dyn Syscalls, args: &[&str]) -> Result<String, FirewallError> {
     let mut attempt = 1;
     loop {
-        let out = Command::new("iptables")
-            .arg("-w")
-            .args(args)
-            .output()
-            .map_err(FirewallError::Run)?;
-        if out.status.success() {
-            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        let out = host.iptables(args).map_err(FirewallError::Run)?;
+        if out.success {
+            return Ok(out.stdout);
         }
         let refused = FirewallError::Refused {
             args: args.join(" "),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            stderr: out.stderr,
         };
         if attempt == ATTEMPTS || refused.unavailable() {
             return Err(refused);
@@ -302,18 +299,18 @@ fn rules(
 }
 
 /// `iptables -t TABLE VERB CHAIN` and the rest.
-fn on(chain: Chain, verb: &str, rest: &[&str]) -> Result<String, FirewallError> {
+fn on(host: &dyn Syscalls, chain: Chain, verb: &str, rest: &[&str]) -> Result<String, FirewallError> {
     let mut args = vec!["-t", chain.0, verb, chain.1];
     args.extend(rest);
-    iptables(&args)
+    iptables(host, &args)
 }
 
 /// The chains this host offers: all of [`CHAINS`], or, on a kernel without
 /// the `raw` table, the others (with a warning: the rules then depend on
 /// `DOCKER-USER` alone). An error when the filter table itself is refused.
-fn chains() -> Result<Vec<Chain>, FirewallError> {
-    on(DOCKER_USER, "-S", &[])?;
-    match on(RAW, "-S", &[]) {
+fn chains(host: &dyn Syscalls) -> Result<Vec<Chain>, FirewallError> {
+    on(host, DOCKER_USER, "-S", &[])?;
+    match on(host, RAW, "-S", &[]) {
         Ok(_) => Ok(CHAINS.to_vec()),
         Err(e) => {
             tracing::warn!(error = %e, "the raw table is missing: sandboxes' rules live in DOCKER-USER alone, which the engine skips for a moment whenever a network is made or removed");
@@ -324,10 +321,10 @@ fn chains() -> Result<Vec<Chain>, FirewallError> {
 
 /// This server's rules in place in `chains`, as (chain, arguments after
 /// the chain).
-fn tagged(server_id: &str, chains: &[Chain]) -> Result<Vec<(Chain, Vec<String>)>, FirewallError> {
+fn tagged(host: &dyn Syscalls, server_id: &str, chains: &[Chain]) -> Result<Vec<(Chain, Vec<String>)>, FirewallError> {
     let mut out = vec![];
     for &chain in chains {
-        let listing = on(chain, "-S", &[])?;
+        let listing = on(host, chain, "-S", &[])?;
         let prefix = format!("-A {} ", chain.1);
         for line in listing.lines().filter(|l| is_ours(l, server_id)) {
             if let Some(spec) = line.strip_prefix(&prefix) {
@@ -339,15 +336,15 @@ fn tagged(server_id: &str, chains: &[Chain]) -> Result<Vec<(Chain, Vec<String>)>
 }
 
 /// Deletes the first rule of `chain` with these arguments.
-fn delete(chain: Chain, rule: &[String]) -> Result<(), FirewallError> {
+fn delete(host: &dyn Syscalls, chain: Chain, rule: &[String]) -> Result<(), FirewallError> {
     let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
-    on(chain, "-D", &rule).map(drop)
+    on(host, chain, "-D", &rule).map(drop)
 }
 
 /// Removes every rule this server added.
-pub fn remove(server_id: &str) -> Result<(), FirewallError> {
-    for (chain, rule) in tagged(server_id, &chains()?)? {
-        delete(chain, &rule)?;
+pub fn remove(host: &dyn Syscalls, server_id: &str) -> Result<(), FirewallError> {
+    for (chain, rule) in tagged(host, server_id, &chains(host)?)? {
+        delete(host, chain, &rule)?;
     }
     Ok(())
 }
@@ -395,7 +392,13 @@ fn split_rule(spec: &str) -> Vec<String> {
 /// `listed` (the allow-list's) stay reachable, and every sandbox address is
 /// held to `bounds`. Blocks (iptables runs, and retries): call it off the
 /// async threads.
-pub fn apply(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) -> Result<(), FirewallError> {
+pub fn apply(
+    host: &dyn Syscalls,
+    server_id: &str,
+    subnet: &str,
+    listed: &[IpNet],
+    bounds: Bounds,
+) -> Result<(), FirewallError> {
     let bridged = std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").unwrap_or_default();
     if bridged.trim() != "1" {
         tracing::warn!("net.bridge.bridge-nf-call-iptables is not 1: traffic between two sandboxes of one bridge bypasses iptables, and only the engine's inter-container option keeps them apart");
@@ -413,18 +416,18 @@ pub fn apply(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) ->
     // rules, and the new ones keep their order at the top (a rule deleted by
     // its arguments is the first that has them, and the old generation's
     // comment differs from the new one's).
-    let chains = chains()?;
-    let old = tagged(server_id, &chains)?;
+    let chains = chains(host)?;
+    let old = tagged(host, server_id, &chains)?;
     let generation = next_generation(&old, server_id);
     let new = rules(server_id, generation, subnet, listed, bounds);
     // Each rule is inserted first, so they go in last to first.
     for (chain, rule) in new.into_iter().rev().filter(|(c, _)| chains.contains(c)) {
         let mut args = vec!["1"];
         args.extend(rule.iter().map(String::as_str));
-        on(chain, "-I", &args)?;
+        on(host, chain, "-I", &args)?;
     }
     for (chain, rule) in old {
-        delete(chain, &rule)?;
+        delete(host, chain, &rule)?;
     }
     Ok(())
 }
@@ -432,6 +435,119 @@ pub fn apply(server_id: &str, subnet: &str, listed: &[IpNet], bounds: Bounds) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::Recorder;
+
+    const SUBNET: &str = "172.30.0.0/16";
+    const BOUNDS: Bounds = Bounds {
+        connections: 6,
+        bytes_per_minute: 60 * 1024 * 1024,
+    };
+
+    /// The comments of the rules of `chain` that have one.
+    fn comments(host: &Recorder, chain: Chain) -> Vec<String> {
+        host.rules(chain.0, chain.1)
+            .iter()
+            .filter_map(|r| {
+                let at = r.iter().position(|w| w == "--comment")?;
+                r.get(at + 1).cloned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_generation_goes_in_above_the_old_which_then_goes_and_others_rules_stay() {
+        let host = Recorder::new();
+        let foreign = [
+            "-s",
+            "10.9.0.0/16",
+            "-m",
+            "comment",
+            "--comment",
+            "mcp-sandbox:other:a",
+            "-j",
+            "DROP",
+        ];
+        host.append_rule("filter", "DOCKER-USER", &foreign);
+        host.append_rule("filter", "DOCKER-USER", &["-j", "RETURN"]);
+        let listed: Vec<IpNet> = vec!["10.1.0.0/16".parse().unwrap()];
+        apply(&host, "abc", SUBNET, &listed, BOUNDS).unwrap();
+        let first = rules("abc", 'a', SUBNET, &listed, BOUNDS);
+        for chain in CHAINS {
+            let want: Vec<Vec<String>> = first
+                .iter()
+                .filter(|(c, _)| *c == chain)
+                .map(|(_, r)| r.clone())
+                .collect();
+            let have = host.rules(chain.0, chain.1);
+            assert_eq!(have[..want.len()], want[..], "{chain:?}: ours first, in order");
+        }
+        let user = host.rules(DOCKER_USER.0, DOCKER_USER.1);
+        assert_eq!(
+            user[user.len() - 2..],
+            [foreign.map(String::from).to_vec(), vec!["-j".into(), "RETURN".into()]]
+        );
+
+        // Again (a restart): generation b in, a out, the foreign rules kept.
+        apply(&host, "abc", SUBNET, &listed, BOUNDS).unwrap();
+        let ours = comments(&host, DOCKER_USER);
+        assert!(ours
+            .iter()
+            .filter(|c| c.starts_with("mcp-sandbox:abc"))
+            .all(|c| c == "mcp-sandbox:abc:b"));
+        assert_eq!(host.rules(DOCKER_USER.0, DOCKER_USER.1).len(), user.len());
+        assert!(comments(&host, RAW).iter().all(|c| c == "mcp-sandbox:abc:b"));
+        // The old generation was deleted only after the new one was in.
+        let calls: Vec<String> = host
+            .calls()
+            .iter()
+            .filter_map(|c| match c {
+                crate::recording::Call::Iptables(args) => Some(args.join(" ")),
+                _ => None,
+            })
+            .collect();
+        let last_insert = calls.iter().rposition(|c| c.contains(" -I ")).unwrap();
+        let first_delete = calls.iter().position(|c| c.contains(" -D ")).unwrap();
+        assert!(last_insert < first_delete);
+
+        remove(&host, "abc").unwrap();
+        assert_eq!(
+            host.rules(DOCKER_USER.0, DOCKER_USER.1).len(),
+            2,
+            "only the others' rules stay"
+        );
+        assert!(host.rules(INPUT.0, INPUT.1).is_empty() && host.rules(RAW.0, RAW.1).is_empty());
+    }
+
+    #[test]
+    fn without_a_raw_table_the_rules_live_in_the_filter_table_alone() {
+        let host = Recorder::new();
+        host.without_raw_table();
+        apply(&host, "abc", SUBNET, &[], BOUNDS).unwrap();
+        assert!(!host.rules(DOCKER_USER.0, DOCKER_USER.1).is_empty());
+        assert!(host.rules(RAW.0, RAW.1).is_empty());
+        remove(&host, "abc").unwrap();
+        assert!(host.rules(DOCKER_USER.0, DOCKER_USER.1).is_empty());
+    }
+
+    #[test]
+    fn a_refused_rule_is_tried_again_then_reported_and_no_firewall_is_told_apart() {
+        let host = Recorder::new();
+        host.fail("iptables", "-I DOCKER-USER");
+        let err = apply(&host, "abc", SUBNET, &[], BOUNDS).unwrap_err();
+        assert!(!err.unavailable(), "a host with a firewall that refuses a rule: {err}");
+        let tries = host
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, crate::recording::Call::Iptables(a) if a.join(" ").contains("-I DOCKER-USER")))
+            .count();
+        assert_eq!(tries, ATTEMPTS as usize);
+        let none = FirewallError::Refused {
+            args: "-S".into(),
+            stderr: "iptables v1.8.9: can't initialize iptables table `filter': Permission denied (you must be root)"
+                .into(),
+        };
+        assert!(none.unavailable());
+    }
 
     #[test]
     fn rules_are_tagged_and_split_back_whole() {

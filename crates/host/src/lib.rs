@@ -13,6 +13,10 @@
 //! - Files: `nofollow` (opening what a path names, one component at a
 //!   time, never following a symbolic link).
 //! - `figures`: free space, memory, the OOM score.
+//! - `syscalls`: the seam every mount, `mkfs`, loop device and iptables run
+//!   goes through ([`syscalls::Syscalls`]), with the host's own
+//!   ([`syscalls::Linux`]) and, for tests, a recording double that plays a
+//!   small kernel (`recording`, with the `recording` feature).
 //!
 //! Nothing here knows of containers, actors, HTTP or MCP; each module has
 //! an error type of its own, gathered in [`HostError`].
@@ -26,7 +30,10 @@ pub mod firewall;
 mod loopdev;
 mod netlink;
 pub mod nofollow;
+#[cfg(any(test, feature = "recording"))]
+pub mod recording;
 mod sparse;
+pub mod syscalls;
 mod veth;
 
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,6 +22,7 @@ use uuid::Uuid;
 use sandbox_egress::{Rules, EGRESS_SOCKET_NAME};
 use sandbox_host::addresses::{host_networks, name_servers, resolver_config};
 use sandbox_host::bridge::{self, Bridge, Holder};
+use sandbox_host::syscalls::Syscalls;
 use sandbox_host::{agent_dir, conntrack, firewall, SANDBOX_UID};
 
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
@@ -87,6 +89,8 @@ pub struct DockerRuntime {
     bridge: Option<Bridge>,
     /// The `resolv.conf` of sandboxes the server joins to its network.
     resolv_conf: PathBuf,
+    /// What the firewall rules are written through.
+    host: Arc<dyn Syscalls>,
 }
 
 impl DockerRuntime {
@@ -96,7 +100,14 @@ impl DockerRuntime {
     /// folder.
     /// `state_dir` is the server's own folder, `agents` its folder of agent
     /// sockets (one folder per sandbox).
-    pub async fn connect(server_id: &str, config: &SandboxConfig, state_dir: &Path, agents: PathBuf) -> Result<Self> {
+    /// `host` makes the firewall rules of the sandbox network.
+    pub async fn connect(
+        server_id: &str,
+        config: &SandboxConfig,
+        state_dir: &Path,
+        agents: PathBuf,
+        host: Arc<dyn Syscalls>,
+    ) -> Result<Self> {
         let docker = Docker::connect_with_local_defaults()?.negotiate_version().await?;
         docker.ping().await?;
         let config = config.clone();
@@ -110,6 +121,7 @@ impl DockerRuntime {
             image,
             network: None,
             agents,
+            host,
             loopback_hosts,
             bridge: None,
             resolv_conf: state_dir.join("resolv.conf"),
@@ -170,10 +182,11 @@ impl DockerRuntime {
                 connections: self.config.egress_max_connections,
                 bytes_per_minute: self.config.egress_mb_per_minute.saturating_mul(1024 * 1024),
             };
-            let (server_id, net) = (self.server_id.clone(), subnet.clone());
-            let applied = tokio::task::spawn_blocking(move || firewall::apply(&server_id, &net, &listed, bounds))
-                .await
-                .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+            let (host, server_id, net) = (self.host.clone(), self.server_id.clone(), subnet.clone());
+            let applied =
+                tokio::task::spawn_blocking(move || firewall::apply(host.as_ref(), &server_id, &net, &listed, bounds))
+                    .await
+                    .map_err(|e| RuntimeError::Internal(e.to_string()))?;
             match applied {
                 Ok(()) => {}
                 Err(e) if e.unavailable() => {
@@ -1106,8 +1119,8 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn release(&self) -> Result<()> {
         if let Some(network) = &self.network {
-            let server_id = self.server_id.clone();
-            let removed = tokio::task::spawn_blocking(move || firewall::remove(&server_id)).await;
+            let (host, server_id) = (self.host.clone(), self.server_id.clone());
+            let removed = tokio::task::spawn_blocking(move || firewall::remove(host.as_ref(), &server_id)).await;
             if let Ok(Err(e)) = removed {
                 tracing::warn!(error = %e, "could not remove host firewall rules");
             }

@@ -1,0 +1,256 @@
+//! A [`Syscalls`] that records every call and plays a small kernel: mounts
+//! that exist until unmounted, ext4 images that show `lost+found` when
+//! mounted fresh from `mkfs`, and iptables tables that `-S`, `-I`, `-A` and
+//! `-D` list and change. Calls can be made to fail, so tests see what the
+//! host code does after a failure. For tests only (this crate's, and with
+//! the `recording` feature the crates above it).
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::syscalls::{Syscalls, ToolOutput};
+
+/// One call, as made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    MakeExt4 {
+        image: PathBuf,
+        inodes: u64,
+    },
+    MountExt4 {
+        image: PathBuf,
+        target: PathBuf,
+        options: String,
+    },
+    MountTmpfs {
+        target: PathBuf,
+        options: String,
+    },
+    Unmount {
+        target: PathBuf,
+        lazily: bool,
+    },
+    Iptables(Vec<String>),
+}
+
+/// Which calls fail: those of an operation whose path (for iptables, the
+/// arguments joined by spaces) contains a text.
+#[derive(Debug, Clone)]
+struct Failure {
+    op: &'static str,
+    containing: String,
+}
+
+#[derive(Default)]
+struct State {
+    calls: Vec<Call>,
+    mounted: HashSet<PathBuf>,
+    formatted: HashSet<PathBuf>,
+    failures: Vec<Failure>,
+    /// Rules by (table, chain), in order.
+    tables: BTreeMap<(String, String), Vec<Vec<String>>>,
+    no_raw_table: bool,
+}
+
+/// The recording double of [`Syscalls`].
+#[derive(Default)]
+pub struct Recorder {
+    state: Mutex<State>,
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("recorder lock")
+    }
+
+    /// Every call made so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// What is mounted now.
+    pub fn mounted(&self) -> HashSet<PathBuf> {
+        self.state().mounted.clone()
+    }
+
+    /// From now on, calls of `op` (`make_ext4`, `mount_ext4`, `mount_tmpfs`,
+    /// `unmount`, `iptables`) whose path or arguments contain `containing`
+    /// fail.
+    pub fn fail(&self, op: &'static str, containing: &str) {
+        self.state().failures.push(Failure {
+            op,
+            containing: containing.into(),
+        });
+    }
+
+    /// The host has no `raw` table.
+    pub fn without_raw_table(&self) {
+        self.state().no_raw_table = true;
+    }
+
+    /// The rules of `chain` in `table`, in order.
+    pub fn rules(&self, table: &str, chain: &str) -> Vec<Vec<String>> {
+        self.state()
+            .tables
+            .get(&(table.to_string(), chain.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Puts a rule that someone else wrote at the end of `chain`.
+    pub fn append_rule(&self, table: &str, chain: &str, rule: &[&str]) {
+        self.state()
+            .tables
+            .entry((table.to_string(), chain.to_string()))
+            .or_default()
+            .push(rule.iter().map(|w| w.to_string()).collect());
+    }
+
+    fn record(&self, op: &'static str, about: &str, call: Call) -> io::Result<()> {
+        let mut state = self.state();
+        state.calls.push(call);
+        match state
+            .failures
+            .iter()
+            .any(|f| f.op == op && about.contains(&f.containing))
+        {
+            true => Err(io::Error::other(format!("{op} made to fail for {about}"))),
+            false => Ok(()),
+        }
+    }
+}
+
+fn listing(chain: &str, rules: &[Vec<String>]) -> String {
+    let mut out = format!("-N {chain}\n");
+    for rule in rules {
+        let words: Vec<String> = rule
+            .iter()
+            .map(|w| match w.contains(' ') {
+                true => format!("\"{w}\""),
+                false => w.clone(),
+            })
+            .collect();
+        out.push_str(&format!("-A {chain} {}\n", words.join(" ")));
+    }
+    out
+}
+
+impl Syscalls for Recorder {
+    fn make_ext4(&self, image: &Path, inodes: u64, _deadline: Duration) -> Result<(), String> {
+        let call = Call::MakeExt4 {
+            image: image.into(),
+            inodes,
+        };
+        self.record("make_ext4", &image.to_string_lossy(), call)
+            .map_err(|e| e.to_string())?;
+        if !image.is_file() {
+            return Err(format!("{}: no such file", image.display()));
+        }
+        self.state().formatted.insert(image.into());
+        Ok(())
+    }
+
+    fn mount_ext4(&self, image: &Path, target: &Path, _flags: libc::c_ulong, options: &str) -> io::Result<()> {
+        let call = Call::MountExt4 {
+            image: image.into(),
+            target: target.into(),
+            options: options.into(),
+        };
+        self.record("mount_ext4", &format!("{} {}", image.display(), target.display()), call)?;
+        if !image.is_file() || !target.is_dir() {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        let fresh = self.state().formatted.remove(image);
+        if fresh {
+            std::fs::create_dir_all(target.join("lost+found"))?;
+        }
+        self.state().mounted.insert(target.into());
+        Ok(())
+    }
+
+    fn mount_tmpfs(&self, _source: &str, target: &Path, _flags: libc::c_ulong, options: &str) -> io::Result<()> {
+        let call = Call::MountTmpfs {
+            target: target.into(),
+            options: options.into(),
+        };
+        self.record("mount_tmpfs", &target.to_string_lossy(), call)?;
+        if !target.is_dir() {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        self.state().mounted.insert(target.into());
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path, lazily_if_busy: bool) -> io::Result<()> {
+        let call = Call::Unmount {
+            target: target.into(),
+            lazily: lazily_if_busy,
+        };
+        self.record("unmount", &target.to_string_lossy(), call)?;
+        match self.state().mounted.remove(target) {
+            true => Ok(()),
+            false => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+
+    fn is_mount_point(&self, path: &Path) -> bool {
+        self.state().mounted.contains(path)
+    }
+
+    fn iptables(&self, args: &[&str]) -> io::Result<ToolOutput> {
+        let call = Call::Iptables(args.iter().map(|a| a.to_string()).collect());
+        if let Err(e) = self.record("iptables", &args.join(" "), call) {
+            return Ok(ToolOutput {
+                stderr: e.to_string(),
+                ..ToolOutput::default()
+            });
+        }
+        let refused = |why: &str| ToolOutput {
+            stderr: why.into(),
+            ..ToolOutput::default()
+        };
+        let done = |stdout: String| ToolOutput {
+            success: true,
+            stdout,
+            stderr: String::new(),
+        };
+        let ["-t", table, verb, chain, rest @ ..] = args else {
+            return Ok(refused("the recorder plays -t TABLE VERB CHAIN only"));
+        };
+        let mut state = self.state();
+        if *table == "raw" && state.no_raw_table {
+            return Ok(refused("can't initialize iptables table `raw': Table does not exist"));
+        }
+        let rules = state.tables.entry((table.to_string(), chain.to_string())).or_default();
+        let rule = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        Ok(match (*verb, rest) {
+            ("-S", []) => done(listing(chain, rules)),
+            ("-A", words) => {
+                rules.push(rule(words));
+                done(String::new())
+            }
+            ("-I", [at, words @ ..]) => match at.parse::<usize>() {
+                Ok(n) if (1..=rules.len() + 1).contains(&n) => {
+                    rules.insert(n - 1, rule(words));
+                    done(String::new())
+                }
+                _ => refused("Index of insertion too big"),
+            },
+            ("-D", words) => match rules.iter().position(|r| *r == rule(words)) {
+                Some(at) => {
+                    rules.remove(at);
+                    done(String::new())
+                }
+                None => refused("Bad rule (does a matching rule exist in that chain?)."),
+            },
+            _ => refused("the recorder does not play this verb"),
+        })
+    }
+}
