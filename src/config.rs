@@ -537,8 +537,8 @@ mod tests {
 
     #[test]
     fn every_supported_runtime_is_accepted() {
-        let auto = [sandbox_actors::config::AUTO_RUNTIME];
-        for runtime in sandbox_actors::config::RUNTIMES.iter().chain(&auto) {
+        let auto = [sandbox_actors::config::AUTO_OCI_RUNTIME];
+        for runtime in sandbox_actors::config::OCI_RUNTIMES.iter().chain(&auto) {
             let c = load(&format!("[sandbox]\nruntime = \"{runtime}\"\n"), &[]).unwrap();
             assert_eq!(c.sandbox.runtime, *runtime);
         }

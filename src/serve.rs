@@ -10,12 +10,12 @@ use sandbox_actors::Sandboxes;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::access::artifact_links::ArtifactLinks;
 use crate::access::auth::Keys;
 use crate::access::caller::Caller;
 use crate::access::connections;
 use crate::access::guest::GuestKeys;
 use crate::access::limits::Limits;
-use crate::access::links::Links;
 use crate::access::signer::LinkSigner;
 use crate::config::Config;
 use crate::mcp::tools::SandboxServer;
@@ -60,7 +60,7 @@ pub(crate) fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<Lin
     Ok(Ops {
         sandboxes,
         limits: limits(config, signer.as_ref())?,
-        links: Links::new(&config.public_url(), signer),
+        links: ArtifactLinks::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
         images: Inliner::new(config.results.inline_budgets()),
         tasks: Tasks::new(config.tasks.clone()),

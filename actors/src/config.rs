@@ -15,7 +15,7 @@ use sandbox_host::syscalls::Syscalls;
 pub use sandbox_egress::EgressPolicy;
 use sandbox_runtime::config::invalid;
 pub use sandbox_runtime::config::{
-    InvalidConfig, SandboxConfig, AUTO_RUNTIME, MAX_SNAPSHOTS, MIN_EGRESS_MB_PER_MINUTE, RUNTIMES,
+    InvalidConfig, SandboxConfig, AUTO_OCI_RUNTIME, MAX_SNAPSHOTS, MIN_EGRESS_MB_PER_MINUTE, OCI_RUNTIMES,
 };
 
 /// Settings of the sandbox domain, from the server's configuration.

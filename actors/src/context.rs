@@ -22,7 +22,7 @@ pub struct Context {
     pub runtime: Arc<dyn ContainerRuntime>,
     pub store: RecordStore,
     pub settings: Settings,
-    pub counters: Counters,
+    pub counters: EventCounts,
     pub egress: Egress,
     pub disks: Disks,
     pub snapshots: Snapshots,
@@ -43,7 +43,7 @@ impl Context {
 
 /// Events counted since the server started, for its metrics.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct EventCounts {
     /// Containers started again, re-created or restarted (after a crash, a
     /// hang, or on request).
     pub container_restarts: AtomicU64,
@@ -51,7 +51,7 @@ pub struct Counters {
     pub installs_failed: AtomicU64,
 }
 
-impl Counters {
+impl EventCounts {
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -20,9 +20,9 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::agent_connection::AgentConnection;
 use crate::config::PackagesConfig;
 use crate::error::Result;
-use crate::link::Link;
 use crate::messages::{Finished, SandboxMsg};
 use crate::records::{InstallRecord, InstallState};
 use sandbox_runtime::agent::Work;
@@ -39,7 +39,7 @@ const NO_WHEEL_SIGNS: [&str; 3] = ["no-build", "has no usable wheels", "no binar
 pub struct InstallTask;
 
 pub struct InstallArgs {
-    pub link: Link,
+    pub link: AgentConnection,
     pub package: String,
     pub specs: Vec<String>,
     pub report: ActorRef<SandboxMsg>,
@@ -49,7 +49,7 @@ pub struct InstallArgs {
 
 /// Where uv installs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub enum InstallTarget {
     /// Inside the sandbox, into its venv.
     Sandbox,
     /// From an installer container, into the mounted venv as a prefix.
@@ -58,12 +58,12 @@ pub enum Target {
 
 /// The installer's command line: options from the server's configuration
 /// only, then `--`, then the caller's (validated) requirements.
-pub fn install_argv(packages: &PackagesConfig, specs: &[String], target: Target) -> Vec<String> {
+pub fn install_argv(packages: &PackagesConfig, specs: &[String], target: InstallTarget) -> Vec<String> {
     let mut argv: Vec<String> = match target {
-        Target::Sandbox => [TRUSTED_UV, "pip", "install", "--python", "/app/.venv/bin/python"]
+        InstallTarget::Sandbox => [TRUSTED_UV, "pip", "install", "--python", "/app/.venv/bin/python"]
             .map(String::from)
             .into(),
-        Target::Installer => [
+        InstallTarget::Installer => [
             TRUSTED_UV,
             "pip",
             "install",
@@ -75,7 +75,7 @@ pub fn install_argv(packages: &PackagesConfig, specs: &[String], target: Target)
         .map(String::from)
         .into(),
     };
-    if target == Target::Installer && !packages.allow_source_builds {
+    if target == InstallTarget::Installer && !packages.allow_source_builds {
         argv.push("--no-build".into());
     }
     if let Some(url) = &packages.index_url {
@@ -92,7 +92,7 @@ pub fn install_argv(packages: &PackagesConfig, specs: &[String], target: Target)
 /// (exit code, installer output, timed out)
 type Outcome = (i64, String, bool);
 
-async fn install_in_sandbox(link: &mut Link, argv: Vec<String>, timeout: Duration) -> Result<Outcome> {
+async fn install_in_sandbox(link: &mut AgentConnection, argv: Vec<String>, timeout: Duration) -> Result<Outcome> {
     let ran = link
         .run(&Work::Program(argv), timeout, None, &CancellationToken::new())
         .await?;
@@ -100,7 +100,7 @@ async fn install_in_sandbox(link: &mut Link, argv: Vec<String>, timeout: Duratio
     Ok((o.exit_code, format!("{}{}", o.stderr, o.stdout), o.timed_out))
 }
 
-async fn install_with_installer(link: &mut Link, argv: Vec<String>, timeout: Duration) -> Result<Outcome> {
+async fn install_with_installer(link: &mut AgentConnection, argv: Vec<String>, timeout: Duration) -> Result<Outcome> {
     let ctx = link.ctx().clone();
     let done = ctx
         .runtime
@@ -150,11 +150,11 @@ impl Actor for InstallTask {
         let in_sandbox = ctx.egress.installs_in_sandbox(link.paths.id);
         let outcome = match in_sandbox {
             true => {
-                let argv = install_argv(&ctx.settings.packages, &specs, Target::Sandbox);
+                let argv = install_argv(&ctx.settings.packages, &specs, InstallTarget::Sandbox);
                 install_in_sandbox(&mut link, argv, timeout).instrument(span).await
             }
             false => {
-                let argv = install_argv(&ctx.settings.packages, &specs, Target::Installer);
+                let argv = install_argv(&ctx.settings.packages, &specs, InstallTarget::Installer);
                 install_with_installer(&mut link, argv, timeout).instrument(span).await
             }
         };
@@ -185,7 +185,7 @@ impl Actor for InstallTask {
             Err(e) => (InstallState::Failed, format!("Failed to install {package}: {e}"), None),
         };
         let packages = match status {
-            InstallState::Success => match Link::packages(&ctx, link.paths.id).await {
+            InstallState::Success => match AgentConnection::packages(&ctx, link.paths.id).await {
                 Ok(list) => Some(list),
                 Err(e) => {
                     if let crate::error::SandboxError::Unresponsive { .. } = e {
@@ -237,7 +237,7 @@ mod tests {
             index_url: Some("https://mirror/simple".into()),
             ..Default::default()
         };
-        let argv = install_argv(&packages, &["six".into()], Target::Installer);
+        let argv = install_argv(&packages, &["six".into()], InstallTarget::Installer);
         assert_eq!(
             argv[0], TRUSTED_UV,
             "the image's own uv, never one found on a search path"
@@ -246,14 +246,14 @@ mod tests {
             argv.contains(&"--no-build".to_string()),
             "offline installs take wheels only"
         );
-        let sandbox = install_argv(&packages, &["six".into()], Target::Sandbox);
+        let sandbox = install_argv(&packages, &["six".into()], InstallTarget::Sandbox);
         assert_eq!(sandbox[0], TRUSTED_UV);
         assert!(!sandbox.contains(&"--no-build".to_string()));
         let builds = PackagesConfig {
             allow_source_builds: true,
             ..Default::default()
         };
-        assert!(!install_argv(&builds, &["six".into()], Target::Installer).contains(&"--no-build".to_string()));
+        assert!(!install_argv(&builds, &["six".into()], InstallTarget::Installer).contains(&"--no-build".to_string()));
         let dashdash = argv.iter().position(|a| a == "--").unwrap();
         assert_eq!(&argv[dashdash + 1..], ["six"]);
         assert!(

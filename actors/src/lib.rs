@@ -4,7 +4,7 @@
 //! about HTTP or MCP. Below it, crates of their own: `sandbox-runtime` (the
 //! container runtime and the agent channel), `sandbox-egress` (the egress
 //! policies and proxy) and `sandbox-host` (the Linux host: bridge ports,
-//! firewall, capped disks, link-proof file access).
+//! firewall, capped disks, symlink-proof file access).
 //!
 //! # Layout
 //!
@@ -19,12 +19,12 @@
 //!   it queues and the tasks that run them (`jobs.rs`), snapshot work
 //!   (`snapshot.rs`), deletion (`deletion.rs`).
 //! - `snapshots/`: the host side of snapshots: their store and bounds
-//!   (`mod.rs`), the link-proof copies of a sandbox's folders (`copy.rs`),
+//!   (`mod.rs`), the symlink-proof copies of a sandbox's folders (`copy.rs`),
 //!   and what a fork carries into new sandboxes (`fork.rs`).
 //! - `install`: the install-task actor.
 //! - `messages`: what the actors send each other; `results`: what they
 //!   answer with ([`SandboxInfo`], [`InstallStatus`], [`Uploaded`]).
-//! - `link`: one sandbox's connection to its agent, with recovery.
+//! - `agent_connection`: one sandbox's connection to its agent, with recovery.
 //! - `pool`: making sandboxes, and keeping some made ahead of demand;
 //!   `pool_target`: how many, as demand shows; `pool_yield`: when refills
 //!   give way to the first calls of sandboxes just claimed.
@@ -41,13 +41,13 @@
 //!   `resources`: sandbox states, whose sandboxes a call reaches, what the
 //!   sandboxes take from the host and the free-disk guard.
 
+mod agent_connection;
 pub mod config;
 mod context;
 mod error;
 pub mod files;
 mod history;
 mod install;
-mod link;
 mod messages;
 mod packages;
 mod pool;
@@ -68,10 +68,10 @@ pub mod usage;
 #[cfg(test)]
 mod tests;
 
+pub use agent_connection::Ran;
 pub use config::{EgressPolicy, Settings};
 pub use error::{AgentFailure, DockerError, Result, SandboxError, StoreError};
 pub use history::{CallKind, CallRecord};
-pub use link::Ran;
 pub use pool::PoolStats;
 pub use resources::Resources;
 pub use results::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};

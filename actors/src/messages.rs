@@ -8,9 +8,9 @@ use ractor::RpcReplyPort;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::agent_connection::{AgentConnection, Ran};
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
-use crate::link::{Link, Ran};
 use crate::records::InstallRecord;
 use crate::results::{InstallStatus, SandboxInfo, Uploaded};
 use crate::snapshots::{SnapshotDone, SnapshotOp, SnapshotTotals};
@@ -115,7 +115,7 @@ impl Queued {
 }
 
 pub struct Finished {
-    pub(crate) link: Link,
+    pub(crate) link: AgentConnection,
     pub(crate) install: Option<(InstallRecord, Option<Vec<Package>>)>,
     /// The call, for the sandbox's history.
     pub(crate) call: Option<CallRecord>,
@@ -133,14 +133,14 @@ pub struct Finished {
 }
 
 impl Finished {
-    pub fn install(link: Link, record: InstallRecord, packages: Option<Vec<Package>>) -> Self {
+    pub fn install(link: AgentConnection, record: InstallRecord, packages: Option<Vec<Package>>) -> Self {
         Self {
             install: Some((record, packages)),
             ..Self::job(link, None)
         }
     }
 
-    pub(crate) fn job(link: Link, call: Option<CallRecord>) -> Self {
+    pub(crate) fn job(link: AgentConnection, call: Option<CallRecord>) -> Self {
         Self {
             link,
             install: None,

@@ -36,10 +36,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use crate::agent_connection::wait_for_agent;
 use crate::config::{EgressPolicy, PoolConfig};
 use crate::context::Context;
 use crate::error::{AgentFailure, Result, SandboxError};
-use crate::link::wait_for_agent;
 use crate::pool_target::Target;
 use crate::pool_yield::{Yield, MAX_YIELD};
 use sandbox_host::SANDBOX_UID;
@@ -282,7 +282,7 @@ pub struct PoolStats {
 }
 
 #[derive(Default)]
-struct Counters {
+struct PoolCounts {
     claims: AtomicU64,
     misses: AtomicU64,
     refills: AtomicU64,
@@ -314,12 +314,12 @@ type Waiter = oneshot::Sender<Result<Provisioned>>;
 /// The receiving end of a waiting claim. Dropped before it was read (its
 /// caller went away), it gives what it was sent back to the pool, so that a
 /// sandbox handed over at that moment is neither lost nor left running.
-struct Waiting {
+struct WaitingClaim {
     rx: oneshot::Receiver<Result<Provisioned>>,
     pool: Arc<Pool>,
 }
 
-impl Drop for Waiting {
+impl Drop for WaitingClaim {
     fn drop(&mut self) {
         self.rx.close();
         if let Ok(Ok(p)) = self.rx.try_recv() {
@@ -341,7 +341,7 @@ pub struct Pool {
     /// Creations that skipped the warm-up for a waiting claim and have not
     /// yet joined `ready`.
     for_waiting: AtomicUsize,
-    counters: Counters,
+    counters: PoolCounts,
     wake: Notify,
     stop: CancellationToken,
     filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -363,7 +363,7 @@ impl Pool {
             ready: Mutex::new(VecDeque::new()),
             waiting: Mutex::new(VecDeque::new()),
             for_waiting: AtomicUsize::new(0),
-            counters: Counters::default(),
+            counters: PoolCounts::default(),
             wake: Notify::new(),
             stop: CancellationToken::new(),
             filler: Mutex::new(None),
@@ -422,7 +422,7 @@ impl Pool {
             }
             let (tx, rx) = oneshot::channel();
             waiting.push_back(tx);
-            Waiting { rx, pool: self.clone() }
+            WaitingClaim { rx, pool: self.clone() }
         };
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();

@@ -96,11 +96,11 @@ pub struct RecordStore {
     /// Records waiting for the next write: concurrent writes (a burst of
     /// creations) share one transaction and one commit instead of queueing
     /// for a commit each.
-    waiting: Arc<Mutex<Vec<Waiting>>>,
+    waiting: Arc<Mutex<Vec<PendingWrite>>>,
 }
 
 /// A record to write, and who waits for it to be durable.
-type Waiting = (SandboxRecord, oneshot::Sender<Result<()>>);
+type PendingWrite = (SandboxRecord, oneshot::Sender<Result<()>>);
 
 impl RecordStore {
     pub fn open(path: &Path) -> Result<Self> {
@@ -273,7 +273,7 @@ pub(crate) fn to_json(value: &impl Serialize) -> Result<Vec<u8>> {
 /// writer's commit is done (redb has one writer at a time: what arrives
 /// meanwhile joins this batch). Should the batch fail, each record is
 /// written alone, so each waiter gets its own record's outcome.
-fn write_waiting(db: &Database, waiting: &Mutex<Vec<Waiting>>) -> Vec<(oneshot::Sender<Result<()>>, Result<()>)> {
+fn write_waiting(db: &Database, waiting: &Mutex<Vec<PendingWrite>>) -> Vec<(oneshot::Sender<Result<()>>, Result<()>)> {
     let insert = |txn: &redb::WriteTransaction, record: &SandboxRecord| -> Result<()> {
         txn.open_table(SANDBOXES)?
             .insert(record.id.to_string().as_str(), to_json(record)?.as_slice())?;

@@ -20,13 +20,13 @@ use crate::sandbox::{SandboxActor, SandboxArgs, Started};
 const REAP_EVERY: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
-pub struct Entry {
+pub struct Registered {
     pub owner: String,
     pub actor: ActorRef<SandboxMsg>,
 }
 
 /// Sandbox id → actor; written by the supervisor, read by the front end.
-pub type Registry = Arc<RwLock<HashMap<Uuid, Entry>>>;
+pub type Registry = Arc<RwLock<HashMap<Uuid, Registered>>>;
 
 pub enum SupervisorMsg {
     Spawn {
@@ -66,7 +66,7 @@ impl Supervisor {
         state.by_actor.insert(actor.get_id(), id);
         state.registry.write().expect("registry lock").insert(
             id,
-            Entry {
+            Registered {
                 owner,
                 actor: actor.clone(),
             },

@@ -6,7 +6,7 @@
 //! The checked path is then read as it was checked, whoever writes the
 //! folder meanwhile: it is walked again from `/` one component at a time
 //! without following links, and a folder's entries are looked up from the
-//! folder's own descriptor, never by path ([`sandbox_host::nofollow`]). A link in
+//! folder's own descriptor, never by path ([`sandbox_host::symlink_proof`]). A link in
 //! an uploaded folder is copied as a link (it points into the sandbox's own
 //! file system there), never followed on the host; FIFOs, sockets and
 //! devices are left out unopened.
@@ -19,7 +19,7 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::config::Settings;
 use crate::error::{Result, SandboxError};
-use sandbox_host::nofollow::{self, EntryKind, Found, Stopped, Why};
+use sandbox_host::symlink_proof::{self, EntryKind, Found, Stopped, Why};
 use sandbox_host::SANDBOX_UID;
 use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 
@@ -189,7 +189,7 @@ fn pack_host(source: &Path) -> Result<(Vec<u8>, String)> {
         })
         .collect();
     let top: OwnedFd = File::open("/").map_err(|e| host_io(source, e))?.into();
-    let found = nofollow::walk(top, &segments).map_err(|Stopped { why, .. }| match why {
+    let found = symlink_proof::walk(top, &segments).map_err(|Stopped { why, .. }| match why {
         Why::Io(e) if e.raw_os_error() != Some(libc::ENOENT) => host_io(source, e),
         _ => changed(),
     })?;
@@ -246,7 +246,7 @@ impl Packer<'_> {
                 // Names first (sorted, for an archive that does not depend on
                 // the order on disk), so that only this folder's descriptor
                 // stays open while its entries are added.
-                let mut names = nofollow::read_dir(&dir)
+                let mut names = symlink_proof::read_dir(&dir)
                     .and_then(|entries| {
                         entries
                             .map(|e| e.map(|e| e.file_name()))
@@ -275,7 +275,7 @@ impl Packer<'_> {
                 let body = file.take(size).chain(std::io::repeat(0)).take(size);
                 self.tar.append_data(&mut header, inner, body).map_err(self.io())?;
             }
-            EntryKind::Link => {
+            EntryKind::Symlink => {
                 let target = found.read_link().map_err(self.io())?;
                 let mut header = sandbox_header(tar::EntryType::Symlink, 0o777, 0, mtime);
                 self.tar.append_link(&mut header, inner, target).map_err(self.io())?;

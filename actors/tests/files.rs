@@ -106,11 +106,14 @@ async fn what_a_sandbox_plants_never_leads_the_server_out_or_stalls_it() {
         let err = sb.read_file(OWNER, id, path(target), WHOLE).await.unwrap_err();
         let expected = path(link).absolute();
         assert!(
-            matches!(&err, SandboxError::File(FileError::Link(p)) if *p == expected),
+            matches!(&err, SandboxError::File(FileError::Symlink(p)) if *p == expected),
             "{target}: {err}"
         );
         let err = sb.list_files(OWNER, id, path(target), DEEP).await.unwrap_err();
-        assert!(matches!(err, SandboxError::File(FileError::Link(_))), "{target}: {err}");
+        assert!(
+            matches!(err, SandboxError::File(FileError::Symlink(_))),
+            "{target}: {err}"
+        );
     }
     // Opening a FIFO would block until a writer came: it is never opened.
     let err = sb.read_file(OWNER, id, path("fifo"), WHOLE).await.unwrap_err();
@@ -136,8 +139,8 @@ async fn what_a_sandbox_plants_never_leads_the_server_out_or_stalls_it() {
     // The listing shows the links as links and stops at its depth.
     let listing = sb.list_files(OWNER, id, path(""), DEEP).await.unwrap();
     let kind = |p: &str| listing.entries.iter().find(|e| e.path == p).map(|e| e.kind);
-    assert_eq!(kind("passwd"), Some(EntryKind::Link));
-    assert_eq!(kind("root"), Some(EntryKind::Link));
+    assert_eq!(kind("passwd"), Some(EntryKind::Symlink));
+    assert_eq!(kind("root"), Some(EntryKind::Symlink));
     assert_eq!(kind("fifo"), Some(EntryKind::Other));
     assert_eq!(kind("d/ok.txt"), Some(EntryKind::File));
     assert!(listing

@@ -70,7 +70,7 @@ pub async fn get(
     };
     let (file, len) = match app.ops.sandboxes.open_file(scope, id, target).await {
         Ok(f) => f,
-        Err(SandboxError::File(FileError::Link(_))) => return refuse(StatusCode::FORBIDDEN, "links are not served"),
+        Err(SandboxError::File(FileError::Symlink(_))) => return refuse(StatusCode::FORBIDDEN, "links are not served"),
         Err(_) => return not_found(),
     };
     let name = path.rsplit('/').next().unwrap_or("file");

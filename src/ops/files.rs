@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::access::links::Links;
+use crate::access::artifact_links::ArtifactLinks;
 use crate::ops::inline_images::ImageNote;
 use crate::ops::timestamps::rfc3339;
 
@@ -42,7 +42,7 @@ pub struct ListedEntry {
 }
 
 impl FileListing {
-    pub fn new(folder: &ResultsPath, listing: Listing, links: &Links, sandbox: Uuid) -> Self {
+    pub fn new(folder: &ResultsPath, listing: Listing, links: &ArtifactLinks, sandbox: Uuid) -> Self {
         let entries = listing
             .entries
             .into_iter()
@@ -51,7 +51,7 @@ impl FileListing {
                 let kind = match e.kind {
                     EntryKind::File => "file",
                     EntryKind::Folder => "folder",
-                    EntryKind::Link => "link",
+                    EntryKind::Symlink => "link",
                     EntryKind::Other => "other",
                 };
                 ListedEntry {
@@ -113,7 +113,7 @@ pub struct Read {
 }
 
 impl Read {
-    pub fn new(read: FileRead, links: &Links, sandbox: Uuid) -> Self {
+    pub fn new(read: FileRead, links: &ArtifactLinks, sandbox: Uuid) -> Self {
         let path = read.path.absolute();
         let by_name = mime_guess::from_path(&path).first().map(|m| m.to_string());
         let mut result = ReadResult {

@@ -29,10 +29,10 @@ use uuid::Uuid;
 use sandbox_actors::files::{ListOptions, ResultsPath, Window, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ_BYTES};
 use sandbox_actors::snapshots::PythonState;
 
+use crate::access::artifact_links::ArtifactLinks;
 use crate::access::budgets::Budget;
 use crate::access::caller::Caller;
 use crate::access::limits::Limits;
-use crate::access::links::Links;
 use crate::metrics::Metrics;
 use crate::ops::files::{FileListing, Read, WriteResult};
 use crate::ops::inline_images::{Inliner, RunImages};
@@ -67,7 +67,7 @@ struct Run<'a> {
 #[derive(Clone)]
 pub struct Ops {
     pub sandboxes: Arc<Sandboxes>,
-    pub links: Links,
+    pub links: ArtifactLinks,
     pub limits: Arc<Limits>,
     pub metrics: Arc<Metrics>,
     pub images: Inliner,
@@ -223,7 +223,7 @@ impl Ops {
         tool: &'static str,
         run: Run<'_>,
         work: Result<Work>,
-        finish: fn(Ran, &Links, Uuid) -> T,
+        finish: fn(Ran, &ArtifactLinks, Uuid) -> T,
     ) -> Result<T> {
         self.on_sandbox(tool, run.raw_id, |id| async move {
             self.check_budget(run.caller)?;

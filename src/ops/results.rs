@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::access::links::Links;
+use crate::access::artifact_links::ArtifactLinks;
 use crate::ops::files::FileListing;
 use crate::ops::inline_images::ImageNote;
 use crate::ops::timestamps::rfc3339;
@@ -428,7 +428,7 @@ impl UploadResult {
 }
 
 impl PythonResult {
-    pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
+    pub fn new(ran: Ran, links: &ArtifactLinks, sandbox: uuid::Uuid) -> Self {
         let o = ran.output;
         Self {
             file_links: o.files.iter().map(|f| links.artifact(sandbox, f)).collect(),
@@ -448,7 +448,7 @@ impl PythonResult {
 }
 
 impl CommandResult {
-    pub fn new(ran: Ran, links: &Links, sandbox: uuid::Uuid) -> Self {
+    pub fn new(ran: Ran, links: &ArtifactLinks, sandbox: uuid::Uuid) -> Self {
         let o = ran.output;
         Self {
             file_links: o.files.iter().map(|f| links.artifact(sandbox, f)).collect(),

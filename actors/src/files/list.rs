@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::SystemTime;
 
-use sandbox_host::nofollow::{self, openat};
+use sandbox_host::symlink_proof::{self, openat};
 
 use super::{io, resolve, EntryKind, FileError, Result, ResultsPath, MAX_LIST_DEPTH, MAX_SCANNED};
 
@@ -56,7 +56,7 @@ pub fn list(root: &Path, path: &ResultsPath, options: ListOptions) -> Result<Lis
     let found = resolve(root, path)?;
     match found.kind() {
         EntryKind::Folder => {}
-        EntryKind::Link => return Err(FileError::Link(path.absolute())),
+        EntryKind::Symlink => return Err(FileError::Symlink(path.absolute())),
         _ => return Err(FileError::NotFolder(path.absolute())),
     }
     let top = found.reopen(libc::O_RDONLY | libc::O_DIRECTORY).map_err(io(path))?;
@@ -76,7 +76,7 @@ pub fn list(root: &Path, path: &ResultsPath, options: ListOptions) -> Result<Lis
             let Ok(dir) = open_below(&top, &folder) else {
                 continue;
             };
-            let Ok(names) = nofollow::read_dir(&dir) else {
+            let Ok(names) = symlink_proof::read_dir(&dir) else {
                 continue;
             };
             let mut children = Vec::new();

@@ -8,7 +8,7 @@
 //! descriptor already checked to be a regular file is opened for reading
 //! (a FIFO or device is never opened at all), reads are windows of a bounded
 //! size, and a listing stops after a bounded number of entries (the lookups
-//! are those of [`sandbox_host::nofollow`], which uploads share). Callers run these
+//! are those of [`sandbox_host::symlink_proof`], which uploads share). Callers run these
 //! functions off the async threads, under a deadline.
 
 use std::fs::File;
@@ -16,8 +16,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-pub use sandbox_host::nofollow::EntryKind;
-use sandbox_host::nofollow::{self, Found, Stopped, Why};
+pub use sandbox_host::symlink_proof::EntryKind;
+use sandbox_host::symlink_proof::{self, Found, Stopped, Why};
 use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 
 mod list;
@@ -54,7 +54,7 @@ pub enum FileError {
     #[error("{0} is not a folder")]
     NotFolder(String),
     #[error("{0} is a symbolic link, and links are never followed; use the path of the file itself")]
-    Link(String),
+    Symlink(String),
     #[error("{0} is not a regular file (a FIFO, socket or device) and is never opened")]
     Special(String),
     #[error("{what} is {size} bytes; at most {max} are accepted")]
@@ -168,12 +168,12 @@ fn io(path: &ResultsPath) -> impl FnOnce(std::io::Error) -> FileError + '_ {
 /// Walks `path` beneath `root` without following any link.
 fn resolve(root: &Path, path: &ResultsPath) -> Result<Found> {
     let root_fd: OwnedFd = File::open(root).map_err(io(path))?.into();
-    nofollow::walk(root_fd, path.segments()).map_err(|Stopped { at, why }| {
+    symlink_proof::walk(root_fd, path.segments()).map_err(|Stopped { at, why }| {
         let at = ResultsPath {
             segments: path.segments[..at].to_vec(),
         };
         match why {
-            Why::Link => FileError::Link(at.absolute()),
+            Why::Symlink => FileError::Symlink(at.absolute()),
             Why::NotFolder => FileError::NotFolder(at.absolute()),
             Why::Io(e) if e.raw_os_error() == Some(libc::ENOENT) => FileError::NotFound(at.absolute()),
             Why::Io(e) => io(&at)(e),
@@ -192,7 +192,7 @@ fn open_regular(root: &Path, path: &ResultsPath) -> Result<(File, libc::stat)> {
     match found.kind() {
         EntryKind::File => {}
         EntryKind::Folder => return Err(FileError::IsFolder(path.absolute())),
-        EntryKind::Link => return Err(FileError::Link(path.absolute())),
+        EntryKind::Symlink => return Err(FileError::Symlink(path.absolute())),
         EntryKind::Other => return Err(FileError::Special(path.absolute())),
     }
     let fd = found.reopen(libc::O_RDONLY | libc::O_NONBLOCK).map_err(io(path))?;
@@ -214,7 +214,7 @@ pub fn check_writable(root: &Path, path: &ResultsPath) -> Result<()> {
         Ok(found) => match found.kind() {
             EntryKind::File => Ok(()),
             EntryKind::Folder => Err(FileError::IsFolder(path.absolute())),
-            EntryKind::Link => Err(FileError::Link(path.absolute())),
+            EntryKind::Symlink => Err(FileError::Symlink(path.absolute())),
             EntryKind::Other => Err(FileError::Special(path.absolute())),
         },
         Err(FileError::NotFound(_)) => Ok(()),

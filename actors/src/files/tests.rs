@@ -75,15 +75,18 @@ fn links_fifos_and_folders_are_refused_by_name() {
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     let read = |path: &str| read(root.path(), &p(path), window(0, 100, 0));
     assert_eq!(text(read("d/ok.txt").unwrap()).text, "ok");
-    assert!(matches!(read("link"), Err(FileError::Link(_))));
-    assert!(matches!(read("loop"), Err(FileError::Link(_))));
-    assert!(matches!(read("dirlink/secret"), Err(FileError::Link(p)) if p == "/app/results/dirlink"));
+    assert!(matches!(read("link"), Err(FileError::Symlink(_))));
+    assert!(matches!(read("loop"), Err(FileError::Symlink(_))));
+    assert!(matches!(read("dirlink/secret"), Err(FileError::Symlink(p)) if p == "/app/results/dirlink"));
     // Opening a FIFO for reading would block until a writer came.
     assert!(matches!(read("fifo"), Err(FileError::Special(_))));
     assert!(matches!(read("d"), Err(FileError::IsFolder(_))));
     assert!(matches!(read("d/ok.txt/x"), Err(FileError::NotFolder(_))));
     assert!(matches!(read("nope"), Err(FileError::NotFound(p)) if p == "/app/results/nope"));
-    assert!(matches!(list(root.path(), &p("dirlink"), ALL), Err(FileError::Link(_))));
+    assert!(matches!(
+        list(root.path(), &p("dirlink"), ALL),
+        Err(FileError::Symlink(_))
+    ));
     assert!(matches!(
         list(root.path(), &p("d/ok.txt"), ALL),
         Err(FileError::NotFolder(_))
@@ -117,7 +120,7 @@ fn listing_reports_links_without_following_them() {
             ("d/b.txt", File),
             ("d/e", Folder),
             ("d/e/deep.txt", File),
-            ("dirlink", Link)
+            ("dirlink", Symlink)
         ]
     );
     assert!(!listed.truncated);

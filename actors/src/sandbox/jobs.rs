@@ -9,11 +9,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument, Span};
 
 use super::{join_notices, snapshot, SandboxActor, SandboxState};
+use crate::agent_connection::{AgentConnection, Ran};
 use crate::error::{Result, SandboxError};
 use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord};
 use crate::install::{InstallArgs, InstallTask};
-use crate::link::{Link, Ran};
 use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
 use crate::results::Uploaded;
 use crate::snapshots::{Restored, SnapshotDone};
@@ -62,13 +62,13 @@ impl Job {
 
 /// A queued job with the span of the call that asked for it, and the span
 /// that times its wait (both none for the actor's own jobs).
-pub(super) struct Waiting {
+pub(super) struct QueuedJob {
     pub(super) job: Job,
     caller: Span,
     queued: Span,
 }
 
-impl Waiting {
+impl QueuedJob {
     pub(super) fn new(job: Job, caller: &Span) -> Self {
         let queued = match caller.is_none() {
             true => Span::none(),
@@ -203,7 +203,7 @@ impl SandboxActor {
                             Ok((
                                 SnapshotDone::Restored(Restored { packages: true, .. }) | SnapshotDone::Seeded(_),
                                 _,
-                            )) => Link::packages(link.ctx(), link.paths.id).await.ok(),
+                            )) => AgentConnection::packages(link.ctx(), link.paths.id).await.ok(),
                             _ => None,
                         };
                         let result = result.map(|(done, n)| (done, join_notices(notice, n)));
@@ -275,7 +275,7 @@ fn outcome_record<T>(
     CallRecord::ended(started, kind, what, ok, outcome)
 }
 
-async fn upload(link: &mut Link, source: UploadSource, dest: &str) -> Result<Uploaded> {
+async fn upload(link: &mut AgentConnection, source: UploadSource, dest: &str) -> Result<Uploaded> {
     if let UploadSource::Bytes { name, .. } = &source {
         let target = ResultsPath::parse(&format!("{dest}/{name}"))?;
         files::bounded(link.paths.results.clone(), "checking the path", move |root| {

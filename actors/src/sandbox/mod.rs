@@ -2,7 +2,7 @@
 //!
 //! Runs, installs, uploads (file writes among them), Python resets and
 //! restarts are queued and carried out strictly in arrival order, each in a
-//! task (or the install-task actor) that holds the sandbox's [`Link`] while
+//! task (or the install-task actor) that holds the sandbox's [`AgentConnection`] while
 //! it works; the actor itself only queues and answers, so queries (info,
 //! install status) never wait behind a long run, and no sandbox ever waits
 //! on another.
@@ -25,10 +25,10 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::context::{Context, Counters};
+use crate::agent_connection::{AgentConnection, Retirement};
+use crate::context::{Context, EventCounts};
 use crate::error::{DockerError, Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
-use crate::link::{Link, Retirement};
 use crate::messages::{Finished, Queued, SandboxMsg};
 use crate::packages;
 use crate::pool::FirstCall;
@@ -37,7 +37,7 @@ use crate::results::{InstallStatus, InstallStatusKind, SandboxInfo};
 use crate::snapshots::{SnapshotOp, SnapshotTotals};
 use crate::status::SandboxStatus;
 use deletion::{begin_deletion, Deletion};
-use jobs::{Job, Waiting};
+use jobs::{Job, QueuedJob};
 use sandbox_runtime::agent::{AgentClient, Package};
 use sandbox_runtime::ContainerState;
 
@@ -77,8 +77,8 @@ pub struct SandboxState {
     ctx: Arc<Context>,
     record: SandboxRecord,
     /// `None` while a job holds it.
-    link: Option<Link>,
-    queue: VecDeque<Waiting>,
+    link: Option<AgentConnection>,
+    queue: VecDeque<QueuedJob>,
     /// The span of the call whose message is being handled (none outside
     /// [`SandboxMsg::Traced`]): the parent of the job it queues.
     caller: tracing::Span,
@@ -165,7 +165,7 @@ impl Actor for SandboxActor {
             link.found_paused();
         }
         if stopped && !record.deleting {
-            queue.push_back(Waiting::own(Job::Revive));
+            queue.push_back(QueuedJob::own(Job::Revive));
         }
         let snapshots = ctx.snapshots.totals(record.id);
         Ok(SandboxState {
@@ -308,7 +308,7 @@ impl SandboxActor {
                     let id = state.record.id;
                     let me = myself.clone();
                     tokio::spawn(async move {
-                        let answer = Link::packages(&ctx, id)
+                        let answer = AgentConnection::packages(&ctx, id)
                             .await
                             .map(|list| status_from_venv(&package, &list));
                         checking.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -347,7 +347,7 @@ impl SandboxActor {
                 let queued = state.queue.iter().any(|w| matches!(w.job, Job::Recover));
                 if state.deletion.is_none() && !queued && !state.restarting {
                     warn!(sandbox = %state.record.id, "the sandbox missed a deadline; restarting its container");
-                    state.queue.push_back(Waiting::own(Job::Recover));
+                    state.queue.push_back(QueuedJob::own(Job::Recover));
                 }
             }
             // Unwrapped by `handle`.
@@ -379,8 +379,8 @@ impl SandboxActor {
     }
 }
 
-fn new_link(ctx: &Arc<Context>, record: &SandboxRecord, retirement: &Retirement) -> Link {
-    Link::new(
+fn new_link(ctx: &Arc<Context>, record: &SandboxRecord, retirement: &Retirement) -> AgentConnection {
+    AgentConnection::new(
         ctx.clone(),
         ctx.paths(record.id),
         record.container_id.clone(),
@@ -392,7 +392,7 @@ fn new_link(ctx: &Arc<Context>, record: &SandboxRecord, retirement: &Retirement)
 impl SandboxState {
     /// Queues `job` within the span of the call being handled.
     fn push(&mut self, job: Job) {
-        let waiting = Waiting::new(job, &self.caller);
+        let waiting = QueuedJob::new(job, &self.caller);
         self.queue.push_back(waiting);
     }
 
@@ -524,13 +524,13 @@ impl SandboxActor {
         let link = state.link.as_mut().expect("idle");
         if state.stopped && link.is_disconnected() {
             // An earlier attempt failed (the engine was down, say): retry.
-            state.queue.push_back(Waiting::own(Job::Revive));
+            state.queue.push_back(QueuedJob::own(Job::Revive));
             return;
         }
         if link.agent_gone() {
             tracing::info!(sandbox = %state.record.id, "the sandbox's agent went away while idle; bringing it back");
             state.stopped = true;
-            state.queue.push_back(Waiting::own(Job::Revive));
+            state.queue.push_back(QueuedJob::own(Job::Revive));
             return;
         }
         let pause_after = state.ctx.settings.sandbox.pause_after_seconds;
@@ -578,7 +578,7 @@ impl SandboxActor {
                 InstallState::Installing => None,
             };
             if let Some((counter, ok, outcome)) = ended {
-                Counters::bump(counter);
+                EventCounts::bump(counter);
                 let call = CallRecord::ended(
                     install.started_at,
                     CallKind::Install,
@@ -622,7 +622,7 @@ fn live_status(state: &SandboxState) -> SandboxStatus {
         SandboxStatus::Restarting
     } else if state.stopped {
         SandboxStatus::Stopped
-    } else if state.link.as_ref().is_some_and(Link::is_paused) {
+    } else if state.link.as_ref().is_some_and(AgentConnection::is_paused) {
         SandboxStatus::Paused
     } else {
         SandboxStatus::Running

@@ -9,8 +9,8 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::join_notices;
+use crate::agent_connection::AgentConnection;
 use crate::error::{Result, SandboxError};
-use crate::link::Link;
 use crate::resources;
 use crate::snapshots::{merge, slot, Carried, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
 
@@ -25,7 +25,7 @@ const PYTHON_LOST: &str = "The Python state saved in this snapshot is gone: a sa
      the sandbox's container, which was restarted since (or the sandbox's code ended it). Files and packages were \
      restored; Python starts with a fresh namespace.";
 
-pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(SnapshotDone, Option<String>)> {
+pub(super) async fn carry_out(link: &mut AgentConnection, op: SnapshotOp) -> Result<(SnapshotDone, Option<String>)> {
     let ctx = link.ctx().clone();
     let store = &ctx.snapshots;
     let id = link.paths.id;
@@ -143,7 +143,7 @@ pub(super) async fn carry_out(link: &mut Link, op: SnapshotOp) -> Result<(Snapsh
 
 /// Ends a snapshot's parked Python copy. One that cannot be reached is left
 /// to end with the container (its memory stays charged to the sandbox).
-async fn forget(link: &mut Link, snapshot: Uuid, python: PythonState) {
+async fn forget(link: &mut AgentConnection, snapshot: Uuid, python: PythonState) {
     if python != PythonState::Parked {
         return;
     }

@@ -22,14 +22,14 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::context::{Context, Counters};
+use crate::context::{Context, EventCounts};
 use crate::error::{DockerError, Result, SandboxError, StoreError};
 use sandbox_egress::Egress;
 use sandbox_host::syscalls::Syscalls;
 use sandbox_runtime::agent::{Progress, Work};
 
+use crate::agent_connection::Ran;
 use crate::history::CallRecord;
-use crate::link::Ran;
 use crate::messages::{Queued, RunRequest, SandboxMsg};
 use crate::packages;
 use crate::pool::{Pool, PoolStats};
@@ -112,7 +112,7 @@ impl Sandboxes {
         )
         .await?;
         runtime.ensure_image(&settings.state_dir).await?;
-        runtime.choose_runtime().await?;
+        runtime.choose_oci_runtime().await?;
         let sandbox_net = runtime.isolate_network().await?;
         let egress = Egress::new(settings.egress(), sandbox_net.into_iter().collect())?;
         Self::with_runtime(settings, store, server_id, Arc::new(runtime), egress, host).await
@@ -147,7 +147,7 @@ impl Sandboxes {
             store,
             meter,
             forks: Default::default(),
-            counters: Counters::default(),
+            counters: EventCounts::default(),
             egress,
             disks: settings.disks(host),
             snapshots: Snapshots::new(&settings),

@@ -3,7 +3,7 @@
 //!
 //! The sandbox writes the folders these read (`save`) and write (`restore`)
 //! while the server, as root, walks them, so every name is looked up from
-//! its folder's descriptor without following links ([`sandbox_host::nofollow`]):
+//! its folder's descriptor without following links ([`sandbox_host::symlink_proof`]):
 //! a folder swapped for a link on the way cannot lead the copy elsewhere on
 //! the host. A clone reads one sandbox's folder and writes another's, so
 //! both sides are walked that way. The snapshot's own folders are the
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::error::CopyError;
-use sandbox_host::nofollow::{self, EntryKind, Found};
+use sandbox_host::symlink_proof::{self, EntryKind, Found};
 
 /// Folders deeper than this are refused (each level holds a descriptor).
 const MAX_DEPTH: usize = 128;
@@ -36,7 +36,7 @@ const LOST_FOUND: &str = "lost+found";
 
 /// What a save may still take; crossing it fails the save.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Budget {
+pub(crate) struct CopyBudget {
     pub bytes: u64,
     pub files: u64,
 }
@@ -127,7 +127,7 @@ impl Tally {
 /// caller fills in), so that a folder of millions of names is never held.
 fn sorted_names(dir: &OwnedFd, max: u64) -> Result<Vec<OsString>, CopyError> {
     let mut names = Vec::new();
-    for entry in nofollow::read_dir(dir)? {
+    for entry in symlink_proof::read_dir(dir)? {
         if names.len() as u64 >= max.saturating_add(1) {
             return Err(CopyError::TooLarge { bytes: 0, files: 0 });
         }
@@ -140,7 +140,7 @@ fn sorted_names(dir: &OwnedFd, max: u64) -> Result<Vec<OsString>, CopyError> {
 /// The fingerprint of the folder `src` (the sandbox's) and its entry
 /// count, read without following links; past `budget.files` entries it
 /// fails as a save would.
-pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Result<(Fingerprint, u64), CopyError> {
+pub(crate) fn fingerprint(src: &Path, budget: CopyBudget, stop: &AtomicBool) -> Result<(Fingerprint, u64), CopyError> {
     fn walk(
         dir: &OwnedFd,
         tally: &mut Tally,
@@ -171,7 +171,7 @@ pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Resu
                     walk(&inner, tally, left, depth + 1, stop)?;
                     tally.leave(len);
                 }
-                EntryKind::Link => tally.entry(&name, &found.st, Some(&found.read_link()?)),
+                EntryKind::Symlink => tally.entry(&name, &found.st, Some(&found.read_link()?)),
                 EntryKind::File => tally.entry(&name, &found.st, None),
                 EntryKind::Other => {}
             }
@@ -192,8 +192,8 @@ pub(crate) fn fingerprint(src: &Path, budget: Budget, stop: &AtomicBool) -> Resu
 }
 
 struct Saving<'a> {
-    left: Budget,
-    limit: Budget,
+    left: CopyBudget,
+    limit: CopyBudget,
     files: u64,
     bytes: u64,
     tally: Tally,
@@ -222,10 +222,10 @@ impl Dest {
             }
             Dest::Sandbox { dir, owner } => {
                 if !make_room(dir, name, true)? {
-                    nofollow::mkdir_at(dir, name, 0o700)?;
+                    symlink_proof::mkdir_at(dir, name, 0o700)?;
                     give(dir, name, *owner)?;
                 }
-                let inner = nofollow::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                let inner = symlink_proof::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
                 Ok(Dest::Sandbox {
                     dir: inner,
                     owner: *owner,
@@ -240,7 +240,7 @@ impl Dest {
     /// A store folder is new, and holds nothing to remove.
     fn prune(&self, names: &[OsString], depth: usize, stop: &AtomicBool) -> Result<(), CopyError> {
         let Dest::Sandbox { dir, .. } = self else { return Ok(()) };
-        for entry in nofollow::read_dir(dir)? {
+        for entry in symlink_proof::read_dir(dir)? {
             if stop.load(Ordering::Relaxed) {
                 return Err(CopyError::Stopped);
             }
@@ -248,7 +248,7 @@ impl Dest {
             if (depth == 0 && name == LOST_FOUND) || names.binary_search(&name).is_ok() {
                 continue;
             }
-            nofollow::remove_at(dir, &name, MAX_DEPTH)?;
+            symlink_proof::remove_at(dir, &name, MAX_DEPTH)?;
         }
         Ok(())
     }
@@ -272,7 +272,7 @@ impl Dest {
                 .open(dir.join(name))?,
             Dest::Sandbox { dir, owner } => {
                 make_room(dir, name, false)?;
-                let file = File::from(nofollow::create_file(dir, name, 0o600)?);
+                let file = File::from(symlink_proof::create_file(dir, name, 0o600)?);
                 // Through the descriptor: the name may be another file by now.
                 match std::os::unix::fs::fchown(&file, Some(*owner), Some(*owner)) {
                     Err(e) if e.raw_os_error() != Some(libc::EPERM) => return Err(e),
@@ -292,7 +292,7 @@ impl Dest {
             Dest::Store(dir) => std::os::unix::fs::symlink(target, dir.join(name)),
             Dest::Sandbox { dir, owner } => {
                 make_room(dir, name, false)?;
-                nofollow::symlink_at(target.as_os_str(), dir, name)?;
+                symlink_proof::symlink_at(target.as_os_str(), dir, name)?;
                 give(dir, name, *owner)
             }
         }
@@ -312,7 +312,7 @@ impl Dest {
 fn make_room(dir: &OwnedFd, name: &OsStr, folder: bool) -> io::Result<bool> {
     match Found::open(dir, name) {
         Ok(there) if folder && there.kind() == EntryKind::Folder => Ok(true),
-        Ok(_) => nofollow::remove_at(dir, name, MAX_DEPTH).map(|()| false),
+        Ok(_) => symlink_proof::remove_at(dir, name, MAX_DEPTH).map(|()| false),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
@@ -321,7 +321,7 @@ fn make_room(dir: &OwnedFd, name: &OsStr, folder: bool) -> io::Result<bool> {
 /// Gives a new entry to the sandbox's user. A server that is not root
 /// cannot, and needs not: what it makes is then its own, as the folder is.
 fn give(dir: &OwnedFd, name: &OsStr, owner: u32) -> io::Result<()> {
-    match nofollow::chown_at(dir, name, owner) {
+    match symlink_proof::chown_at(dir, name, owner) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(()),
         other => other,
     }
@@ -334,7 +334,7 @@ pub(crate) fn save(
     src: &Path,
     dst: &Path,
     previous: Option<&Path>,
-    budget: Budget,
+    budget: CopyBudget,
     stop: &AtomicBool,
 ) -> Result<Saved, CopyError> {
     fs::DirBuilder::new().mode(0o700).create(dst)?;
@@ -349,7 +349,7 @@ pub(crate) fn clone_into(
     src: &Path,
     dst: &Path,
     owner: u32,
-    budget: Budget,
+    budget: CopyBudget,
     stop: &AtomicBool,
 ) -> Result<Saved, CopyError> {
     let dir = File::open(dst)?.into();
@@ -360,7 +360,7 @@ fn walk_into(
     src: &Path,
     dst: Dest,
     previous: Option<&Path>,
-    budget: Budget,
+    budget: CopyBudget,
     stop: &AtomicBool,
 ) -> Result<Saved, CopyError> {
     let root = File::open(src)?;
@@ -444,7 +444,7 @@ impl Saving<'_> {
                     }
                     self.bytes += copied;
                 }
-                EntryKind::Link => {
+                EntryKind::Symlink => {
                     self.spend(0)?;
                     let link = found.read_link()?;
                     self.tally.entry(&name, &found.st, Some(&link));
@@ -518,7 +518,7 @@ impl Restoring<'_> {
     fn prune(&self, src: &Path, dst: &OwnedFd, depth: usize) -> Result<(), CopyError> {
         self.check(depth)?;
         let wanted = wanted(src)?;
-        for entry in nofollow::read_dir(dst)? {
+        for entry in symlink_proof::read_dir(dst)? {
             let name = entry?.file_name();
             if depth == 0 && name == LOST_FOUND {
                 continue;
@@ -526,11 +526,11 @@ impl Restoring<'_> {
             let Ok(there) = Found::open(dst, &name) else { continue };
             match wanted.binary_search_by(|(n, _)| n.as_os_str().cmp(&name)) {
                 Ok(i) if wanted[i].1.is_dir() && there.kind() == EntryKind::Folder => {
-                    let inner = nofollow::openat(dst, &name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                    let inner = symlink_proof::openat(dst, &name, libc::O_RDONLY | libc::O_DIRECTORY)?;
                     self.prune(&src.join(&name), &inner, depth + 1)?;
                 }
                 Ok(i) if matches(&src.join(&name), &wanted[i].1, &there) => {}
-                _ => nofollow::remove_at(dst, &name, MAX_DEPTH)?,
+                _ => symlink_proof::remove_at(dst, &name, MAX_DEPTH)?,
             }
         }
         Ok(())
@@ -548,10 +548,10 @@ impl Restoring<'_> {
             if meta.is_dir() {
                 if !there.as_ref().is_some_and(|f| f.kind() == EntryKind::Folder) {
                     self.clear(dst, name, there.is_some())?;
-                    nofollow::mkdir_at(dst, name, 0o700)?;
+                    symlink_proof::mkdir_at(dst, name, 0o700)?;
                     give(dst, name, self.owner)?;
                 }
-                let inner = nofollow::openat(dst, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
+                let inner = symlink_proof::openat(dst, name, libc::O_RDONLY | libc::O_DIRECTORY)?;
                 self.fill(&from, &inner, depth + 1)?;
                 fs::File::from(inner).set_permissions(fs::Permissions::from_mode(mode))?;
                 continue;
@@ -561,14 +561,14 @@ impl Restoring<'_> {
             }
             self.clear(dst, name, there.is_some())?;
             if meta.is_file() {
-                let mut to = File::from(nofollow::create_file(dst, name, 0o600)?);
+                let mut to = File::from(symlink_proof::create_file(dst, name, 0o600)?);
                 io::copy(&mut File::open(&from)?, &mut to)?;
                 to.set_permissions(fs::Permissions::from_mode(mode))?;
                 if let Ok(modified) = meta.modified() {
                     to.set_times(FileTimes::new().set_modified(modified))?;
                 }
             } else if meta.is_symlink() {
-                nofollow::symlink_at(fs::read_link(&from)?.as_os_str(), dst, name)?;
+                symlink_proof::symlink_at(fs::read_link(&from)?.as_os_str(), dst, name)?;
             } else {
                 continue;
             }
@@ -579,7 +579,7 @@ impl Restoring<'_> {
 
     fn clear(&self, dst: &OwnedFd, name: &OsStr, present: bool) -> io::Result<()> {
         match present {
-            true => nofollow::remove_at(dst, name, MAX_DEPTH),
+            true => symlink_proof::remove_at(dst, name, MAX_DEPTH),
             false => Ok(()),
         }
     }
@@ -591,7 +591,7 @@ fn matches(from: &Path, meta: &Metadata, there: &Found) -> bool {
     if meta.is_file() {
         there.kind() == EntryKind::File && same_file(&there.st, meta)
     } else if meta.is_symlink() {
-        there.kind() == EntryKind::Link
+        there.kind() == EntryKind::Symlink
             && matches!((fs::read_link(from), there.read_link()), (Ok(want), Ok(have)) if want == have)
     } else {
         false
@@ -622,7 +622,7 @@ pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Resu
     let parent = open_folder(root, folders)?;
     let name = OsStr::new(name);
     let taken = copy_out(&parent, name, dst, max);
-    let removed = nofollow::remove_at(&parent, name, 0);
+    let removed = symlink_proof::remove_at(&parent, name, 0);
     if taken.is_err() {
         let _ = fs::remove_file(dst);
     }
@@ -662,14 +662,14 @@ pub(crate) fn place_file(src: &Path, root: &Path, rel: &[&str], owner: u32) -> R
     let mut dir: OwnedFd = File::open(root)?.into();
     for folder in folders {
         let folder = OsStr::new(folder);
-        match nofollow::mkdir_at(&dir, folder, 0o700) {
-            Ok(()) => nofollow::chown_at(&dir, folder, owner)?,
+        match symlink_proof::mkdir_at(&dir, folder, 0o700) {
+            Ok(()) => symlink_proof::chown_at(&dir, folder, owner)?,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e.into()),
         }
-        dir = nofollow::openat(&dir, folder, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        dir = symlink_proof::openat(&dir, folder, libc::O_RDONLY | libc::O_DIRECTORY)?;
     }
-    let out = File::from(nofollow::create_file(&dir, OsStr::new(name), 0o600)?);
+    let out = File::from(symlink_proof::create_file(&dir, OsStr::new(name), 0o600)?);
     std::os::unix::fs::fchown(&out, Some(owner), Some(owner))?;
     io::copy(&mut File::open(src)?, &mut &out)?;
     Ok(())
@@ -677,7 +677,7 @@ pub(crate) fn place_file(src: &Path, root: &Path, rel: &[&str], owner: u32) -> R
 
 /// The folder `rel` beneath `root`, each name looked up without following links.
 fn open_folder(root: &Path, rel: &[&str]) -> Result<OwnedFd, CopyError> {
-    let found = nofollow::walk(File::open(root)?.into(), rel)
+    let found = symlink_proof::walk(File::open(root)?.into(), rel)
         .map_err(|stopped| io::Error::other(format!("{}: {:?}", rel[..stopped.at].join("/"), stopped.why)))?;
     if found.kind() != EntryKind::Folder {
         return Err(io::Error::other(format!("{} is not a folder", rel.join("/"))).into());
@@ -702,8 +702,8 @@ mod tests {
         .unwrap()
     }
 
-    fn budget() -> Budget {
-        Budget {
+    fn budget() -> CopyBudget {
+        CopyBudget {
             bytes: 1 << 20,
             files: 100,
         }
@@ -851,7 +851,7 @@ mod tests {
             "host secret"
         );
         // A clone past its budget fails.
-        let small = Budget { bytes: 4, files: 100 };
+        let small = CopyBudget { bytes: 4, files: 100 };
         let err = clone_into(&sandbox, &fork, 4242, small, &AtomicBool::new(false)).unwrap_err();
         assert!(matches!(err, CopyError::TooLarge { .. }), "{err}");
     }
@@ -983,10 +983,10 @@ mod tests {
         fs::create_dir(&live).unwrap();
         fs::write(live.join("big"), vec![0u8; 4096]).unwrap();
         let stop = AtomicBool::new(false);
-        let small = Budget { bytes: 1000, files: 10 };
+        let small = CopyBudget { bytes: 1000, files: 10 };
         let err = save(&live, &tmp.path().join("s"), None, small, &stop).unwrap_err();
         assert!(matches!(err, CopyError::TooLarge { .. }), "{err}");
-        let few = Budget {
+        let few = CopyBudget {
             bytes: 1 << 20,
             files: 0,
         };

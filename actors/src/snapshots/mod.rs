@@ -35,7 +35,7 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 pub use crate::error::{CopyError, SnapshotError};
-use copy::{Budget, Saved};
+use copy::{CopyBudget, Saved};
 pub(crate) use fork::merge;
 pub use fork::{Export, ExportHold};
 use sandbox_host::SANDBOX_UID;
@@ -134,7 +134,7 @@ impl Folder {
 
 /// What a sandbox's saved folders take on the host.
 #[derive(Debug, Serialize, Deserialize)]
-struct Usage {
+struct StoreUse {
     bytes: u64,
 }
 
@@ -222,17 +222,17 @@ pub struct Snapshots {
     /// `state_dir/snapshots`: one folder per sandbox, one inside per snapshot.
     root: PathBuf,
     limit: usize,
-    results: Budget,
-    packages: Budget,
+    results: CopyBudget,
+    packages: CopyBudget,
 }
 
-fn budget(mb: u64, inodes: u64) -> Budget {
+fn budget(mb: u64, inodes: u64) -> CopyBudget {
     match mb {
-        0 => Budget {
+        0 => CopyBudget {
             bytes: UNCAPPED_MB << 20,
             files: UNCAPPED_FILES,
         },
-        mb => Budget {
+        mb => CopyBudget {
             bytes: mb << 20,
             files: inodes,
         },
@@ -258,7 +258,7 @@ impl Snapshots {
         self.dir(sandbox).join(TREES)
     }
 
-    fn budget(&self, folder: Folder) -> Budget {
+    fn budget(&self, folder: Folder) -> CopyBudget {
         match folder {
             Folder::Results => self.results,
             Folder::Packages => self.packages,
@@ -290,7 +290,7 @@ impl Snapshots {
     pub fn totals(&self, sandbox: Uuid) -> SnapshotTotals {
         let bytes = std::fs::read(self.dir(sandbox).join(USAGE))
             .ok()
-            .and_then(|b| serde_json::from_slice::<Usage>(&b).ok())
+            .and_then(|b| serde_json::from_slice::<StoreUse>(&b).ok())
             .map_or(0, |u| u.bytes);
         SnapshotTotals {
             count: self.list(sandbox).len(),
@@ -457,7 +457,7 @@ impl Snapshots {
         }
         let (mut seen, mut bytes) = (HashSet::new(), 0);
         walk(&self.trees(sandbox), &mut seen, &mut bytes);
-        let usage = serde_json::to_vec(&Usage { bytes }).expect("serialisable");
+        let usage = serde_json::to_vec(&StoreUse { bytes }).expect("serialisable");
         if let Err(e) = std::fs::write(self.dir(sandbox).join(USAGE), usage) {
             warn!(sandbox = %sandbox, error = %e, "could not record the disk the snapshots take");
         }

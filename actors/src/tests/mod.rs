@@ -4,9 +4,9 @@
 //! real engine are in `actors/tests/`.
 
 mod actor;
+mod agent_connection;
 mod disks;
 mod fork;
-mod link;
 mod pool;
 mod registry;
 mod snapshot;

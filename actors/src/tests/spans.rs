@@ -12,13 +12,13 @@ use tracing_subscriber::{Layer, Registry};
 use super::Server;
 
 /// A span's name and its parent's.
-type Seen = (&'static str, Option<&'static str>);
+type SeenSpan = (&'static str, Option<&'static str>);
 
 /// Every span made.
 #[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Seen>>>);
+struct SpanRecorder(Arc<Mutex<Vec<SeenSpan>>>);
 
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for SpanRecorder {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         // Not ractor's own spans, in which every actor runs.
         if attrs.metadata().target().starts_with("ractor") {
@@ -29,7 +29,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
     }
 }
 
-impl Recorder {
+impl SpanRecorder {
     fn take(&self) -> Vec<(&'static str, Option<&'static str>)> {
         std::mem::take(&mut *self.0.lock().unwrap())
     }
@@ -37,7 +37,7 @@ impl Recorder {
 
 #[tokio::test(start_paused = true)]
 async fn a_calls_job_runs_under_its_span_and_upkeep_makes_none() {
-    let spans = Recorder::default();
+    let spans = SpanRecorder::default();
     let _guard = tracing::subscriber::set_default(Registry::default().with(spans.clone()));
     let s = Server::start().await;
     let id = s.create().await;

@@ -29,7 +29,7 @@ use sandbox_host::addresses::host_networks;
 use sandbox_host::SANDBOX_UID;
 
 pub use policy::EgressPolicy;
-pub use rules::{is_host_name, Guard, RuleError, Rules};
+pub use rules::{is_host_name, AddressGuard, RuleError, Rules};
 
 /// The proxy's socket in the folder [`Egress::socket_dir`] names.
 pub const EGRESS_SOCKET_NAME: &str = "proxy.sock";
@@ -88,12 +88,12 @@ pub fn descriptors_per_sandbox(max_connections: usize) -> u64 {
 }
 
 /// What every connection checks against.
-pub struct Shared {
+pub struct Policies {
     /// The package index and its file hosts.
     pub packages: Rules,
     /// `sandbox.egress_allow`.
     pub allow: Rules,
-    pub guard: Guard,
+    pub guard: AddressGuard,
 }
 
 /// One sandbox known to the proxy.
@@ -104,8 +104,8 @@ pub struct Attached {
     conns: Arc<Semaphore>,
     /// ...and of those being answered 429 ([`REFUSALS_IN_FLIGHT`]).
     refusals: Arc<Semaphore>,
-    budget: proxy::Budget,
-    logged: proxy::Budget,
+    budget: proxy::ByteBudget,
+    logged: proxy::ByteBudget,
     stop: CancellationToken,
 }
 
@@ -120,7 +120,7 @@ pub struct Egress {
     default: EgressPolicy,
     max_connections: usize,
     bytes_per_minute: u64,
-    shared: Arc<Shared>,
+    shared: Arc<Policies>,
     /// The hosts installs contact.
     packages_hosts: Vec<String>,
     attached: Mutex<HashMap<Uuid, Arc<Attached>>>,
@@ -137,10 +137,10 @@ impl Egress {
             default: settings.default,
             max_connections: settings.max_connections,
             bytes_per_minute: settings.mb_per_minute.saturating_mul(1024 * 1024),
-            shared: Arc::new(Shared {
+            shared: Arc::new(Policies {
                 packages: parse(&settings.packages_hosts, "packages")?,
                 allow: parse(&settings.allow, "sandbox.egress_allow")?,
-                guard: Guard::new(host_networks(), never),
+                guard: AddressGuard::new(host_networks(), never),
             }),
             packages_hosts: settings.packages_hosts,
             attached: Mutex::new(HashMap::new()),
@@ -188,8 +188,8 @@ impl Egress {
             policy: Mutex::new(policy),
             conns: Arc::new(Semaphore::new(self.max_connections)),
             refusals: Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT)),
-            budget: proxy::Budget::new(self.bytes_per_minute),
-            logged: proxy::Budget::new(LOGGED_PER_MINUTE),
+            budget: proxy::ByteBudget::new(self.bytes_per_minute),
+            logged: proxy::ByteBudget::new(LOGGED_PER_MINUTE),
             stop: CancellationToken::new(),
         });
         if policy.is_proxied() {
@@ -266,7 +266,7 @@ impl Egress {
 }
 
 /// Where an accepted connection stands under its sandbox's caps.
-enum Place {
+enum Admission {
     Served(OwnedSemaphorePermit),
     Refused(OwnedSemaphorePermit),
 }
@@ -274,7 +274,7 @@ enum Place {
 async fn accept(
     listener: UnixListener,
     sb: Arc<Attached>,
-    shared: Arc<Shared>,
+    shared: Arc<Policies>,
     denials: Arc<Mutex<BTreeMap<&'static str, u64>>>,
     max_connections: usize,
 ) {
@@ -298,9 +298,9 @@ async fn accept(
         // The place is taken before any task is spawned, so a connection
         // that finds none costs nothing past this line.
         let place = match sb.conns.clone().try_acquire_owned() {
-            Ok(permit) => Place::Served(permit),
+            Ok(permit) => Admission::Served(permit),
             Err(_) => match sb.refusals.clone().try_acquire_owned() {
-                Ok(permit) => Place::Refused(permit),
+                Ok(permit) => Admission::Refused(permit),
                 Err(_) => {
                     drop(stream);
                     record(&sb, &denials, &over_cap());
@@ -313,8 +313,8 @@ async fn accept(
         tokio::spawn(async move {
             let served = async {
                 match place {
-                    Place::Served(_permit) => proxy::serve(stream, &sb, &shared).await,
-                    Place::Refused(_permit) => {
+                    Admission::Served(_permit) => proxy::serve(stream, &sb, &shared).await,
+                    Admission::Refused(_permit) => {
                         proxy::refuse(&mut stream, &denial).await;
                         Err(denial)
                     }

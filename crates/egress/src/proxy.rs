@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::sni::{self, Hello};
-use super::{Attached, Shared};
+use super::{Attached, Policies};
 use crate::EgressPolicy;
 
 /// Largest request head accepted.
@@ -47,13 +47,13 @@ impl Denial {
 
 /// Bytes a sandbox may move per minute, shared by its connections, and
 /// the bytes it moved in all (for its tenant's usage).
-pub struct Budget {
+pub struct ByteBudget {
     per_minute: u64,
     window: Mutex<(Instant, u64)>,
     moved: AtomicU64,
 }
 
-impl Budget {
+impl ByteBudget {
     pub fn new(per_minute: u64) -> Self {
         Self {
             per_minute,
@@ -83,10 +83,10 @@ impl Budget {
 /// Writes a short refusal and closes.
 pub async fn refuse(stream: &mut UnixStream, denial: &Denial) {
     let text = match denial.status {
-        400 => "Bad Request",
+        400 => "Bad ProxyRequest",
         403 => "Forbidden",
         429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
+        431 => "ProxyRequest Header Fields Too Large",
         _ => "Bad Gateway",
     };
     let body = format!("mcp-sandbox egress proxy: {}\n", denial.reason);
@@ -124,13 +124,13 @@ const LINGER_BYTES: usize = 64 * 1024;
 
 /// Serves one connection of the sandbox `sb`; refusals are reported to the
 /// caller (which counts and logs them) after being answered.
-pub async fn serve(mut client: UnixStream, sb: &Attached, shared: &Shared) -> Result<(), Denial> {
+pub async fn serve(mut client: UnixStream, sb: &Attached, shared: &Policies) -> Result<(), Denial> {
     let (head, rest) = match tokio::time::timeout(HEAD_DEADLINE, read_head(&mut client)).await {
         Ok(Ok(v)) => v,
         Ok(Err(d)) => return answer(&mut client, d).await,
         Err(_) => return Ok(()), // the client sent nothing in time: nothing to tell it
     };
-    let request = match Request::parse(&head) {
+    let request = match ProxyRequest::parse(&head) {
         Ok(r) => r,
         Err(d) => return answer(&mut client, d).await,
     };
@@ -200,7 +200,7 @@ async fn read_head(client: &mut UnixStream) -> Result<(Vec<u8>, Vec<u8>), Denial
 
 /// A parsed proxy request.
 #[derive(Debug)]
-struct Request {
+struct ProxyRequest {
     connect: bool,
     /// Lower-cased, without brackets.
     host: String,
@@ -211,7 +211,7 @@ struct Request {
     headers: Vec<(String, Vec<u8>)>,
 }
 
-impl Request {
+impl ProxyRequest {
     fn parse(head: &[u8]) -> Result<Self, Denial> {
         let mut headers = [httparse::EMPTY_HEADER; 96];
         let mut req = httparse::Request::new(&mut headers);
@@ -341,7 +341,12 @@ async fn connect_any(addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
 }
 
 /// The addresses a request for `host:port` may go to under `policy`, or why none.
-async fn dial_targets(policy: EgressPolicy, host: &str, port: u16, shared: &Shared) -> Result<Vec<SocketAddr>, Denial> {
+async fn dial_targets(
+    policy: EgressPolicy,
+    host: &str,
+    port: u16,
+    shared: &Policies,
+) -> Result<Vec<SocketAddr>, Denial> {
     let rules = match policy {
         EgressPolicy::Packages => &shared.packages,
         EgressPolicy::Allowlist => &shared.allow,
@@ -402,7 +407,7 @@ async fn splice(
     upstream: TcpStream,
     first: Vec<u8>,
     tunnel: Option<&str>,
-    budget: &Budget,
+    budget: &ByteBudget,
 ) -> Result<(), Denial> {
     let (mut cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = upstream.into_split();
@@ -476,7 +481,7 @@ async fn check_server_name(r: &mut (impl AsyncRead + Unpin), mut buf: Vec<u8>, h
     }
 }
 
-async fn charge(budget: &Budget, n: usize) {
+async fn charge(budget: &ByteBudget, n: usize) {
     if let Some(wait) = budget.charge(n as u64) {
         tokio::time::sleep(wait).await;
     }
@@ -486,7 +491,7 @@ async fn charge(budget: &Budget, n: usize) {
 async fn pump(
     r: &mut (impl AsyncRead + Unpin),
     w: &mut (impl AsyncWrite + Unpin),
-    budget: &Budget,
+    budget: &ByteBudget,
     activity: &AtomicU64,
     epoch: Instant,
 ) -> Result<(), Denial> {
@@ -524,9 +529,9 @@ mod tests {
 
     #[test]
     fn requests_parse_and_lose_their_proxy_headers() {
-        let r = Request::parse(b"CONNECT PyPI.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n").unwrap();
+        let r = ProxyRequest::parse(b"CONNECT PyPI.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n").unwrap();
         assert!(r.connect && r.host == "pypi.org" && r.port == 443);
-        let r = Request::parse(
+        let r = ProxyRequest::parse(
             b"GET http://deb.debian.org/debian/ HTTP/1.1\r\nHost: deb.debian.org\r\nProxy-Connection: keep-alive\r\n\r\n",
         )
         .unwrap();
@@ -537,9 +542,9 @@ mod tests {
         let head = String::from_utf8(r.origin_form_head()).unwrap();
         assert!(head.starts_with("GET /debian/ HTTP/1.1\r\n") && head.ends_with("connection: close\r\n\r\n"));
         assert!(!head.to_ascii_lowercase().contains("proxy-connection"));
-        let spoofed = Request::parse(b"GET http://pypi.org/ HTTP/1.1\r\nHost: evil.example\r\n\r\n").unwrap_err();
+        let spoofed = ProxyRequest::parse(b"GET http://pypi.org/ HTTP/1.1\r\nHost: evil.example\r\n\r\n").unwrap_err();
         assert_eq!(spoofed.status, 403);
-        assert_eq!(Request::parse(b"GET / HTTP/1.1\r\n\r\n").unwrap_err().status, 400);
+        assert_eq!(ProxyRequest::parse(b"GET / HTTP/1.1\r\n\r\n").unwrap_err().status, 400);
         assert_eq!(split_authority("[::1]:8080", None).unwrap(), ("::1".to_string(), 8080));
     }
 
@@ -608,7 +613,7 @@ mod tests {
 
     #[test]
     fn the_budget_holds_back_what_exceeds_a_minute() {
-        let b = Budget::new(1000);
+        let b = ByteBudget::new(1000);
         assert!(b.charge(600).is_none());
         let wait = b.charge(600).expect("over the budget");
         assert!(wait <= Duration::from_secs(60) && wait > Duration::from_secs(50));

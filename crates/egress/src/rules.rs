@@ -125,14 +125,14 @@ pub const NON_PUBLIC: [&str; 16] = [
 /// Addresses a proxied connection may not go to unless a listed CIDR holds
 /// them, and those it may never go to.
 #[derive(Debug, Clone)]
-pub struct Guard {
+pub struct AddressGuard {
     /// Non-public ranges plus the host's own addresses and on-link networks.
     closed: Vec<IpNet>,
     /// The server's sandbox network: no sandbox reaches another, listed or not.
     never: Vec<IpNet>,
 }
 
-impl Guard {
+impl AddressGuard {
     pub fn new(host_networks: Vec<IpNet>, never: Vec<IpNet>) -> Self {
         let mut closed: Vec<IpNet> = NON_PUBLIC.iter().map(|n| n.parse().expect("valid range")).collect();
         closed.extend(host_networks);
@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn private_host_and_sandbox_addresses_are_refused_unless_listed() {
         let never: Vec<IpNet> = vec!["172.30.0.0/16".parse().unwrap()];
-        let g = Guard::new(vec!["192.0.2.0/24".parse().unwrap()], never);
+        let g = AddressGuard::new(vec!["192.0.2.0/24".parse().unwrap()], never);
         let none = Rules::default();
         for ip in [
             "10.0.0.1",

@@ -10,7 +10,7 @@
 //! - Disks: `disk` (the kernel-capped file systems of each sandbox),
 //!   `loopdev` (loop devices and ext4 mounts), `sparse` (copies that keep
 //!   holes).
-//! - Files: `nofollow` (opening what a path names, one component at a
+//! - Files: `symlink_proof` (opening what a path names, one component at a
 //!   time, never following a symbolic link).
 //! - `figures`: free space, memory, the OOM score.
 //! - `syscalls`: the seam every mount, `mkfs`, loop device and iptables run
@@ -29,10 +29,10 @@ pub mod figures;
 pub mod firewall;
 mod loopdev;
 mod netlink;
-pub mod nofollow;
 #[cfg(any(test, feature = "recording"))]
 pub mod recording;
 mod sparse;
+pub mod symlink_proof;
 pub mod syscalls;
 mod veth;
 

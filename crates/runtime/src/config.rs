@@ -31,11 +31,11 @@ pub fn invalid(key: impl Into<String>, detail: impl Into<String>) -> InvalidConf
 /// container with the same kernel features (namespaces, cgroups, seccomp,
 /// capabilities); `runsc` puts gVisor's user-space kernel in between. Each
 /// but `runc` must be registered with Docker under this name.
-pub const RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
+pub const OCI_RUNTIMES: [&str; 3] = ["runc", "crun", "runsc"];
 
 /// `sandbox.runtime = "auto"`: crun where the engine has it registered and
-/// it starts a container, runc otherwise (see `DockerRuntime::choose_runtime`).
-pub const AUTO_RUNTIME: &str = "auto";
+/// it starts a container, runc otherwise (see `DockerRuntime::choose_oci_runtime`).
+pub const AUTO_OCI_RUNTIME: &str = "auto";
 
 /// The most snapshots a sandbox may be allowed to keep: each holds a parked
 /// Python process and a copy of the sandbox's disks.
@@ -55,8 +55,8 @@ pub struct SandboxConfig {
     /// Image repository; the tag is a hash of the build context, so a server
     /// only ever runs the image that matches its own agent.
     pub image: String,
-    /// OCI runtime, one of [`RUNTIMES`]: `runc`, `crun` or `runsc`
-    /// (gVisor); or [`AUTO_RUNTIME`], which the runtime replaces with its
+    /// OCI runtime, one of [`OCI_RUNTIMES`]: `runc`, `crun` or `runsc`
+    /// (gVisor); or [`AUTO_OCI_RUNTIME`], which the runtime replaces with its
     /// choice when it connects.
     pub runtime: String,
     /// Egress policy of every sandbox unless its key sets another.
@@ -111,7 +111,7 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
             image: "mcp-sandbox-python".into(),
-            runtime: AUTO_RUNTIME.into(),
+            runtime: AUTO_OCI_RUNTIME.into(),
             network: EgressPolicy::Open,
             egress_allow: vec![],
             egress_max_connections: 64,
@@ -145,10 +145,13 @@ impl SandboxConfig {
         if self.image.trim().is_empty() || self.image.contains(':') {
             return Err(invalid("sandbox.image", "a repository name without a tag"));
         }
-        if self.runtime != AUTO_RUNTIME && !RUNTIMES.contains(&self.runtime.as_str()) {
+        if self.runtime != AUTO_OCI_RUNTIME && !OCI_RUNTIMES.contains(&self.runtime.as_str()) {
             return Err(invalid(
                 "sandbox.runtime",
-                format!("\"{AUTO_RUNTIME}\" or one of {RUNTIMES:?}, not {:?}", self.runtime),
+                format!(
+                    "\"{AUTO_OCI_RUNTIME}\" or one of {OCI_RUNTIMES:?}, not {:?}",
+                    self.runtime
+                ),
             ));
         }
         if self.memory_mb < 64 {

@@ -26,7 +26,7 @@ use sandbox_host::syscalls::Syscalls;
 use sandbox_host::{agent_dir, conntrack, firewall, SANDBOX_UID};
 
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
-use crate::config::{SandboxConfig, AUTO_RUNTIME};
+use crate::config::{SandboxConfig, AUTO_OCI_RUNTIME};
 use crate::{image, labels, spans};
 use crate::{
     ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, Result, RuntimeError, SandboxPaths, Usage,
@@ -443,8 +443,8 @@ impl DockerRuntime {
     /// that is registered but cannot start containers on this host (a
     /// cgroup layout it does not support, say) must not fail every
     /// creation, so it is tried first. Needs the image.
-    pub async fn choose_runtime(&mut self) -> Result<String> {
-        if self.config.runtime == AUTO_RUNTIME {
+    pub async fn choose_oci_runtime(&mut self) -> Result<String> {
+        if self.config.runtime == AUTO_OCI_RUNTIME {
             let registered = self.docker.info().await?.runtimes.unwrap_or_default();
             let crun = registered.contains_key("crun") && self.runs_under("crun").await;
             self.config.runtime = if crun { "crun" } else { "runc" }.into();

@@ -24,7 +24,9 @@ use std::path::PathBuf;
 pub enum EntryKind {
     File,
     Folder,
-    Link,
+    /// A symbolic link (`"link"` in listings).
+    #[serde(rename = "link")]
+    Symlink,
     /// A FIFO, socket or device.
     Other,
 }
@@ -34,7 +36,7 @@ impl EntryKind {
         match mode & libc::S_IFMT {
             libc::S_IFREG => EntryKind::File,
             libc::S_IFDIR => EntryKind::Folder,
-            libc::S_IFLNK => EntryKind::Link,
+            libc::S_IFLNK => EntryKind::Symlink,
             _ => EntryKind::Other,
         }
     }
@@ -133,8 +135,8 @@ pub struct Stopped {
 
 #[derive(Debug)]
 pub enum Why {
-    /// A link stands where a folder was needed.
-    Link,
+    /// A symbolic link stands where a folder was needed.
+    Symlink,
     /// Something else that is not a folder does.
     NotFolder,
     /// The lookup failed (`ENOENT`: nothing has that name).
@@ -150,7 +152,7 @@ pub fn walk<S: AsRef<OsStr>>(root: OwnedFd, segments: &[S]) -> Result<Found, Sto
     for (i, segment) in segments.iter().enumerate() {
         let why = match found.kind() {
             EntryKind::Folder => None,
-            EntryKind::Link => Some(Why::Link),
+            EntryKind::Symlink => Some(Why::Symlink),
             _ => Some(Why::NotFolder),
         };
         if let Some(why) = why {

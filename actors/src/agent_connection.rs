@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::context::{Context, Counters};
+use crate::context::{Context, EventCounts};
 use crate::error::{AgentFailure, Result, SandboxError};
 use sandbox_runtime::agent::{AgentClient, AgentError, Carried, Progress, PythonState, RunOutput, Work};
 use sandbox_runtime::spans;
@@ -68,7 +68,7 @@ impl Retirement {
     }
 }
 
-pub struct Link {
+pub struct AgentConnection {
     ctx: Arc<Context>,
     pub paths: SandboxPaths,
     pub container_id: String,
@@ -89,7 +89,7 @@ pub struct Ran {
     pub notice: Option<String>,
 }
 
-impl Link {
+impl AgentConnection {
     pub fn new(
         ctx: Arc<Context>,
         paths: SandboxPaths,
@@ -389,7 +389,7 @@ impl Link {
         self.check_retired()?;
         self.wake().await?;
         self.drop_client();
-        Counters::bump(&self.ctx.counters.container_restarts);
+        EventCounts::bump(&self.ctx.counters.container_restarts);
         self.ctx.runtime.restart(&self.container_id).await?;
         self.client = Some(wait_for_agent(&self.ctx, self.paths.id, &self.container_id).await?);
         Ok(())
@@ -407,7 +407,7 @@ impl Link {
         if let Ok(ContainerState::Paused) = self.ctx.runtime.state(&self.container_id).await {
             let _ = self.ctx.runtime.unpause(&self.container_id).await;
         }
-        Counters::bump(&self.ctx.counters.container_restarts);
+        EventCounts::bump(&self.ctx.counters.container_restarts);
         if let Err(e) = self.ctx.runtime.restart(&self.container_id).await {
             warn!(sandbox = %self.paths.id, error = %e, "could not restart an unresponsive sandbox");
         }
@@ -513,7 +513,7 @@ impl Link {
                 info!(sandbox = %self.paths.id, exit_code, oom_killed, "restarting a stopped sandbox container");
                 runtime.start(&self.container_id).await?;
                 self.check_retired()?;
-                Counters::bump(&self.ctx.counters.container_restarts);
+                EventCounts::bump(&self.ctx.counters.container_restarts);
                 let why = if oom_killed {
                     "it ran out of memory".to_string()
                 } else {
@@ -532,7 +532,7 @@ impl Link {
                     return Err(self.retirement.error(self.paths.id));
                 }
                 self.container_id = created.container_id;
-                Counters::bump(&self.ctx.counters.container_restarts);
+                EventCounts::bump(&self.ctx.counters.container_restarts);
                 Some("The sandbox's container had been removed and was re-created. Files in /app/results and installed packages are kept; Python variables were lost.".to_string())
             }
         };
@@ -598,7 +598,7 @@ impl Retry {
     }
 
     /// Readies `link` to send again after `e`, which [`Retry::allows`].
-    async fn prepare(&mut self, link: &mut Link, e: AgentError) {
+    async fn prepare(&mut self, link: &mut AgentConnection, e: AgentError) {
         match e {
             AgentError::Send(e) => {
                 info!(sandbox = %link.paths.id, error = %e, "agent connection lost; reconnecting");

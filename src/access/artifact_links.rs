@@ -13,12 +13,12 @@ use crate::access::signer::{unix_now, LinkSigner};
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 #[derive(Clone)]
-pub struct Links {
+pub struct ArtifactLinks {
     base: String,
     signer: Option<LinkSigner>,
 }
 
-impl Links {
+impl ArtifactLinks {
     pub fn new(public_url: &str, signer: Option<LinkSigner>) -> Self {
         Self {
             base: public_url.trim_end_matches('/').to_string(),
@@ -51,7 +51,7 @@ mod tests {
     #[test]
     fn segments_are_encoded_and_slashes_kept() {
         let id = Uuid::nil();
-        let links = Links::new("http://h:1/", None);
+        let links = ArtifactLinks::new("http://h:1/", None);
         assert_eq!(
             links.artifact(id, "/app/results/my plot#1?.png"),
             format!("http://h:1/results/{id}/my%20plot%231%3F.png")
