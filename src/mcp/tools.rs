@@ -419,7 +419,7 @@ impl SandboxServer {
 
     #[tool(
         description = "List files and folders under /app/results in a sandbox, with size, modified time and a download \
-            link per file. ArtifactLinks are shown as links and never followed. Then read one with read_file.",
+            link per file. Links are shown as links and never followed. Then read one with read_file.",
         output_schema = schema_for_output::<FileListing>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]

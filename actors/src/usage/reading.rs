@@ -3,7 +3,7 @@
 //! bytes moved. Readings are taken every `usage.sample_seconds` (the
 //! service's sampler) and once more as a sandbox is deleted.
 //!
-//! EventCounts are the engine's (cgroups, the container's interfaces) and the
+//! Counters are the engine's (cgroups, the container's interfaces) and the
 //! egress proxy's, which the sandbox cannot lower. A new container (restarted
 //! or re-created) counts from zero; a counter that could not be read this
 //! time keeps its last value, so the next reading counts what it missed. A

@@ -83,10 +83,10 @@ impl ByteBudget {
 /// Writes a short refusal and closes.
 pub async fn refuse(stream: &mut UnixStream, denial: &Denial) {
     let text = match denial.status {
-        400 => "Bad ProxyRequest",
+        400 => "Bad Request",
         403 => "Forbidden",
         429 => "Too Many Requests",
-        431 => "ProxyRequest Header Fields Too Large",
+        431 => "Request Header Fields Too Large",
         _ => "Bad Gateway",
     };
     let body = format!("mcp-sandbox egress proxy: {}\n", denial.reason);
