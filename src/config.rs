@@ -13,8 +13,8 @@ use crate::access::auth::{AuthConfig, Keys, KeysError};
 use crate::access::client_ip::{ClientAddresses, ForwardedHeader, NotANetwork};
 use crate::access::guest::{GuestConfig, GuestError};
 use crate::access::limits::{LimitsConfig, LimitsError};
+use crate::mcp::tasks::{TasksConfig, TasksConfigError};
 use crate::ops::inline_images::Budgets;
-use crate::ops::tasks::{TasksConfig, TasksConfigError};
 use crate::telemetry::{TelemetryConfig, TelemetryError};
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -11,11 +11,13 @@
 //!   `usage` command, a client of a running server's usage report.
 //! - `http/`: the router, the routes (SSE, artifacts, REST API, web UI) and
 //!   what they share.
-//! - `mcp/`: the MCP tool handlers and the Streamable HTTP sessions.
 //! - [`config`]: loads the file and the environment; each section's struct
 //!   lives with the module it configures.
-//! - `ops/`: every operation, shared by the MCP tools and the REST API, and
-//!   what it answers (results, files, inline images, tasks).
+//! - `mcp/`: the MCP tool handlers, which route to `ops`, the MCP encoding
+//!   of results, tasks, and the Streamable HTTP sessions.
+//! - `ops/`: every operation, one file per verb, shared by the MCP tools and
+//!   the REST API, and what it answers (results, files, inline images); no
+//!   MCP library here.
 //! - `access/`: who may call and how much: addresses, callers, API and guest
 //!   keys, signed links, rates, session and connection caps.
 //! - `metrics`: what is counted; [`telemetry`]: the spans exported as

@@ -49,6 +49,17 @@ impl Histogram {
     }
 }
 
+/// A call's failure as the metrics count it: a stable name for its kind.
+pub trait Outcome {
+    fn kind(&self) -> &'static str;
+}
+
+impl Outcome for SandboxError {
+    fn kind(&self) -> &'static str {
+        SandboxError::kind(self)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// (tool, outcome) → calls.
@@ -96,12 +107,12 @@ fn add(n: &AtomicU64) {
 impl Metrics {
     /// Runs one tool call inside its span (tool name and sandbox id; never
     /// the code or a key), logs how it ended, and counts and times it.
-    pub async fn observe<T>(
+    pub async fn observe<T, E: Outcome>(
         &self,
         tool: &'static str,
         sandbox: Option<Uuid>,
-        call: impl Future<Output = Result<T, SandboxError>>,
-    ) -> Result<T, SandboxError> {
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         let span = tracing::info_span!("tool", tool, sandbox_id = field::Empty);
         if let Some(id) = sandbox {
             span.record("sandbox_id", field::display(id));

@@ -18,10 +18,10 @@ use crate::access::guest::GuestKeys;
 use crate::access::limits::Limits;
 use crate::access::signer::LinkSigner;
 use crate::config::Config;
+use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::metrics::Metrics;
 use crate::ops::inline_images::Inliner;
-use crate::ops::tasks::Tasks;
 use crate::ops::Ops;
 
 /// OOM score of the server: far below the sandboxes' 0, so that on a host
@@ -63,7 +63,6 @@ pub(crate) fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<Lin
         links: ArtifactLinks::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
         images: Inliner::new(config.results.inline_budgets()),
-        tasks: Tasks::new(config.tasks.clone()),
     })
 }
 
@@ -123,7 +122,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let shutdown = CancellationToken::new();
     let ops = ops(&config, sandboxes.clone(), signer.clone())?;
     let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
-    let app = crate::http::router(&config, ops, signer, shutdown.clone());
+    let tasks = Tasks::new(config.tasks.clone());
+    let app = crate::http::router(&config, ops, tasks, signer, shutdown.clone());
     info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, pool_min = config.pool.min.resolve(sandbox_host::figures::memory_bytes()), pool_max = config.pool.max, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let pruning = shutdown.clone();
     tokio::spawn(async move {
@@ -157,7 +157,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
 /// MCP over stdio: the client that launched the server is the only caller.
 pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
     let sandboxes = start_sandboxes(&config, config_path).await?;
-    let handler = SandboxServer::new(ops(&config, sandboxes.clone(), None)?, Some(Caller::local()));
+    let tasks = Tasks::new(config.tasks.clone());
+    let handler = SandboxServer::new(ops(&config, sandboxes.clone(), None)?, tasks, Some(Caller::local()));
     let running = handler.serve(rmcp::transport::stdio()).await?;
     tokio::select! {
         _ = running.waiting() => {}

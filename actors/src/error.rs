@@ -1,5 +1,7 @@
 //! Errors of the sandbox domain. Each message is written for the caller
-//! (often an LLM): it says what went wrong and what to do next.
+//! (often an LLM) and says what went wrong; what to do next in a front
+//! end's own terms (its tools, its routes) is the front end's to add, so
+//! no message here names a tool.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error("sandbox {0} not found: it does not exist or belongs to someone else. Call list_sandboxes to see yours, or create_sandbox to make one.")]
+    #[error("sandbox {0} not found: it does not exist or belongs to someone else.")]
     NotFound(Uuid),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -23,6 +25,12 @@ pub enum SandboxError {
     /// A limit was reached; the message says which and what to do.
     #[error("{0}")]
     Quota(String),
+    /// The owner's sandboxes, with `asked` more, would pass their quota.
+    #[error("{}", too_many(*have, *most, *asked))]
+    TooMany { have: usize, most: usize, asked: usize },
+    /// A fork the server still copies into refuses its owner's calls.
+    #[error("sandbox {id} is being made by fork {fork}, which copies into it")]
+    Seeding { id: Uuid, fork: Uuid },
     /// The container runtime failed (the engine, the image, a sandbox's
     /// disks or network).
     #[error(transparent)]
@@ -35,11 +43,11 @@ pub enum SandboxError {
     #[error("sandbox {id} did not answer within {seconds} s ({what}). Its container is being restarted: files in /app/results and installed packages are kept, Python variables are lost. Call again; the next call runs once the sandbox is back.")]
     Unresponsive { id: Uuid, what: &'static str, seconds: u64 },
     /// The sandbox went away while the call waited or ran.
-    #[error("sandbox {id} {why}, so this call was ended. Create a new sandbox with create_sandbox.")]
+    #[error("sandbox {id} {why}, so this call was ended.")]
     Ended { id: Uuid, why: String },
     /// The sandbox's agent is older than the server (a sandbox made from an
     /// earlier image and adopted since) and lacks an operation.
-    #[error("sandbox {id} runs an older agent that cannot {what}; nothing was changed. A sandbox made now with create_sandbox has the current agent.")]
+    #[error("sandbox {id} runs an older agent that cannot {what}; nothing was changed.")]
     Outdated { id: Uuid, what: &'static str },
     #[error("record store: {0}")]
     Store(#[from] StoreError),
@@ -57,7 +65,7 @@ impl SandboxError {
             SandboxError::InvalidArgument(_) => "invalid_argument",
             SandboxError::File(_) => "file",
             SandboxError::UploadRefused(_) => "upload_refused",
-            SandboxError::Quota(_) => "quota",
+            SandboxError::Quota(_) | SandboxError::TooMany { .. } | SandboxError::Seeding { .. } => "quota",
             SandboxError::Runtime(e) => e.kind(),
             SandboxError::Docker(_) => "docker",
             SandboxError::Agent(_) => "agent",
@@ -164,14 +172,20 @@ store_error_from!(
 
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 
+/// [`SandboxError::TooMany`]'s message.
+fn too_many(have: usize, most: usize, asked: usize) -> String {
+    match asked {
+        1 => format!("you already have {have} sandboxes, the most allowed"),
+        _ => format!("you have {have} sandboxes and may have {most}, so {asked} more do not fit"),
+    }
+}
+
 /// Why snapshot or fork work failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("snapshot {0} not found in this sandbox. Call list_snapshots to see the sandbox's snapshots.")]
+    #[error("snapshot {0} not found in this sandbox.")]
     NotFound(Uuid),
-    #[error(
-        "this sandbox already keeps {0} snapshots, the most it may; delete one with delete_snapshot, then try again"
-    )]
+    #[error("this sandbox already keeps {0} snapshots, the most it may")]
     TooMany(usize),
     #[error("snapshots are turned off on this server (sandbox.snapshots_per_sandbox = 0)")]
     Disabled,
@@ -200,4 +214,53 @@ pub enum CopyError {
     Stopped,
     #[error("folders are nested deeper than {max} levels")]
     TooDeep { max: usize },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What to call next is a front end's to say: no message of the domain
+    /// names one of the tools.
+    #[test]
+    fn no_message_names_a_tool() {
+        const TOOLS: [&str; 8] = [
+            "create_sandbox",
+            "list_sandboxes",
+            "delete_sandbox",
+            "list_snapshots",
+            "delete_snapshot",
+            "fork_sandbox",
+            "list_files",
+            "install_package_in_sandbox",
+        ];
+        let id = Uuid::nil();
+        let errors = [
+            SandboxError::NotFound(id),
+            SandboxError::Ended {
+                id,
+                why: "was deleted".into(),
+            },
+            SandboxError::Outdated { id, what: "snapshot" },
+            SandboxError::TooMany {
+                have: 3,
+                most: 3,
+                asked: 1,
+            },
+            SandboxError::TooMany {
+                have: 1,
+                most: 3,
+                asked: 3,
+            },
+            SandboxError::Seeding { id, fork: id },
+            SandboxError::Snapshot(SnapshotError::NotFound(id)),
+            SandboxError::Snapshot(SnapshotError::TooMany(3)),
+            SandboxError::File(crate::files::FileError::NotFound("/app/results/x".into())),
+            SandboxError::File(crate::files::FileError::IsFolder("/app/results/x".into())),
+        ];
+        for e in errors {
+            let message = e.to_string();
+            assert!(!TOOLS.iter().any(|t| message.contains(t)), "{message}");
+        }
+    }
 }

@@ -338,7 +338,14 @@ async fn quotas_queues_and_lifetimes_are_enforced() {
         .sandbox_id;
     let err = h.sb().create(OWNER, None, quota, Default::default()).await.unwrap_err();
     assert!(
-        matches!(&err, SandboxError::Quota(m) if m.contains("delete_sandbox")),
+        matches!(
+            &err,
+            SandboxError::TooMany {
+                have: 1,
+                most: 1,
+                asked: 1
+            }
+        ),
         "{err}"
     );
     assert_eq!(h.own_objects(), (1, 1), "nothing was created past the quota");

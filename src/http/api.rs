@@ -4,7 +4,7 @@
 //! `POST /api/guest`, which hands out guest keys ([`crate::access::guest`]).
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -12,6 +12,8 @@ use axum::{Extension, Json, Router};
 use sandbox_actors::files::{FileError, ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
 use sandbox_actors::snapshots::{CopyError, SnapshotError};
 use sandbox_actors::{CallRecord, RuntimeError, SandboxError, SandboxInfo, Usage};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
@@ -20,12 +22,15 @@ use crate::access::guest::Guest;
 use crate::access::signer::unix_now;
 use crate::http::error::{error, refusal};
 use crate::http::state::AppState;
-use crate::ops::parse_id;
+use crate::ops::args::{parse_id, SandboxRef, SnapshotRef};
+use crate::ops::error::OpsError;
 use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::ops::usage::Period;
+use crate::ops::verbs::install_package_in_sandbox::INSTALL_WAIT;
+use crate::ops::verbs::upload_file_to_sandbox::UploadBytes;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -54,69 +59,115 @@ pub fn upload_routes() -> Router<AppState> {
     Router::new().route("/api/sandboxes/{id}/files", get(files).post(upload))
 }
 
-/// A failed operation: the status says what kind, the body the message.
-pub struct ApiError(SandboxError);
+/// A failed request: the status says what kind (and, for a refusal that
+/// passes with time, `Retry-After` when), the body the message.
+pub enum ApiError {
+    Ops(OpsError),
+    /// A body that is not JSON (400), or not the verb's arguments (422).
+    Body(StatusCode, String),
+}
 
-impl From<SandboxError> for ApiError {
-    fn from(e: SandboxError) -> Self {
-        Self(e)
+impl<E: Into<OpsError>> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        Self::Ops(e.into())
+    }
+}
+
+/// The status that answers a domain error.
+fn status_of(e: &SandboxError) -> StatusCode {
+    match e {
+        SandboxError::NotFound(_) => StatusCode::NOT_FOUND,
+        SandboxError::File(FileError::NotFound(_)) => StatusCode::NOT_FOUND,
+        SandboxError::File(FileError::Slow { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+        SandboxError::File(FileError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+        SandboxError::InvalidArgument(_) | SandboxError::UploadRefused(_) | SandboxError::File(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        SandboxError::Outdated { .. } => StatusCode::CONFLICT,
+        SandboxError::Quota(_) | SandboxError::TooMany { .. } | SandboxError::Seeding { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        SandboxError::Runtime(RuntimeError::Disk(_) | RuntimeError::File { .. } | RuntimeError::Internal(_)) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        SandboxError::Docker(_) | SandboxError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
+        SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
+        SandboxError::Ended { .. } => StatusCode::GONE,
+        SandboxError::Snapshot(e) => match e {
+            SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
+            SnapshotError::TooMany(_) => StatusCode::CONFLICT,
+            SnapshotError::Disabled => StatusCode::FORBIDDEN,
+            SnapshotError::Save(copy)
+            | SnapshotError::Restore(copy)
+            | SnapshotError::Export(copy)
+            | SnapshotError::Seed(copy) => match copy {
+                CopyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                CopyError::TooDeep { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                CopyError::Stopped => StatusCode::GATEWAY_TIMEOUT,
+                CopyError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = match &self.0 {
-            SandboxError::NotFound(_) => StatusCode::NOT_FOUND,
-            SandboxError::File(FileError::NotFound(_)) => StatusCode::NOT_FOUND,
-            SandboxError::File(FileError::Slow { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-            SandboxError::File(FileError::Io { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
-            SandboxError::InvalidArgument(_) | SandboxError::UploadRefused(_) | SandboxError::File(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            SandboxError::Outdated { .. } => StatusCode::CONFLICT,
-            SandboxError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
-            SandboxError::Runtime(RuntimeError::Disk(_) | RuntimeError::File { .. } | RuntimeError::Internal(_)) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-            SandboxError::Docker(_) | SandboxError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
-            SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
-            SandboxError::Ended { .. } => StatusCode::GONE,
-            SandboxError::Snapshot(e) => match e {
-                SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
-                SnapshotError::TooMany(_) => StatusCode::CONFLICT,
-                SnapshotError::Disabled => StatusCode::FORBIDDEN,
-                SnapshotError::Save(copy)
-                | SnapshotError::Restore(copy)
-                | SnapshotError::Export(copy)
-                | SnapshotError::Seed(copy) => match copy {
-                    CopyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                    CopyError::TooDeep { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-                    CopyError::Stopped => StatusCode::GATEWAY_TIMEOUT,
-                    CopyError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
-                },
-                SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            },
-            SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        let ops = match self {
+            ApiError::Ops(ops) => ops,
+            ApiError::Body(status, message) => return error(status, &message),
         };
-        error(status, &self.0.to_string())
+        let message = ops.to_string();
+        match &ops {
+            OpsError::Sandbox(e) => error(status_of(e), &message),
+            OpsError::InvalidArgument(_) => error(StatusCode::BAD_REQUEST, &message),
+            OpsError::RateLimited { retry_after, .. } => refusal(StatusCode::TOO_MANY_REQUESTS, *retry_after, &message),
+            OpsError::Refused(_) => error(StatusCode::TOO_MANY_REQUESTS, &message),
+        }
     }
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
-/// A JSON request body whose rejection (bad JSON, a missing or unknown
-/// field, a wrong content type) answers in the API's JSON error shape.
-struct JsonBody<T>(T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
-    type Rejection = Response;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Self(v)),
-            Err(e) => Err(error(e.status(), &e.body_text())),
-        }
+/// A verb's arguments from `fields` (a request's JSON body, or its query)
+/// with the path's `ids` put in. A key the verb does not take is refused,
+/// as the routes always did (the MCP tools pass over unknown arguments),
+/// and so is an id given in the body as well as in the path.
+fn verb_args<T: DeserializeOwned + JsonSchema>(
+    ids: &[(&str, &str)],
+    mut fields: serde_json::Map<String, serde_json::Value>,
+) -> Result<T, ApiError> {
+    let invalid = |m: String| ApiError::Body(StatusCode::UNPROCESSABLE_ENTITY, m);
+    let schema = schemars::schema_for!(T);
+    let known = schema
+        .as_object()
+        .and_then(|o| o.get("properties"))
+        .and_then(|p| p.as_object());
+    let taken =
+        |key: &String| known.is_some_and(|known| known.contains_key(key)) && !ids.iter().any(|(id, _)| id == key);
+    if let Some(key) = fields.keys().find(|k| !taken(k)) {
+        return Err(invalid(format!("request: unknown field `{key}`")));
     }
+    for (key, value) in ids {
+        fields.insert(key.to_string(), serde_json::Value::from(*value));
+    }
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| invalid(format!("request: {e}")))
+}
+
+/// A verb's arguments from the path's `ids` and the JSON body (an empty
+/// body has no fields).
+fn from_body<T: DeserializeOwned + JsonSchema>(ids: &[(&str, &str)], body: &[u8]) -> Result<T, ApiError> {
+    let invalid = |m: String| ApiError::Body(StatusCode::BAD_REQUEST, m);
+    let fields = match body.iter().all(u8::is_ascii_whitespace) {
+        true => serde_json::Map::new(),
+        false => match serde_json::from_slice(body) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            Ok(_) => return Err(invalid("request body: not a JSON object".into())),
+            Err(e) => return Err(invalid(format!("request body: {e}"))),
+        },
+    };
+    verb_args(ids, fields)
 }
 
 /// A sandbox as the API shows it: what `list_sandboxes` says, its owner for
@@ -156,7 +207,7 @@ async fn describe(app: &AppState, caller: &Caller, info: SandboxInfo) -> ApiSand
 }
 
 async fn list(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Json<SandboxPage> {
-    let infos = app.ops.list(&caller).await;
+    let infos = app.ops.list_sandboxes(&caller).await;
     let sandboxes = futures_util::future::join_all(infos.into_iter().map(|i| describe(&app, &caller, i))).await;
     Json(SandboxPage {
         admin: caller.admin,
@@ -164,27 +215,13 @@ async fn list(State(app): State<AppState>, Extension(caller): Extension<Caller>)
     })
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CreateBody {
-    name: Option<String>,
-}
-
-/// Reads an optional JSON body (an empty one means all defaults).
-fn optional_json<T: Default + for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|e| ApiError(SandboxError::InvalidArgument(format!("request body: {e}"))))
-}
-
 async fn create(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<CreatedSandbox>), ApiError> {
-    let body: CreateBody = optional_json(&body)?;
-    Ok((StatusCode::CREATED, Json(app.ops.create(&caller, body.name).await?)))
+    let args = from_body(&[], &body)?;
+    Ok((StatusCode::CREATED, Json(app.ops.create_sandbox(&caller, args).await?)))
 }
 
 async fn show(
@@ -207,7 +244,9 @@ async fn delete(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<DeleteResult> {
-    Ok(Json(app.ops.delete(&caller, &id).await?))
+    Ok(Json(
+        app.ops.delete_sandbox(&caller, SandboxRef { sandbox_id: id }).await?,
+    ))
 }
 
 async fn restart(
@@ -215,14 +254,8 @@ async fn restart(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<ApiSandbox> {
-    let info = app.ops.restart(&caller, &id).await?;
+    let info = app.ops.restart_sandbox(&caller, SandboxRef { sandbox_id: id }).await?;
     Ok(Json(describe(&app, &caller, info).await))
-}
-
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SnapshotBody {
-    label: Option<String>,
 }
 
 async fn snapshot(
@@ -231,18 +264,11 @@ async fn snapshot(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<SnapshotResult>), ApiError> {
-    let body: SnapshotBody = optional_json(&body)?;
+    let args = from_body(&[("sandbox_id", &id)], &body)?;
     Ok((
         StatusCode::CREATED,
-        Json(app.ops.snapshot(&caller, &id, body.label).await?),
+        Json(app.ops.snapshot_sandbox(&caller, args).await?),
     ))
-}
-
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ForkBody {
-    count: Option<u64>,
-    snapshot_id: Option<String>,
 }
 
 async fn fork(
@@ -251,12 +277,8 @@ async fn fork(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
-    let body: ForkBody = optional_json(&body)?;
-    let forked = app
-        .ops
-        .fork(&caller, &id, body.count, body.snapshot_id.as_deref())
-        .await?;
-    Ok((StatusCode::CREATED, Json(forked)))
+    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    Ok((StatusCode::CREATED, Json(app.ops.fork_sandbox(&caller, args).await?)))
 }
 
 async fn list_snapshots(
@@ -264,81 +286,64 @@ async fn list_snapshots(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<SnapshotList> {
-    Ok(Json(app.ops.list_snapshots(&caller, &id).await?))
+    Ok(Json(
+        app.ops.list_snapshots(&caller, SandboxRef { sandbox_id: id }).await?,
+    ))
 }
 
 async fn restore_snapshot(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, snapshot)): Path<(String, String)>,
+    Path((sandbox_id, snapshot_id)): Path<(String, String)>,
 ) -> ApiResult<RestoreResult> {
-    Ok(Json(app.ops.restore_snapshot(&caller, &id, &snapshot).await?))
+    let args = SnapshotRef {
+        sandbox_id,
+        snapshot_id,
+    };
+    Ok(Json(app.ops.restore_snapshot(&caller, args).await?))
 }
 
 async fn delete_snapshot(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((id, snapshot)): Path<(String, String)>,
+    Path((sandbox_id, snapshot_id)): Path<(String, String)>,
 ) -> ApiResult<SnapshotDeleted> {
-    Ok(Json(app.ops.delete_snapshot(&caller, &id, &snapshot).await?))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CodeBody {
-    code: String,
-    timeout_seconds: Option<u64>,
+    let args = SnapshotRef {
+        sandbox_id,
+        snapshot_id,
+    };
+    Ok(Json(app.ops.delete_snapshot(&caller, args).await?))
 }
 
 async fn python(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<CodeBody>,
+    body: Bytes,
 ) -> ApiResult<PythonResult> {
-    let ran = app
-        .ops
-        .python(&caller, &id, body.code, body.timeout_seconds, None)
-        .await?;
-    Ok(Json(ran))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CommandBody {
-    command: String,
-    timeout_seconds: Option<u64>,
+    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    Ok(Json(app.ops.execute_python_code(&caller, args, None).await?))
 }
 
 async fn shell(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<CommandBody>,
+    body: Bytes,
 ) -> ApiResult<CommandResult> {
-    let ran = app
-        .ops
-        .shell(&caller, &id, body.command, body.timeout_seconds, None)
-        .await?;
-    Ok(Json(ran))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PackageBody {
-    package_name: String,
+    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    Ok(Json(app.ops.execute_terminal_command(&caller, args, None).await?))
 }
 
 async fn install(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<PackageBody>,
+    body: Bytes,
 ) -> ApiResult<InstallResult> {
+    let args = from_body(&[("sandbox_id", &id)], &body)?;
     Ok(Json(
-        app.ops
-            .install(&caller, &id, &body.package_name, crate::ops::INSTALL_WAIT)
-            .await?,
+        app.ops.install_package_in_sandbox(&caller, args, INSTALL_WAIT).await?,
     ))
 }
 
@@ -346,9 +351,10 @@ async fn install_status(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    Query(q): Query<PackageBody>,
+    Query(query): Query<serde_json::Map<String, serde_json::Value>>,
 ) -> ApiResult<InstallResult> {
-    Ok(Json(app.ops.install_status(&caller, &id, &q.package_name).await?))
+    let args = verb_args(&[("sandbox_id", &id)], query)?;
+    Ok(Json(app.ops.check_package_installation_status(&caller, args).await?))
 }
 
 /// A file under `/app/results` with its download link.
@@ -408,32 +414,15 @@ async fn files(
     }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UploadQuery {
-    /// The file's name in the sandbox.
-    name: String,
-    #[serde(default = "default_dest")]
-    dest: String,
-}
-
-fn default_dest() -> String {
-    "/app/results".into()
-}
-
 /// The body is the file's bytes.
 async fn upload(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    Query(q): Query<UploadQuery>,
+    Query(args): Query<UploadBytes>,
     body: Bytes,
 ) -> ApiResult<UploadResult> {
-    Ok(Json(
-        app.ops
-            .upload_bytes(&caller, &id, &q.name, body.to_vec(), &q.dest)
-            .await?,
-    ))
+    Ok(Json(app.ops.upload_bytes(&caller, &id, args, body.to_vec()).await?))
 }
 
 /// A fresh guest key for `client`, or the response refusing one.
@@ -476,7 +465,7 @@ async fn usage(
     headers: axum::http::HeaderMap,
     query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError(SandboxError::InvalidArgument(e.body_text())))?;
+    let Query(q) = query.map_err(|e| ApiError::Body(StatusCode::BAD_REQUEST, e.body_text()))?;
     let period = Period::parse(q.from.as_deref(), q.to.as_deref(), q.granularity.as_deref())?;
     let report = app.ops.usage(&caller, q.tenant.as_deref(), period).await?;
     let csv = headers

@@ -28,7 +28,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::access::limits::LimitsConfig;
 use crate::http::error::error;
-use crate::ops::MAX_CODE_BYTES;
+use crate::ops::verbs::execute_python_code::MAX_CODE_BYTES;
 
 /// Largest request body but uploads': the largest `code`, JSON-escaped,
 /// with room to spare.

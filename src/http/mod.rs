@@ -47,6 +47,7 @@ use crate::http::error::{error, refusal, session_refused};
 use crate::http::health::Health;
 use crate::http::state::{AppState, Guard};
 use crate::mcp::sessions::{self as mcp_sessions, CappedSessions};
+use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
 use bodies::{BodyRules, MAX_BODY_BYTES};
@@ -274,7 +275,13 @@ async fn metrics(State(app): State<AppState>, caller: Option<Extension<Caller>>)
         .into_response()
 }
 
-pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: CancellationToken) -> Router {
+pub fn router(
+    config: &Config,
+    ops: Ops,
+    tasks: Tasks,
+    signer: Option<LinkSigner>,
+    shutdown: CancellationToken,
+) -> Router {
     let addresses = config.client_addresses().expect("validated with the configuration");
     let sessions = Sessions::new(&config.limits, ops.metrics.clone());
     sessions.spawn_sweeper(shutdown.clone());
@@ -287,15 +294,16 @@ pub fn router(config: &Config, ops: Ops, signer: Option<LinkSigner>, shutdown: C
     // from silence; rmcp's own idle timer would end a long call.
     let mut local = LocalSessionManager::default();
     local.session_config.keep_alive = None;
-    let handler_ops = ops.clone();
+    let (handler_ops, handler_tasks) = (ops.clone(), tasks.clone());
     let mcp = StreamableHttpService::new(
-        move || Ok(SandboxServer::new(handler_ops.clone(), None)),
+        move || Ok(SandboxServer::new(handler_ops.clone(), handler_tasks.clone(), None)),
         Arc::new(CappedSessions::new(local, sessions.clone())),
         mcp_config,
     );
     let state = AppState {
         health: Arc::new(Health::new(ops.sandboxes.clone())),
         ops,
+        tasks,
         sse: SseSessions::default(),
         sessions,
         mcp,

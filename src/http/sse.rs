@@ -45,7 +45,7 @@ pub async fn open(State(app): State<AppState>, Extension(caller): Extension<Call
     app.sse.insert(id.clone(), inbox_tx, caller.clone(), ticket.clone());
 
     let stop = CancellationToken::new();
-    let handler = SandboxServer::new(app.ops.clone(), Some(caller));
+    let handler = SandboxServer::new(app.ops.clone(), app.tasks.clone(), Some(caller));
     let transport = (
         tokio_util::sync::PollSender::new(outbox_tx),
         tokio_stream::wrappers::ReceiverStream::new(inbox_rx),

@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::http::health::Health;
 use crate::http::sse_sessions::SseSessions;
 use crate::mcp::sessions::CappedSessions;
+use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
 
@@ -25,6 +26,8 @@ pub type McpService = StreamableHttpService<SandboxServer, CappedSessions<LocalS
 #[derive(Clone)]
 pub struct AppState {
     pub ops: Ops,
+    /// Long MCP calls that became tasks, across all sessions.
+    pub tasks: Tasks,
     pub sse: SseSessions,
     /// Open MCP sessions of both transports, under their caps.
     pub sessions: Sessions,

@@ -20,7 +20,7 @@ use crate::access::client_ip::ClientIp;
 use crate::access::signer::unix_now;
 use crate::http::api::guest_key_for;
 use crate::http::state::AppState;
-use crate::ops::parse_id;
+use crate::ops::args::parse_id;
 
 /// The cookie holding a signed-in browser's API key.
 const SESSION_COOKIE: &str = "mcp_sandbox_key";

@@ -1,10 +1,13 @@
-//! MCP: the tool handlers (`tools`), the sandbox view offered to hosts of
+//! MCP: the tool handlers (`tools`), how a result goes over MCP (`results`),
+//! long calls as MCP tasks (`tasks`), the sandbox view offered to hosts of
 //! MCP Apps (`app`, with its page `view.html`) and the sessions of the
 //! Streamable HTTP transport (`sessions`).
 //!
 //! May import: `ops` (every tool is an operation there), `access`,
-//! `metrics`, `telemetry`; nothing of `http`.
+//! `metrics`, `telemetry`; nothing of `http` or `config`.
 
 pub(crate) mod app;
+pub(crate) mod results;
 pub(crate) mod sessions;
+pub(crate) mod tasks;
 pub(crate) mod tools;

@@ -1,12 +1,11 @@
-//! The MCP tools. Each handler works out who is asking and hands its
-//! arguments to the shared operations ([`Ops`]); the domain's actors do the
-//! rest. Runs and reads come back with their files as links and their images
+//! The MCP tools. Each handler works out who is asking and routes its
+//! arguments (the verb's own type, see `ops::verbs`) to the shared
+//! operations ([`Ops`]); the domain's actors do the rest; `results` says how
+//! the outcome goes over MCP. Runs and reads come back with their files as links and their images
 //! inline. Seven tools keep the names and parameters of python-mcp-sandbox;
 //! `delete_sandbox`, the file tools and `reset_python` follow their ways.
 
-use std::fs::File;
 use std::future::Future;
-use std::time::Instant;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -20,189 +19,50 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler};
-use sandbox_actors::{Progress, SandboxError};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use sandbox_actors::Progress;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::access::caller::Caller;
 use crate::mcp::app;
-use crate::ops::files::{FileListing, Read, ReadResult, WriteResult};
-use crate::ops::inline_images::{self, ImageNote, Inliner, NotInlined};
-use crate::ops::mcp_results::{failure, success};
+use crate::mcp::results::{failure, read_reply, reply, run_reply, success};
+use crate::mcp::tasks::Tasks;
+use crate::ops::args::{PackageRef, SandboxRef, SnapshotRef};
+use crate::ops::files::{FileListing, ReadResult, WriteResult};
 use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, ResetResult,
     RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
-use crate::ops::{Ops, INSTALL_WAIT};
+use crate::ops::verbs::create_sandbox::CreateSandbox;
+use crate::ops::verbs::execute_python_code::ExecutePythonCode;
+use crate::ops::verbs::execute_terminal_command::ExecuteTerminalCommand;
+use crate::ops::verbs::fork_sandbox::ForkSandbox;
+use crate::ops::verbs::install_package_in_sandbox::INSTALL_WAIT;
+use crate::ops::verbs::list_files::ListFiles;
+use crate::ops::verbs::read_file::ReadFile;
+use crate::ops::verbs::snapshot_sandbox::SnapshotSandbox;
+use crate::ops::verbs::upload_file_to_sandbox::UploadFileToSandbox;
+use crate::ops::verbs::write_file::WriteFile;
+use crate::ops::Ops;
 use crate::telemetry;
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct CreateParams {
-    /// A name to recognise the sandbox by (optional).
-    #[serde(default)]
-    #[schemars(with = "String")]
-    pub name: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct SandboxParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct SnapshotParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// A few words to recognise the snapshot by (optional).
-    #[serde(default)]
-    #[schemars(with = "String")]
-    pub label: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct SnapshotRefParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// The snapshot_id returned by snapshot_sandbox or list_snapshots.
-    pub snapshot_id: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ForkParams {
-    /// The sandbox_id of the sandbox to copy.
-    pub sandbox_id: String,
-    /// How many new sandboxes to make (1 to 16; default 1). Each counts
-    /// against your sandbox quota.
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub count: Option<u64>,
-    /// Copy this snapshot of the sandbox (from snapshot_sandbox or
-    /// list_snapshots) instead of the sandbox as it is now.
-    #[serde(default)]
-    #[schemars(with = "String")]
-    pub snapshot_id: Option<String>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ExecParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// Python source to run. Variables and imports persist between calls.
-    pub code: String,
-    /// Seconds before the run is interrupted (default and maximum set by the server).
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub timeout_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct TerminalParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// A shell command, run with `sh -c` in /app/results (pipes, && and redirects work).
-    pub command: String,
-    /// Seconds before the command is stopped (default and maximum set by the server).
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub timeout_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct PackageParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// A requirement such as "numpy" or "pandas==2.2.2"; several may be separated by spaces.
-    pub package_name: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct UploadParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// Absolute path of a file or folder on the server's host, inside a folder the server allows uploads from.
-    pub local_file_path: String,
-    /// Folder in the sandbox to copy into (default /app/results).
-    #[serde(default = "default_dest")]
-    pub dest_path: String,
-}
-
-fn default_dest() -> String {
-    "/app/results".into()
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ListFilesParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// A folder under /app/results, absolute or relative to it (default /app/results).
-    #[serde(default = "default_dest")]
-    pub path: String,
-    /// Folder levels to list: 1 for the folder's own entries (default 2, at most 16).
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub depth: Option<u64>,
-    /// Most entries returned (default 200, at most 1000).
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub max_entries: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ReadFileParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// A file under /app/results, absolute or relative to it.
-    pub path: String,
-    /// Byte offset to start at (default 0); pass next_offset from the previous read to continue.
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub offset: Option<u64>,
-    /// Most bytes of text returned (default 16384, at most 262144).
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub max_bytes: Option<u64>,
-    /// Stop after this many lines (default: no line limit).
-    #[serde(default)]
-    #[schemars(with = "u64")]
-    pub max_lines: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct WriteFileParams {
-    /// The sandbox_id returned by create_sandbox.
-    pub sandbox_id: String,
-    /// The file to write under /app/results, absolute or relative to it; missing folders are made.
-    pub path: String,
-    /// The text to write (UTF-8, at most 1 MiB); an existing file is replaced.
-    pub content: String,
-}
 
 #[derive(Clone)]
 pub struct SandboxServer {
     ops: Ops,
+    /// Long calls that became tasks, across all sessions.
+    tasks: Tasks,
     /// Who calls when the transport decides it once for the connection
     /// (stdio, a legacy SSE session); Streamable HTTP carries it per request.
     connection_caller: Option<Caller>,
     tool_router: ToolRouter<Self>,
 }
 
-/// A tool's outcome as the model reads it: a failure of the tool itself
-/// becomes an `isError` result with the error's message.
-fn reply<T: Serialize>(outcome: Result<T, SandboxError>) -> CallToolResult {
-    match outcome {
-        Ok(value) => success(&value, None, vec![]),
-        Err(e) => failure(&e),
-    }
-}
-
 #[tool_router]
 impl SandboxServer {
-    pub fn new(ops: Ops, connection_caller: Option<Caller>) -> Self {
+    pub fn new(ops: Ops, tasks: Tasks, connection_caller: Option<Caller>) -> Self {
         Self {
             ops,
+            tasks,
             connection_caller,
             tool_router: Self::tool_router(),
         }
@@ -217,7 +77,7 @@ impl SandboxServer {
     /// Runs a long call (an execution or an install), forwarding its output
     /// as progress notifications when the request carries a progress token;
     /// for a client that declared the tasks extension it becomes a task past
-    /// the threshold ([`crate::ops::tasks`]), its output tail the task's status. A
+    /// the threshold ([`crate::mcp::tasks`]), its output tail the task's status. A
     /// cancelled request interrupts it (dropping the run's future interrupts
     /// the run).
     async fn executing<F>(
@@ -229,7 +89,7 @@ impl SandboxServer {
     where
         F: Future<Output = CallToolResult> + Send + 'static,
     {
-        let admission = self.ops.tasks.admit(ctx, caller);
+        let admission = self.tasks.admit(ctx, caller);
         let output = admission.as_ref().map(|a| a.output());
         let notify = ctx.meta.get_progress_token().map(|token| (token, ctx.peer.clone()));
         let (tx, forwarder) = match (notify, output) {
@@ -257,7 +117,7 @@ impl SandboxServer {
                 (Some(tx), Some(task))
             }
         };
-        let response = self.ops.tasks.run(admission, &ctx.ct, run(tx)).await;
+        let response = self.tasks.run(admission, &ctx.ct, run(tx)).await;
         // A plain answer follows its progress notifications; a task's run
         // goes on, and so does its forwarder.
         if let (Some(task), CallToolResponse::Complete(_)) = (forwarder, &response) {
@@ -275,9 +135,9 @@ impl SandboxServer {
     async fn create_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<CreateParams>,
+        Parameters(args): Parameters<CreateSandbox>,
     ) -> CallToolResult {
-        reply(self.ops.create(&self.caller(&ctx), p.name).await)
+        reply(self.ops.create_sandbox(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -289,7 +149,7 @@ impl SandboxServer {
     async fn list_sandboxes(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
         let list: Vec<ListedSandbox> = self
             .ops
-            .list(&self.caller(&ctx))
+            .list_sandboxes(&self.caller(&ctx))
             .await
             .into_iter()
             .map(Into::into)
@@ -311,12 +171,13 @@ impl SandboxServer {
     async fn execute_python_code(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<ExecParams>,
+        Parameters(args): Parameters<ExecutePythonCode>,
     ) -> CallToolResponse {
         let (caller, ops) = (self.caller(&ctx), self.ops.clone());
         self.executing(&ctx, &caller.clone(), |tx| async move {
-            let ran = ops.python(&caller, &p.sandbox_id, p.code, p.timeout_seconds, tx).await;
-            run_reply(&ops, &caller, &p.sandbox_id, ran).await
+            let id = args.sandbox_id.clone();
+            let ran = ops.execute_python_code(&caller, args, tx).await;
+            run_reply(&ops, &caller, &id, ran).await
         })
         .await
     }
@@ -331,14 +192,13 @@ impl SandboxServer {
     async fn execute_terminal_command(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<TerminalParams>,
+        Parameters(args): Parameters<ExecuteTerminalCommand>,
     ) -> CallToolResponse {
         let (caller, ops) = (self.caller(&ctx), self.ops.clone());
         self.executing(&ctx, &caller.clone(), |tx| async move {
-            let ran = ops
-                .shell(&caller, &p.sandbox_id, p.command, p.timeout_seconds, tx)
-                .await;
-            run_reply(&ops, &caller, &p.sandbox_id, ran).await
+            let id = args.sandbox_id.clone();
+            let ran = ops.execute_terminal_command(&caller, args, tx).await;
+            run_reply(&ops, &caller, &id, ran).await
         })
         .await
     }
@@ -354,16 +214,16 @@ impl SandboxServer {
     async fn install_package_in_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<PackageParams>,
+        Parameters(args): Parameters<PackageRef>,
     ) -> CallToolResponse {
         let (caller, ops) = (self.caller(&ctx), self.ops.clone());
         // A call that may become a task waits for the install's end.
-        let wait = match ops.tasks.offered(&ctx) {
-            true => ops.tasks.install_wait(),
+        let wait = match self.tasks.offered(&ctx) {
+            true => self.tasks.install_wait(),
             false => INSTALL_WAIT,
         };
         self.executing(&ctx, &caller.clone(), |_| async move {
-            reply(ops.install(&caller, &p.sandbox_id, &p.package_name, wait).await)
+            reply(ops.install_package_in_sandbox(&caller, args, wait).await)
         })
         .await
     }
@@ -377,11 +237,11 @@ impl SandboxServer {
     async fn check_package_installation_status(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<PackageParams>,
+        Parameters(args): Parameters<PackageRef>,
     ) -> CallToolResult {
         reply(
             self.ops
-                .install_status(&self.caller(&ctx), &p.sandbox_id, &p.package_name)
+                .check_package_installation_status(&self.caller(&ctx), args)
                 .await,
         )
     }
@@ -395,13 +255,9 @@ impl SandboxServer {
     async fn upload_file_to_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<UploadParams>,
+        Parameters(args): Parameters<UploadFileToSandbox>,
     ) -> CallToolResult {
-        reply(
-            self.ops
-                .upload(&self.caller(&ctx), &p.sandbox_id, &p.local_file_path, &p.dest_path)
-                .await,
-        )
+        reply(self.ops.upload_file_to_sandbox(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -412,9 +268,9 @@ impl SandboxServer {
     async fn view_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SandboxParams>,
+        Parameters(args): Parameters<SandboxRef>,
     ) -> CallToolResult {
-        reply(self.ops.view(&self.caller(&ctx), &p.sandbox_id).await)
+        reply(self.ops.view_sandbox(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -426,13 +282,9 @@ impl SandboxServer {
     async fn list_files(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<ListFilesParams>,
+        Parameters(args): Parameters<ListFiles>,
     ) -> CallToolResult {
-        reply(
-            self.ops
-                .list_files(&self.caller(&ctx), &p.sandbox_id, &p.path, p.depth, p.max_entries)
-                .await,
-        )
+        reply(self.ops.list_files(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -445,19 +297,9 @@ impl SandboxServer {
     async fn read_file(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<ReadFileParams>,
+        Parameters(args): Parameters<ReadFile>,
     ) -> CallToolResult {
-        let read = self
-            .ops
-            .read_file(
-                &self.caller(&ctx),
-                &p.sandbox_id,
-                &p.path,
-                p.offset,
-                p.max_bytes,
-                p.max_lines,
-            )
-            .await;
+        let read = self.ops.read_file(&self.caller(&ctx), args).await;
         match read {
             Ok(read) => read_reply(read, &self.ops.images).await,
             Err(e) => failure(&e),
@@ -473,13 +315,9 @@ impl SandboxServer {
     async fn write_file(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<WriteFileParams>,
+        Parameters(args): Parameters<WriteFile>,
     ) -> CallToolResult {
-        reply(
-            self.ops
-                .write_file(&self.caller(&ctx), &p.sandbox_id, &p.path, p.content)
-                .await,
-        )
+        reply(self.ops.write_file(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -492,9 +330,9 @@ impl SandboxServer {
     async fn reset_python(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SandboxParams>,
+        Parameters(args): Parameters<SandboxRef>,
     ) -> CallToolResult {
-        reply(self.ops.reset_python(&self.caller(&ctx), &p.sandbox_id).await)
+        reply(self.ops.reset_python(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -508,9 +346,9 @@ impl SandboxServer {
     async fn snapshot_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SnapshotParams>,
+        Parameters(args): Parameters<SnapshotSandbox>,
     ) -> CallToolResult {
-        reply(self.ops.snapshot(&self.caller(&ctx), &p.sandbox_id, p.label).await)
+        reply(self.ops.snapshot_sandbox(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -525,13 +363,9 @@ impl SandboxServer {
     async fn restore_snapshot(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SnapshotRefParams>,
+        Parameters(args): Parameters<SnapshotRef>,
     ) -> CallToolResult {
-        reply(
-            self.ops
-                .restore_snapshot(&self.caller(&ctx), &p.sandbox_id, &p.snapshot_id)
-                .await,
-        )
+        reply(self.ops.restore_snapshot(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -542,9 +376,9 @@ impl SandboxServer {
     async fn list_snapshots(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SandboxParams>,
+        Parameters(args): Parameters<SandboxRef>,
     ) -> CallToolResult {
-        reply(self.ops.list_snapshots(&self.caller(&ctx), &p.sandbox_id).await)
+        reply(self.ops.list_snapshots(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -560,13 +394,9 @@ impl SandboxServer {
     async fn fork_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<ForkParams>,
+        Parameters(args): Parameters<ForkSandbox>,
     ) -> CallToolResult {
-        reply(
-            self.ops
-                .fork(&self.caller(&ctx), &p.sandbox_id, p.count, p.snapshot_id.as_deref())
-                .await,
-        )
+        reply(self.ops.fork_sandbox(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -577,13 +407,9 @@ impl SandboxServer {
     async fn delete_snapshot(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SnapshotRefParams>,
+        Parameters(args): Parameters<SnapshotRef>,
     ) -> CallToolResult {
-        reply(
-            self.ops
-                .delete_snapshot(&self.caller(&ctx), &p.sandbox_id, &p.snapshot_id)
-                .await,
-        )
+        reply(self.ops.delete_snapshot(&self.caller(&ctx), args).await)
     }
 
     #[tool(
@@ -594,122 +420,10 @@ impl SandboxServer {
     async fn delete_sandbox(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<SandboxParams>,
+        Parameters(args): Parameters<SandboxRef>,
     ) -> CallToolResult {
-        reply(self.ops.delete(&self.caller(&ctx), &p.sandbox_id).await)
+        reply(self.ops.delete_sandbox(&self.caller(&ctx), args).await)
     }
-}
-
-/// The result of a run, whose files are linked and whose images are shown.
-pub trait RunArtifacts {
-    /// The files the run created or changed, and their links.
-    fn files(&self) -> (&[String], &[String]);
-    fn set_images(&mut self, notes: Vec<ImageNote>);
-}
-
-impl RunArtifacts for PythonResult {
-    fn files(&self) -> (&[String], &[String]) {
-        (&self.files, &self.file_links)
-    }
-
-    fn set_images(&mut self, notes: Vec<ImageNote>) {
-        self.images = notes;
-    }
-}
-
-impl RunArtifacts for CommandResult {
-    fn files(&self) -> (&[String], &[String]) {
-        (&self.files, &self.file_links)
-    }
-
-    fn set_images(&mut self, notes: Vec<ImageNote>) {
-        self.images = notes;
-    }
-}
-
-/// A run's result: its files as resource links, then the images among
-/// them as image items, on the configured budget.
-async fn run_reply<T: Serialize + RunArtifacts>(
-    ops: &Ops,
-    caller: &Caller,
-    raw_id: &str,
-    ran: Result<T, SandboxError>,
-) -> CallToolResult {
-    let mut result = match ran {
-        Ok(result) => result,
-        Err(e) => return failure(&e),
-    };
-    let images = ops.run_images(caller, raw_id, result.files().0).await;
-    result.set_images(images.notes);
-    let (files, links) = result.files();
-    let links = links.iter().cloned().zip(files.iter().map(|f| file_name(f))).collect();
-    let mut reply = success(&result, None, links);
-    reply.content.extend(images.content);
-    reply
-}
-
-fn file_name(path: &str) -> String {
-    path.rsplit('/').next().unwrap_or(path).to_string()
-}
-
-/// A read's result; an image is shown inline by `images`, on the budget of
-/// a run's single image.
-async fn read_reply(read: Read, images: &Inliner) -> CallToolResult {
-    match read.image {
-        Some(file) => image_result(read.result, file, images).await,
-        None if read.result.kind == "text" => success(&read.result, None, vec![]),
-        None => {
-            let link = resource_link(&read.result);
-            success(&read.result, None, vec![link])
-        }
-    }
-}
-
-/// The one place an image read becomes a tool result: its link, size and
-/// type, then the image itself as an `image` item when it fits
-/// `results.inline_image_max_bytes` in time (`file` is opened safely
-/// beneath the sandbox's folder); otherwise the link alone, with the reason.
-async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
-    let deadline = Instant::now() + inline_images::DEADLINE;
-    let shown = match result.mime_type.as_str() {
-        "image/svg+xml" => Err(NotInlined::Svg),
-        _ => images.image_file(file, images.max_bytes(), deadline).await,
-    };
-    let link = resource_link(&result);
-    let (note, item) = match shown {
-        Ok(image) => {
-            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
-            let note = ImageNote {
-                path: result.path.clone(),
-                inline: true,
-                width: Some(image.width),
-                height: Some(image.height),
-                reason: None,
-            };
-            (note, Some(image.into_content()))
-        }
-        Err(why) => {
-            tracing::debug!(path = result.path, reason = %why, "image not inlined");
-            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
-            let note = ImageNote {
-                path: result.path.clone(),
-                inline: false,
-                width: None,
-                height: None,
-                reason: Some(why.to_string()),
-            };
-            (note, None)
-        }
-    };
-    result.image = Some(note);
-    let mut reply = success(&result, None, vec![link]);
-    reply.content.extend(item);
-    reply
-}
-
-/// The `resource_link` item of a read file: its URL and name.
-fn resource_link(result: &ReadResult) -> (String, String) {
-    (result.link.clone(), file_name(&result.path))
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -793,7 +507,7 @@ impl ServerHandler for SandboxServer {
 
     fn get_info(&self) -> ServerConfig {
         // Resources: the sandbox view, listed to clients of MCP Apps only.
-        let capabilities = match self.ops.tasks.enabled() {
+        let capabilities = match self.tasks.enabled() {
             true => ServerCapabilities::builder()
                 .enable_tools()
                 .enable_resources()
@@ -820,17 +534,16 @@ impl ServerHandler for SandboxServer {
         request: GetTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let task = self.ops.tasks.get(&self.caller(&ctx), &request.task_id)?;
+        let task = self.tasks.get(&self.caller(&ctx), &request.task_id)?;
         Ok(GetTaskResult::new(task))
     }
 
     async fn cancel_task(&self, request: CancelTaskParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
-        self.ops.tasks.cancel(&self.caller(&ctx), &request.task_id)
+        self.tasks.cancel(&self.caller(&ctx), &request.task_id)
     }
 
     async fn update_task(&self, request: UpdateTaskParams, ctx: RequestContext<RoleServer>) -> Result<(), McpError> {
-        self.ops
-            .tasks
+        self.tasks
             .update(&self.caller(&ctx), &request.task_id, request.input_responses)
     }
 }

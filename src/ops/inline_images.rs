@@ -20,12 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use base64::Engine as _;
 use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::error::LimitErrorKind;
 use image::{ColorType, DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits};
-use rmcp::model::ContentBlock;
 use sandbox_actors::files::{open_file, ResultsPath};
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -92,12 +90,6 @@ pub struct InlineImage {
     pub height: u32,
 }
 
-impl InlineImage {
-    pub fn into_content(self) -> ContentBlock {
-        ContentBlock::image(base64::engine::general_purpose::STANDARD.encode(&self.data), self.mime)
-    }
-}
-
 /// An image among a run's files, and how it is shown.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct ImageNote {
@@ -115,10 +107,10 @@ pub struct ImageNote {
     pub reason: Option<String>,
 }
 
-/// The images of one run: the items to send and a note per image tried.
+/// The images of one run: those to send, in order, and a note per image tried.
 #[derive(Debug, Default)]
 pub struct RunImages {
-    pub content: Vec<ContentBlock>,
+    pub images: Vec<InlineImage>,
     pub notes: Vec<ImageNote>,
 }
 
@@ -250,7 +242,7 @@ impl Inliner {
             .unwrap_or_default();
         let mut left = self.result_max_bytes;
         for path in newest.into_iter().take(2 * self.per_result) {
-            if out.content.len() == self.per_result || left == 0 || Instant::now() >= deadline {
+            if out.images.len() == self.per_result || left == 0 || Instant::now() >= deadline {
                 break;
             }
             let fitted = match kind(&path) {
@@ -267,7 +259,7 @@ impl Inliner {
                         height: Some(image.height),
                         reason: None,
                     };
-                    out.content.push(image.into_content());
+                    out.images.push(image);
                     note
                 }
                 Err(why) => {
@@ -718,7 +710,7 @@ mod tests {
             .collect();
         files.push(write(root.path(), "notes.txt", b"text"));
         let shown = inliner(3, 64 * 1024, 192 * 1024).run(root.path(), &files).await;
-        assert_eq!(shown.content.len(), 3);
+        assert_eq!(shown.images.len(), 3);
         let paths: Vec<&str> = shown.notes.iter().map(|n| n.path.as_str()).collect();
         assert_eq!(
             paths,
@@ -728,7 +720,7 @@ mod tests {
             .notes
             .iter()
             .all(|n| n.inline && n.width == Some(100) && n.height == Some(50)));
-        assert!(matches!(&shown.content[0], ContentBlock::Image(i) if i.mime_type == "image/png"));
+        assert_eq!(shown.images[0].mime, "image/png");
     }
 
     #[tokio::test]
@@ -739,17 +731,10 @@ mod tests {
             .collect();
         let (each, total) = (40_000, 60_000);
         let shown = inliner(3, each, total).run(root.path(), &files).await;
-        let sizes: Vec<usize> = shown
-            .content
-            .iter()
-            .map(|c| match c {
-                ContentBlock::Image(i) => base64::engine::general_purpose::STANDARD.decode(&i.data).unwrap().len(),
-                _ => unreachable!(),
-            })
-            .collect();
+        let sizes: Vec<usize> = shown.images.iter().map(|i| i.data.len()).collect();
         assert!(sizes.iter().all(|&s| s <= each), "{sizes:?}");
         assert!(sizes.iter().sum::<usize>() <= total, "{sizes:?}");
-        assert!(shown.content.len() >= 2, "the second image is shrunk into what is left");
+        assert!(shown.images.len() >= 2, "the second image is shrunk into what is left");
     }
 
     #[tokio::test]
@@ -775,7 +760,7 @@ mod tests {
         let shown = inliner
             .run(root.path(), &[link.clone(), svg.clone(), big.clone()])
             .await;
-        assert!(shown.content.is_empty());
+        assert!(shown.images.is_empty());
         let reasons: Vec<(&str, &str)> = shown
             .notes
             .iter()
@@ -793,7 +778,7 @@ mod tests {
         assert_eq!(read, NotInlined::Unreadable);
 
         let shown = inliner.run(root.path(), &broken).await;
-        assert!(shown.content.is_empty());
+        assert!(shown.images.is_empty());
         assert_eq!(shown.notes.len(), 4, "twice the count are tried");
     }
 
@@ -855,7 +840,7 @@ mod tests {
         });
         let shown = off.run(root.path(), std::slice::from_ref(&file)).await;
         assert!(
-            shown.content.is_empty() && shown.notes.is_empty(),
+            shown.images.is_empty() && shown.notes.is_empty(),
             "a run says nothing when off"
         );
         let opened = std::fs::File::open(root.path().join("a.png")).unwrap();

@@ -1,6 +1,6 @@
 //! What the operations return, whoever asked: one typed struct per tool
 //! (its `outputSchema`), which the MCP tools send as they are
-//! ([`crate::ops::mcp_results`]) and the REST API as JSON.
+//! ([`crate::mcp::results`]) and the REST API as JSON.
 
 use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
 use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};

@@ -5,14 +5,17 @@
 use std::collections::BTreeMap;
 
 use sandbox_actors::usage::{month_of, Row, Totals};
-use sandbox_actors::{Result, SandboxError, Scope};
+use sandbox_actors::Scope;
 use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::{Date, OffsetDateTime, Time};
 
 use crate::access::caller::Caller;
+use crate::ops::error::OpsError;
 use crate::ops::timestamps::rfc3339;
 use crate::ops::Ops;
+
+type Result<T> = std::result::Result<T, OpsError>;
 
 /// The figures' columns, in the CSV's order.
 const COLUMNS: &str = "period,tenant,running_seconds,paused_seconds,cpu_seconds,memory_gb_seconds,disk_gb_hours,egress_bytes,calls,exec_seconds,installs";
@@ -34,7 +37,7 @@ pub struct Period {
 
 fn instant(what: &str, raw: &str) -> Result<OffsetDateTime> {
     let bad = || {
-        SandboxError::InvalidArgument(format!(
+        OpsError::InvalidArgument(format!(
             "{what} {raw:?} is not a time: give an RFC 3339 time (2026-12-01T00:00:00Z) or a date (2026-12-01)"
         ))
     };
@@ -53,7 +56,7 @@ impl Period {
         let from = from.map(|f| instant("from", f)).transpose()?.unwrap_or(month_of(now).0);
         let to = to.map(|t| instant("to", t)).transpose()?.unwrap_or(now);
         if from >= to || from.unix_timestamp() < 0 {
-            return Err(SandboxError::InvalidArgument(
+            return Err(OpsError::InvalidArgument(
                 "from must come before to, and after 1970".into(),
             ));
         }
@@ -61,7 +64,7 @@ impl Period {
             "hour" => Granularity::Hour,
             "day" => Granularity::Day,
             other => {
-                return Err(SandboxError::InvalidArgument(format!(
+                return Err(OpsError::InvalidArgument(format!(
                     "granularity {other:?}: give hour or day"
                 )))
             }
@@ -158,7 +161,7 @@ impl Ops {
             Some(t) if caller.admin => Scope::Owner(t),
             Some(t) if t == caller.owner => Scope::Owner(t),
             Some(_) => {
-                return Err(SandboxError::InvalidArgument(
+                return Err(OpsError::InvalidArgument(
                     "tenant= is for administrators' keys; without it you get your own usage".into(),
                 ))
             }

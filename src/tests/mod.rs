@@ -31,6 +31,7 @@ use crate::access::caller::Caller;
 use crate::access::connections;
 use crate::access::signer::LinkSigner;
 use crate::config::Config;
+use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
 
@@ -44,6 +45,7 @@ pub const BOB: &str = "bob-key-0123456789abcdef";
 pub struct App {
     pub config: Config,
     pub ops: Ops,
+    pub tasks: Tasks,
     signer: Option<LinkSigner>,
     pub fake: FakeRuntime,
     _root: tempfile::TempDir,
@@ -76,9 +78,11 @@ impl App {
             .expect("start on the fake runtime");
         let signer = crate::serve::signer(&config, None).unwrap();
         let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone()).unwrap();
+        let tasks = Tasks::new(config.tasks.clone());
         Self {
             config,
             ops,
+            tasks,
             signer,
             fake,
             _root: root,
@@ -98,7 +102,7 @@ impl App {
     /// An rmcp client for `caller` that declares `capabilities`.
     pub async fn client_with(&self, caller: Caller, capabilities: ClientCapabilities) -> Client {
         let (server_end, client_end) = tokio::io::duplex(1 << 20);
-        let handler = SandboxServer::new(self.ops.clone(), Some(caller));
+        let handler = SandboxServer::new(self.ops.clone(), self.tasks.clone(), Some(caller));
         tokio::spawn(async move {
             if let Ok(running) = handler.serve(server_end).await {
                 let _ = running.waiting().await;
@@ -115,7 +119,13 @@ impl App {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
-        let app = crate::http::router(&self.config, self.ops.clone(), self.signer.clone(), shutdown.clone());
+        let app = crate::http::router(
+            &self.config,
+            self.ops.clone(),
+            self.tasks.clone(),
+            self.signer.clone(),
+            shutdown.clone(),
+        );
         let (limits, addresses) = (self.config.limits.clone(), self.config.client_addresses().unwrap());
         let (metrics, stop) = (self.ops.metrics.clone(), shutdown.clone());
         tokio::spawn(async move { connections::serve(listener, app, &limits, addresses, metrics, stop).await });

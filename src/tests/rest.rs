@@ -166,3 +166,37 @@ async fn a_body_refused_at_its_size_is_drained_and_the_answer_read() {
     tcp.read_to_string(&mut answer).await.expect("the answer");
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
+
+/// A refusal that passes with time says when: past the creation rate, the
+/// answer is a 429 with `Retry-After` (the seconds the message gives), and a
+/// body that names a field twice (in the path and in the body) is refused.
+#[tokio::test]
+async fn a_rate_refusal_says_when_to_try_again() {
+    let app = App::start(&[("MCP_SANDBOX_LIMITS_CREATIONS_PER_MINUTE", "1")]).await;
+    let (api, _serving) = api(&app).await;
+    let (status, made) = api.send(ALICE, Method::POST, "/api/sandboxes", None).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let response = api
+        .http
+        .post(format!("{}/api/sandboxes", api.base))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&after), "{after}");
+    let body: Value = response.json().await.unwrap();
+    let message = body["error"].as_str().unwrap();
+    assert!(message.contains(&format!("wait {after} s")), "{message}");
+    let id = made["sandbox_id"].as_str().unwrap();
+    let (status, answer) = api
+        .send(
+            ALICE,
+            Method::POST,
+            &format!("/api/sandboxes/{id}/python"),
+            Some(json!({"code": "1", "sandbox_id": id})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+}

@@ -47,9 +47,9 @@ pub const FILE_DEADLINE: Duration = Duration::from_secs(10);
 pub enum FileError {
     #[error("path {0:?} is outside /app/results: give a path under /app/results (absolute, or relative to it), without '..'")]
     Outside(String),
-    #[error("{0} does not exist; call list_files to see what is there")]
+    #[error("{0} does not exist")]
     NotFound(String),
-    #[error("{0} is a folder; call list_files to see what it holds")]
+    #[error("{0} is a folder")]
     IsFolder(String),
     #[error("{0} is not a folder")]
     NotFolder(String),

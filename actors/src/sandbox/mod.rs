@@ -432,10 +432,10 @@ fn enqueue(state: &mut SandboxState, job: Job) {
 /// leave the copy writing into folders and disks being removed.
 fn seeded(state: &SandboxState) -> Result<()> {
     match state.record.seeding {
-        Some(fork) if state.ctx.fork_under_way(fork) => Err(SandboxError::Quota(format!(
-            "sandbox {} is being made by fork {fork}, which copies into it: call it once fork_sandbox has answered",
-            state.record.id
-        ))),
+        Some(fork) if state.ctx.fork_under_way(fork) => Err(SandboxError::Seeding {
+            id: state.record.id,
+            fork,
+        }),
         _ => Ok(()),
     }
 }
@@ -674,7 +674,7 @@ fn status_from_venv(package: &str, list: &[Package]) -> InstallStatus {
         None => InstallStatus {
             package: package.to_string(),
             status: InstallStatusKind::NotFound,
-            message: format!("No installation of {package} was found. Install it with install_package_in_sandbox."),
+            message: format!("No installation of {package} was found."),
             output: None,
         },
     }

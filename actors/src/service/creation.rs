@@ -86,15 +86,11 @@ impl Sandboxes {
         let mine = registry.values().filter(|e| e.owner == owner).count() + pending.get(owner).copied().unwrap_or(0);
         let total = registry.len() + pending.values().sum::<usize>();
         if mine + places > quota.per_owner {
-            let most = quota.per_owner;
-            return Err(SandboxError::Quota(match places {
-                1 => format!(
-                    "you already have {mine} sandboxes, the most allowed: reuse one (list_sandboxes) or delete one with delete_sandbox, then create again"
-                ),
-                _ => format!(
-                    "you have {mine} sandboxes and may have {most}, so {places} more do not fit: make fewer, or delete some with delete_sandbox"
-                ),
-            }));
+            return Err(SandboxError::TooMany {
+                have: mine,
+                most: quota.per_owner,
+                asked: places,
+            });
         }
         if total + places > quota.total {
             return Err(SandboxError::Quota(format!(

@@ -29,7 +29,7 @@ async fn concurrent_creations_cannot_pass_the_quota() {
             .collect::<Vec<_>>()
     );
     for r in results.iter().filter_map(|r| r.as_ref().err()) {
-        assert!(matches!(r, SandboxError::Quota(_)), "{r}");
+        assert!(matches!(r, SandboxError::TooMany { asked: 1, .. }), "{r}");
     }
     assert_eq!(s.fake.containers().len(), 1);
     // The server total counts places being created too.

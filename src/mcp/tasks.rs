@@ -33,13 +33,13 @@ use rmcp::model::{CallToolResponse, CallToolResult, CreateTaskResult, DetailedTa
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
 use rmcp::{ErrorData as McpError, RoleServer};
-use sandbox_actors::SandboxError;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::access::caller::Caller;
-use crate::ops::mcp_results::failure;
+use crate::mcp::results::failure;
+use crate::ops::error::OpsError;
 
 /// The status message of a running task holds at most this much of the
 /// run's latest output (a poll every second must stay cheap to answer).
@@ -291,7 +291,7 @@ impl Tasks {
         tokio::select! {
             result = &mut work => return result.into(),
             _ = request.cancelled() => {
-                return failure(&SandboxError::InvalidArgument("the request was cancelled".into())).into()
+                return failure(&OpsError::InvalidArgument("the request was cancelled".into())).into()
             }
             _ = tokio::time::sleep(threshold), if admission.is_some() => {}
         }

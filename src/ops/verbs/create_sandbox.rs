@@ -1,0 +1,72 @@
+//! `create_sandbox`: a new sandbox for the caller, within its quota, its
+//! creation rate and its budget.
+
+use sandbox_actors::{CreateOptions, Quota};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::access::caller::Caller;
+use crate::ops::error::OpsError;
+use crate::ops::results::CreatedSandbox;
+use crate::ops::Ops;
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct CreateSandbox {
+    /// A name to recognise the sandbox by (optional).
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub name: Option<String>,
+}
+
+impl Ops {
+    pub async fn create_sandbox(&self, caller: &Caller, args: CreateSandbox) -> Result<CreatedSandbox, OpsError> {
+        self.metrics
+            .observe("create_sandbox", None, async {
+                self.check_budget(caller)?;
+                let owner = &caller.owner;
+                if let Err(wait) = self.limits.check_creation(owner) {
+                    return Err(OpsError::RateLimited {
+                        message: format!(
+                            "too many sandboxes created in the last minute; wait {} s, or reuse one from list_sandboxes",
+                            wait.seconds()
+                        ),
+                        retry_after: wait.seconds(),
+                    });
+                }
+                let info = self
+                    .sandboxes
+                    .create(owner, args.name, self.quota(caller), self.create_options(caller))
+                    .await?;
+                tracing::Span::current().record("sandbox_id", tracing::field::display(info.sandbox_id));
+                Ok(CreatedSandbox::from(info))
+            })
+            .await
+    }
+
+    /// How many sandboxes the caller may hold, and the server in all.
+    pub(super) fn quota(&self, caller: &Caller) -> Quota {
+        Quota {
+            per_owner: self.limits.max_sandboxes(&caller.owner),
+            total: self.limits.max_sandboxes_total(),
+        }
+    }
+
+    /// A guest's sandboxes end with its key (or the tier's lifetime) and
+    /// take the tier's egress policy; a configured key's, its own policy.
+    pub(super) fn create_options(&self, caller: &Caller) -> CreateOptions {
+        let Some(expires_at) = caller.expires_at else {
+            return CreateOptions {
+                egress: self.limits.egress(&caller.owner),
+                ..Default::default()
+            };
+        };
+        let key_left = expires_at.saturating_sub(crate::access::signer::unix_now()).max(1);
+        let guest = self.limits.guest();
+        CreateOptions {
+            lifetime: Some(std::time::Duration::from_secs(
+                key_left.min(guest.sandbox_lifetime_seconds),
+            )),
+            egress: guest.network,
+        }
+    }
+}

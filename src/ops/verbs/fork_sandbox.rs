@@ -1,0 +1,60 @@
+//! `fork_sandbox`: new sandboxes made from one as it is, or from one of its
+//! snapshots; counted as that many creations.
+
+use sandbox_actors::MAX_FORKS;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::access::caller::Caller;
+use crate::ops::args::{in_range, parse_snapshot_id};
+use crate::ops::error::OpsError;
+use crate::ops::results::ForkResult;
+use crate::ops::Ops;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ForkSandbox {
+    /// The sandbox_id of the sandbox to copy.
+    pub sandbox_id: String,
+    /// How many new sandboxes to make (1 to 16; default 1). Each counts
+    /// against your sandbox quota.
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub count: Option<u64>,
+    /// Copy this snapshot of the sandbox (from snapshot_sandbox or
+    /// list_snapshots) instead of the sandbox as it is now.
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub snapshot_id: Option<String>,
+}
+
+impl Ops {
+    pub async fn fork_sandbox(&self, caller: &Caller, args: ForkSandbox) -> Result<ForkResult, OpsError> {
+        self.on_sandbox("fork_sandbox", &args.sandbox_id, |id| async move {
+            let count = in_range("count", args.count, 1, MAX_FORKS)?;
+            let from = args.snapshot_id.as_deref().map(parse_snapshot_id).transpose()?;
+            self.check_budget(caller)?;
+            let owner = &caller.owner;
+            if let Err(wait) = self.limits.check_creations(owner, count) {
+                return Err(match wait {
+                    Some(wait) => OpsError::RateLimited {
+                        message: format!(
+                            "a fork of {count} would pass the sandboxes you may create per minute; wait {} s, or fork fewer",
+                            wait.seconds()
+                        ),
+                        retry_after: wait.seconds(),
+                    },
+                    None => OpsError::Refused(format!(
+                        "a fork of {count} is more sandboxes than you may create in a minute; fork fewer"
+                    )),
+                });
+            }
+            let started = std::time::Instant::now();
+            let forked = self
+                .sandboxes
+                .fork(owner, id, count, from, self.quota(caller), self.create_options(caller))
+                .await?;
+            Ok(ForkResult::new(id, from, forked, started.elapsed()))
+        })
+        .await
+    }
+}

@@ -1,0 +1,52 @@
+//! `read_file`: a window of a file under `/app/results`.
+
+use sandbox_actors::files::{ResultsPath, Window, MAX_READ_BYTES};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::access::caller::Caller;
+use crate::ops::args::in_range;
+use crate::ops::error::OpsError;
+use crate::ops::files::Read;
+use crate::ops::Ops;
+
+/// What `read_file` returns unless asked otherwise: a screenful of text.
+pub const DEFAULT_READ_BYTES: u64 = 16 * 1024;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFile {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// A file under /app/results, absolute or relative to it.
+    pub path: String,
+    /// Byte offset to start at (default 0); pass next_offset from the previous read to continue.
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub offset: Option<u64>,
+    /// Most bytes of text returned (default 16384, at most 262144).
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub max_bytes: Option<u64>,
+    /// Stop after this many lines (default: no line limit).
+    #[serde(default)]
+    #[schemars(with = "u64")]
+    pub max_lines: Option<u64>,
+}
+
+impl Ops {
+    /// Reads a file under `/app/results`: text from `offset`, at most
+    /// `max_bytes` bytes and `max_lines` lines (0 or none: no line limit).
+    pub async fn read_file(&self, caller: &Caller, args: ReadFile) -> Result<Read, OpsError> {
+        self.on_sandbox("read_file", &args.sandbox_id, |id| async move {
+            let window = Window {
+                offset: args.offset.unwrap_or(0),
+                max_bytes: in_range("max_bytes", args.max_bytes, DEFAULT_READ_BYTES, MAX_READ_BYTES)?,
+                max_lines: usize::try_from(args.max_lines.unwrap_or(0)).unwrap_or(usize::MAX),
+            };
+            let target = ResultsPath::parse(&args.path)?;
+            let read = self.sandboxes.read_file(caller.scope(), id, target, window).await?;
+            Ok(Read::new(read, &self.links, id))
+        })
+        .await
+    }
+}

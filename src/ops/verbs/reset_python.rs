@@ -1,0 +1,25 @@
+//! `reset_python`: a fresh Python namespace, in turn with the sandbox's
+//! other calls.
+
+use crate::access::caller::Caller;
+use crate::ops::args::SandboxRef;
+use crate::ops::error::OpsError;
+use crate::ops::results::ResetResult;
+use crate::ops::Ops;
+
+impl Ops {
+    pub async fn reset_python(&self, caller: &Caller, args: SandboxRef) -> Result<ResetResult, OpsError> {
+        self.on_sandbox("reset_python", &args.sandbox_id, |id| async move {
+            let started = std::time::Instant::now();
+            let notice = self.sandboxes.reset_python(caller.scope(), id).await?;
+            Ok(ResetResult {
+                success: true,
+                message: "Python was reset: variables and imports are gone; files and installed packages are kept."
+                    .into(),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                notice,
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,69 @@
+//! `upload_file_to_sandbox`: a file or folder from an allowed host folder
+//! (MCP), or the bytes a browser sent (REST), into a folder of the sandbox.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::access::caller::Caller;
+use crate::ops::args::default_dest;
+use crate::ops::error::OpsError;
+use crate::ops::results::UploadResult;
+use crate::ops::Ops;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct UploadFileToSandbox {
+    /// The sandbox_id returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Absolute path of a file or folder on the server's host, inside a folder the server allows uploads from.
+    pub local_file_path: String,
+    /// Folder in the sandbox to copy into (default /app/results).
+    #[serde(default = "default_dest")]
+    pub dest_path: String,
+}
+
+/// A file sent in the request: its name in the sandbox and where it goes
+/// (the body is its bytes).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadBytes {
+    /// The file's name in the sandbox.
+    pub name: String,
+    #[serde(default = "default_dest")]
+    pub dest: String,
+}
+
+impl Ops {
+    /// Copies a file or folder from an allowed host folder.
+    pub async fn upload_file_to_sandbox(
+        &self,
+        caller: &Caller,
+        args: UploadFileToSandbox,
+    ) -> Result<UploadResult, OpsError> {
+        self.on_sandbox("upload_file_to_sandbox", &args.sandbox_id, |id| async move {
+            let up = self
+                .sandboxes
+                .upload(caller.scope(), id, &args.local_file_path, &args.dest_path)
+                .await?;
+            Ok(UploadResult::new(up, id))
+        })
+        .await
+    }
+
+    /// Writes bytes the caller sent (a browser upload) as a file.
+    pub async fn upload_bytes(
+        &self,
+        caller: &Caller,
+        raw_id: &str,
+        args: UploadBytes,
+        data: Vec<u8>,
+    ) -> Result<UploadResult, OpsError> {
+        self.on_sandbox("upload_file_to_sandbox", raw_id, |id| async move {
+            let up = self
+                .sandboxes
+                .upload_bytes(caller.scope(), id, &args.name, data, &args.dest)
+                .await?;
+            Ok(UploadResult::new(up, id))
+        })
+        .await
+    }
+}
