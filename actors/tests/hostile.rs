@@ -13,7 +13,7 @@ use common::{docker, Harness, OWNER};
 use sandbox_actors::records::RecordStore;
 use sandbox_actors::EgressPolicy;
 use sandbox_actors::{InstallStatusKind, Quota, SandboxError, SandboxStatus, Work};
-use sandbox_runtime::{ContainerRuntime, DockerRuntime, SandboxPaths};
+use sandbox_runtime::{ContainerRuntime, SandboxPaths};
 
 /// Programs a sandbox could plant where an installer might look for its own.
 const PLANTED: [&str; 8] = ["uv", "uvx", "python", "python3", "pip", "pip3", "sh", "env"];
@@ -111,16 +111,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
     let id = h.create().await;
     // The installer of this very sandbox, running a probe instead of uv.
     let settings = common::settings(h.root.path());
-    let mut runtime = DockerRuntime::connect(
-        &h.server_id,
-        &settings.sandbox,
-        &settings.state_dir,
-        settings.agents_dir(),
-        sandbox_host::syscalls::linux(),
-    )
-    .await
-    .unwrap();
-    runtime.isolate_network().await.unwrap();
+    let runtime = common::docker_runtime(&h.server_id, &settings).await;
     let paths = SandboxPaths {
         id,
         results: settings.results_dir.join(id.to_string()),

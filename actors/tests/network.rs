@@ -14,7 +14,6 @@ use common::{Harness, OWNER};
 use sandbox_actors::EgressPolicy;
 use sandbox_actors::{CreateOptions, Quota, RunOutput, Work};
 use sandbox_host::addresses::host_networks;
-use sandbox_runtime::DockerRuntime;
 use uuid::Uuid;
 
 const ALL: [EgressPolicy; 4] = [
@@ -680,16 +679,7 @@ async fn rules_applied_again_are_one_set_in_order_with_rate_tables_of_their_own(
     let mut settings = common::settings(h.root.path());
     settings.sandbox.egress_mb_per_minute = 64;
     settings.sandbox.egress_allow = vec!["10.9.0.0/16".into()];
-    let mut runtime = DockerRuntime::connect(
-        &h.server_id,
-        &settings.sandbox,
-        &settings.state_dir,
-        settings.agents_dir(),
-        sandbox_host::syscalls::linux(),
-    )
-    .await
-    .unwrap();
-    runtime.isolate_network().await.unwrap();
+    let _runtime = common::docker_runtime(&h.server_id, &settings).await;
     let second = rules_of(&h.server_id);
     // One set, of the new generation alone: its bounds once each. (How
     // many ranges it drops follows the host's own networks, which other

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use sandbox_actors::{InstallStatus, InstallStatusKind, Quota, Ran, Sandboxes, Settings, Work};
 use sandbox_runtime::labels;
+use sandbox_runtime::DockerRuntime;
 use uuid::Uuid;
 
 pub const OWNER: &str = "tester";
@@ -171,6 +172,22 @@ impl Drop for Harness {
         let _ = sandbox_host::firewall::remove(&sandbox_host::syscalls::Linux, &self.server_id);
         unmount_under(self.root.path());
     }
+}
+
+/// A Docker runtime of the server `server_id` under `settings`, its
+/// network (and firewall rules) set up, as a server's start sets it up.
+pub async fn docker_runtime(server_id: &str, settings: &Settings) -> DockerRuntime {
+    let mut runtime = DockerRuntime::connect(
+        server_id,
+        &settings.sandbox,
+        &settings.state_dir,
+        settings.agents_dir(),
+        sandbox_host::syscalls::linux(),
+    )
+    .await
+    .unwrap();
+    runtime.isolate_network().await.unwrap();
+    runtime
 }
 
 /// Detaches every file system mounted under `root` (the sandboxes' disk

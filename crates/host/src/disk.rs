@@ -495,12 +495,16 @@ mod tests {
     const PACKAGES: Cap = Cap { mb: 128, inodes: 8192 };
 
     fn disks(root: &Path, host: &Arc<Recorder>) -> Disks {
+        capped(root, host, RESULTS, PACKAGES)
+    }
+
+    fn capped(root: &Path, host: &Arc<Recorder>, results: Cap, packages: Cap) -> Disks {
         let layout = Layout {
             root: root.join("disks"),
             results_dir: root.join("results"),
             agents_dir: root.join("agents"),
         };
-        Disks::new(host.clone(), layout, RESULTS, PACKAGES)
+        Disks::new(host.clone(), layout, results, packages)
     }
 
     /// A new sandbox's folders, as the pool makes them before its disks.
@@ -644,13 +648,8 @@ mod tests {
     async fn without_caps_nothing_is_mounted() {
         let root = tempfile::tempdir().unwrap();
         let host = Arc::new(Recorder::new());
-        let layout = Layout {
-            root: root.path().join("disks"),
-            results_dir: root.path().join("results"),
-            agents_dir: root.path().join("agents"),
-        };
         let off = Cap { mb: 0, inodes: 0 };
-        let disks = Disks::new(host.clone(), layout, off, off);
+        let disks = capped(root.path(), &host, off, off);
         let id = Uuid::new_v4();
         disks.check().await.unwrap();
         disks.prepare(id).await.unwrap();
