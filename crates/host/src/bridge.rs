@@ -19,12 +19,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use uuid::Uuid;
+
+use crate::syscalls::{forget_flows_off_thread, Syscalls};
 
 /// How long making a pair, or joining its port, may take.
 const STEP_DEADLINE: Duration = Duration::from_secs(10);
@@ -102,8 +103,10 @@ pub fn resolv_conf(host: &str, servers: &[Ipv4Addr]) -> String {
 
 /// The server's bridge, as [`Bridge::attach`] needs it, and the addresses
 /// it handed out.
-#[derive(Debug)]
 pub struct Bridge {
+    /// Every link made, joined or deleted, and every flow forgotten, goes
+    /// through it.
+    host: Arc<dyn Syscalls>,
     /// The bridge's interface on the host.
     interface: String,
     subnet: Ipv4Net,
@@ -147,6 +150,7 @@ impl Bridge {
     /// forgotten the kernel's tracked flows of every other address of
     /// `range` (one sweep at start): their first joins skip it.
     pub fn new(
+        host: Arc<dyn Syscalls>,
         interface: String,
         subnet: Ipv4Net,
         gateway: Ipv4Addr,
@@ -167,13 +171,14 @@ impl Bridge {
         // Free addresses whose ports are still there (their namespaces
         // outlive a container while its sockets close) may gain flows
         // after the caller's sweep: their next joins forget them.
-        let unswept = lingering_ports()
+        let unswept = lingering_ports(host.as_ref())
             .filter(|address| range.contains(address) && !held.contains_key(address))
             .collect();
         // A random start: the addresses that the last run gave back are
         // not the first handed out again after a restart.
         let cursor = Uuid::new_v4().as_u128() as u32;
         Self {
+            host,
             interface,
             subnet,
             gateway,
@@ -268,7 +273,7 @@ impl Bridge {
     /// (the namespace outlives the container while its sockets close, and
     /// their last segments may be tracked anew), its next join forgets them.
     pub fn give_back(&self, address: Ipv4Addr, sandbox: Uuid, forgotten: bool) {
-        let lingering = port_exists(&Self::host_end(address));
+        let lingering = self.port_exists(&Self::host_end(address));
         let mut a = self.addresses();
         if a.held.get(&address).is_some_and(|h| h.sandbox == sandbox) {
             a.held.remove(&address);
@@ -290,13 +295,12 @@ impl Bridge {
     /// and up: a server stopped between making the pair and joining its
     /// host end to the bridge leaves it neither.
     pub fn has_port(&self, address: Ipv4Addr) -> bool {
-        let port = port_dir(&Self::host_end(address));
-        let master = std::fs::read_link(port.join("master")).ok();
-        let up = std::fs::read_to_string(port.join("flags"))
-            .ok()
-            .and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok())
-            .is_some_and(|f| f & libc::IFF_UP as u32 != 0);
-        up && master.is_some_and(|m| m.file_name().is_some_and(|n| n == self.interface.as_str()))
+        let port = self.host.port(&Self::host_end(address));
+        port.is_some_and(|p| p.up && p.master.as_deref() == Some(self.interface.as_str()))
+    }
+
+    fn port_exists(&self, host_end: &str) -> bool {
+        self.host.port(host_end).is_some()
     }
 
     /// The host end of the veth pair of `address`: unique on the host, as
@@ -317,22 +321,23 @@ impl Bridge {
         if !self.range.contains(&address) {
             return Err(AttachError::Foreign(address, self.range));
         }
-        let namespace = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|_| AttachError::NotRunning(pid))?;
-        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let own = std::fs::File::open("/proc/self/ns/net").map_err(|source| super::veth::StepError {
+        let namespace = self
+            .host
+            .container_namespace(container_id, pid)
+            .ok_or(AttachError::NotRunning(pid))?;
+        let own = self.host.own_namespace().map_err(|source| super::veth::StepError {
             step: "opening the server's network namespace".into(),
             source,
         })?;
-        if container_id.len() < 12 || !cgroups.contains(container_id) || same_file(&namespace, &own) {
+        if same_file(&namespace, &own) {
             return Err(AttachError::NotRunning(pid));
         }
         let host = Self::host_end(address);
-        let interfaces = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
-        if interfaces.lines().any(|l| l.trim_start().starts_with("eth0:")) {
+        if self.host.has_eth0(pid) {
             // Joined already (the engine answers a start of a running
             // container as done), or the server stopped before the pair's
             // host end was on the bridge: that end is joined again.
-            if !port_exists(&host) {
+            if !self.port_exists(&host) {
                 return Err(AttachError::ForeignPair(host));
             }
             return self.join_port(&host).await;
@@ -341,9 +346,9 @@ impl Bridge {
         // kernel is still destroying, goes with it; one that stays is
         // another container's, and is never taken from it. Flows tracked
         // while it lingered are forgotten below.
-        let lingered = port_exists(&host);
+        let lingered = self.port_exists(&host);
         let deadline = std::time::Instant::now() + STALE_PORT_WAIT;
-        while port_exists(&host) {
+        while self.port_exists(&host) {
             if std::time::Instant::now() > deadline {
                 return Err(AttachError::InUse(address));
             }
@@ -361,7 +366,7 @@ impl Bridge {
             if swept {
                 return Ok(0);
             }
-            super::conntrack::forget_off_thread(address)
+            forget_flows_off_thread(&self.host, move |a| a == address)
                 .await
                 .map_err(|e| AttachError::Conntrack(address, e))
         };
@@ -376,8 +381,8 @@ impl Bridge {
         if attached.is_err() {
             // The pair this call made; its address is this sandbox's until
             // the call has ended.
-            let host = host.clone();
-            let _ = off_thread("deleting the pair", move |d| super::veth::delete(&host, d)).await;
+            let (syscalls, host) = (self.host.clone(), host.clone());
+            let _ = off_thread("deleting the pair", move |d| syscalls.delete_link(&host, d)).await;
         }
         attached
     }
@@ -398,9 +403,9 @@ impl Bridge {
             gateway: self.gateway,
             mtu: self.mtu,
         };
-        let host = host.to_string();
+        let (syscalls, host) = (self.host.clone(), host.to_string());
         off_thread("making the pair", move |deadline| {
-            super::veth::make_pair(&namespace, &server, &host, addressing, deadline)
+            syscalls.make_veth_pair(&namespace, &server, &host, addressing, deadline)
         })
         .await
     }
@@ -410,9 +415,9 @@ impl Bridge {
     /// sandboxes stay apart at the link layer too, broadcast and multicast
     /// included, whatever the firewall sees.
     async fn join_port(&self, host: &str) -> Result<(), AttachError> {
-        let (host, bridge) = (host.to_string(), self.interface.clone());
+        let (syscalls, host, bridge) = (self.host.clone(), host.to_string(), self.interface.clone());
         off_thread("joining the port", move |deadline| {
-            super::veth::join_port(&host, &bridge, deadline)
+            syscalls.join_port(&host, &bridge, deadline)
         })
         .await
     }
@@ -447,28 +452,14 @@ async fn off_thread(
 }
 
 /// The addresses of the host ends of pairs on this host (any server's).
-fn lingering_ports() -> impl Iterator<Item = Ipv4Addr> {
-    std::fs::read_dir("/sys/class/net")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name();
-            let hex = name.to_str()?.strip_prefix("mcps")?;
-            if hex.len() != 8 {
-                return None;
-            }
-            u32::from_str_radix(hex, 16).ok().map(Ipv4Addr::from)
-        })
-}
-
-/// The host's folder of the interface `host`.
-fn port_dir(host: &str) -> PathBuf {
-    Path::new("/sys/class/net").join(host)
-}
-
-fn port_exists(host: &str) -> bool {
-    port_dir(host).exists()
+fn lingering_ports(host: &dyn Syscalls) -> impl Iterator<Item = Ipv4Addr> {
+    host.links().into_iter().filter_map(|name| {
+        let hex = name.strip_prefix("mcps")?;
+        if hex.len() != 8 {
+            return None;
+        }
+        u32::from_str_radix(hex, 16).ok().map(Ipv4Addr::from)
+    })
 }
 
 fn same_file(a: &std::fs::File, b: &std::fs::File) -> bool {
@@ -490,14 +481,145 @@ pub fn cannot_join() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::{Call, Recorder};
+    use crate::syscalls::Port;
+    use crate::veth::Deadline;
 
     fn bridge(subnet: &str) -> Bridge {
         let subnet: Ipv4Net = subnet.parse().unwrap();
         let (_, range) = halves(subnet).unwrap();
         let gateway = Ipv4Addr::from(u32::from(subnet.network()) + 1);
-        let b = Bridge::new("br-test".into(), subnet, gateway, range, 1500, []);
+        let b = Bridge::new(
+            Arc::new(Recorder::new()),
+            "br-test".into(),
+            subnet,
+            gateway,
+            range,
+            1500,
+            [],
+        );
         b.addresses().cursor = 0;
         b
+    }
+
+    const CONTAINER: &str = "0123456789abcdef0123";
+
+    /// A bridge on the recording host, with the search for free addresses
+    /// from the start of its range.
+    fn recorded() -> (Arc<Recorder>, Bridge) {
+        let host = Arc::new(Recorder::new());
+        let subnet: Ipv4Net = "172.18.0.0/28".parse().unwrap();
+        let (_, range) = halves(subnet).unwrap();
+        let b = Bridge::new(
+            host.clone(),
+            "br-test".into(),
+            subnet,
+            ip("172.18.0.1"),
+            range,
+            1500,
+            [],
+        );
+        b.addresses().cursor = 0;
+        (host, b)
+    }
+
+    /// The link calls made since `from`.
+    fn link_calls(host: &Recorder, from: usize) -> Vec<Call> {
+        host.calls()[from..]
+            .iter()
+            .filter(|c| !matches!(c, Call::Iptables(_)))
+            .cloned()
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_join_makes_the_pair_then_its_port_and_a_join_that_fails_leaves_no_pair() {
+        let (host, b) = recorded();
+        let sandbox = Uuid::new_v4();
+        let address = b.take(sandbox).unwrap();
+        let end = Bridge::host_end(address);
+        host.run_container(4242, CONTAINER, false);
+        b.attach(CONTAINER, 4242, address).await.unwrap();
+        let made = Call::MakePair {
+            host_end: end.clone(),
+            address,
+        };
+        let joined = Call::JoinPort {
+            host_end: end.clone(),
+            bridge: "br-test".into(),
+        };
+        assert_eq!(
+            link_calls(&host, 0),
+            [made.clone(), joined.clone()],
+            "a fresh address has no flows to forget"
+        );
+        assert!(b.has_port(address));
+
+        // Not the container's process, or the server's own namespace: nothing is made.
+        let before = host.calls().len();
+        assert!(matches!(
+            b.attach(CONTAINER, 7, address).await,
+            Err(AttachError::NotRunning(7))
+        ));
+        assert!(matches!(
+            b.attach("short", 4242, address).await,
+            Err(AttachError::NotRunning(_))
+        ));
+        assert!(link_calls(&host, before).is_empty());
+
+        // Its container made again (its namespace went, and its port with
+        // it): the flows its last run left are forgotten, no one else's.
+        host.delete_link(&end, &Deadline::default()).unwrap();
+        host.track_flow(address);
+        host.track_flow(ip("172.18.0.12"));
+        host.run_container(4243, CONTAINER, false);
+        let before = host.calls().len();
+        b.attach(CONTAINER, 4243, address).await.unwrap();
+        assert!(link_calls(&host, before).contains(&Call::ForgetFlows));
+        assert_eq!(host.flows(), [ip("172.18.0.12")]);
+
+        // A port that cannot join the bridge: the pair made for it goes again.
+        host.delete_link(&end, &Deadline::default()).unwrap();
+        host.fail("join_port", &end);
+        host.run_container(4244, CONTAINER, false);
+        let before = host.calls().len();
+        assert!(matches!(
+            b.attach(CONTAINER, 4244, address).await,
+            Err(AttachError::Step(_))
+        ));
+        assert!(link_calls(&host, before).contains(&Call::DeleteLink { host_end: end.clone() }));
+        assert!(!host.link_ports().contains_key(&end), "{:?}", host.link_ports());
+    }
+
+    #[tokio::test]
+    async fn a_container_joined_before_has_its_port_joined_again_and_a_pair_not_on_this_host_is_refused() {
+        let (host, b) = recorded();
+        let address = b.take(Uuid::new_v4()).unwrap();
+        let end = Bridge::host_end(address);
+        // The server stopped between making the pair and joining its port.
+        host.run_container(4242, CONTAINER, true);
+        host.add_link(
+            &end,
+            Port {
+                master: None,
+                up: false,
+            },
+        );
+        b.attach(CONTAINER, 4242, address).await.unwrap();
+        assert_eq!(
+            link_calls(&host, 0),
+            [Call::JoinPort {
+                host_end: end.clone(),
+                bridge: "br-test".into()
+            }]
+        );
+        assert!(b.has_port(address));
+        // An eth0 whose other end is not here is no pair of this server's.
+        host.delete_link(&end, &Deadline::default()).unwrap();
+        assert!(matches!(
+            b.attach(CONTAINER, 4242, address).await,
+            Err(AttachError::ForeignPair(e)) if e == end
+        ));
     }
 
     fn ip(s: &str) -> Ipv4Addr {
@@ -544,7 +666,15 @@ mod tests {
         let held = [(ip("172.18.0.8"), holder)];
         let subnet: Ipv4Net = "172.18.0.0/28".parse().unwrap();
         let range: Ipv4Net = "172.18.0.8/29".parse().unwrap();
-        let b = Bridge::new("br".into(), subnet, ip("172.18.0.1"), range, 1500, held);
+        let b = Bridge::new(
+            Arc::new(Recorder::new()),
+            "br".into(),
+            subnet,
+            ip("172.18.0.1"),
+            range,
+            1500,
+            held,
+        );
         // Held at start (its container exists): its flows were never swept.
         assert!(!b.first_join_of_swept(ip("172.18.0.8")));
         let (one, two) = (Uuid::new_v4(), Uuid::new_v4());
@@ -571,16 +701,9 @@ mod tests {
     /// A pair's host end that outlives its container (its namespace
     /// lingers while sockets close) may see flows tracked after they were
     /// forgotten: the address's next join forgets them, whether the port
-    /// was seen at the give-back or at the server's start. Root only: an
-    /// empty bridge interface (the engine's networks need the module)
-    /// stands for the port.
+    /// was seen at the give-back or at the server's start.
     #[test]
     fn an_address_whose_port_lingers_is_not_taken_for_swept() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root to make an interface");
-            return;
-        }
         let subnet: Ipv4Net = "10.250.77.0/28".parse().unwrap();
         let range: Ipv4Net = "10.250.77.8/29".parse().unwrap();
         let others = |n: u8| Holder {
@@ -591,30 +714,38 @@ mod tests {
         let held = || (8..14).map(|n| (Ipv4Addr::new(10, 250, 77, n), others(n)));
         let last = ip("10.250.77.14");
         let port = Bridge::host_end(last);
-        /// The stand-in, deleted when dropped (a failed assertion included).
-        struct StandIn(String);
-        impl Drop for StandIn {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("ip").args(["link", "del", &self.0]).status();
-            }
-        }
-        let stand_in = || {
-            let ran = std::process::Command::new("ip")
-                .args(["link", "add", &port, "type", "bridge"])
-                .status()
-                .unwrap();
-            assert!(ran.success(), "making {port}");
-            StandIn(port.clone())
-        };
-        let b = Bridge::new("br".into(), subnet, ip("10.250.77.1"), range, 1500, held());
+        let host = Arc::new(Recorder::new());
+        let b = Bridge::new(
+            host.clone(),
+            "br".into(),
+            subnet,
+            ip("10.250.77.1"),
+            range,
+            1500,
+            held(),
+        );
         let sandbox = Uuid::new_v4();
         assert_eq!(b.take(sandbox).unwrap(), last);
-        let lingering = stand_in();
+        host.add_link(
+            &port,
+            Port {
+                master: None,
+                up: false,
+            },
+        );
         b.give_back(last, sandbox, true);
         assert_eq!(b.take(sandbox).unwrap(), last);
         let at_give_back = b.first_join_of_swept(last);
-        let b = Bridge::new("br".into(), subnet, ip("10.250.77.1"), range, 1500, held());
-        drop(lingering);
+        let b = Bridge::new(
+            host.clone(),
+            "br".into(),
+            subnet,
+            ip("10.250.77.1"),
+            range,
+            1500,
+            held(),
+        );
+        host.delete_link(&port, &Deadline::default()).unwrap();
         assert_eq!(b.take(sandbox).unwrap(), last);
         let at_start = b.first_join_of_swept(last);
         assert!(!at_give_back, "the port was there when the address was given back");
@@ -632,7 +763,15 @@ mod tests {
             container: Some(c.into()),
         };
         let held = [(ip("10.9.128.1"), holder("a")), (ip("10.9.0.7"), holder("b"))];
-        let b = Bridge::new("br".into(), subnet, ip("10.9.0.1"), range, 1500, held);
+        let b = Bridge::new(
+            Arc::new(Recorder::new()),
+            "br".into(),
+            subnet,
+            ip("10.9.0.1"),
+            range,
+            1500,
+            held,
+        );
         b.addresses().cursor = 0;
         assert_eq!(b.take(Uuid::new_v4()).unwrap(), ip("10.9.128.2"));
         // The engine's half is never the server's, whatever a label says.

@@ -63,20 +63,6 @@ fn body(attributes: &[u8]) -> Vec<u8> {
     [&[libc::AF_INET as u8, 0, 0, 0][..], attributes].concat()
 }
 
-/// Deletes every tracked IPv4 flow with `address` as a source or a
-/// destination, on a blocking thread (a netlink read blocks for up to five
-/// seconds); returns how many were deleted.
-pub async fn forget_off_thread(address: Ipv4Addr) -> io::Result<usize> {
-    forget_where_off_thread(move |a| a == address).await
-}
-
-/// [`forget_where`] on a blocking thread, for async callers.
-pub async fn forget_where_off_thread(doomed: impl Fn(Ipv4Addr) -> bool + Send + 'static) -> io::Result<usize> {
-    tokio::task::spawn_blocking(move || forget_where(doomed))
-        .await
-        .unwrap_or_else(|e| Err(io::Error::other(e)))
-}
-
 /// The attributes that name the entry of `payload` (its original tuple, and
 /// its zone if any), when `doomed` picks an address of either tuple.
 fn matching(payload: &[u8], doomed: &impl Fn(Ipv4Addr) -> bool) -> Option<Vec<u8>> {

@@ -13,17 +13,18 @@
 //! - Files: `symlink_proof` (opening what a path names, one component at a
 //!   time, never following a symbolic link).
 //! - `figures`: free space, memory, the OOM score.
-//! - `syscalls`: the seam every mount, `mkfs`, loop device and iptables run
-//!   goes through ([`syscalls::Syscalls`]), with the host's own
-//!   ([`syscalls::Linux`]) and, for tests, a recording double that plays a
-//!   small kernel (`recording`, with the `recording` feature).
+//! - `syscalls`: the seam every mount, `mkfs`, loop device, iptables run,
+//!   network link, container namespace and tracked flow goes through
+//!   ([`syscalls::Syscalls`]), with the host's own ([`syscalls::Linux`])
+//!   and, for tests, a recording double that plays a small kernel
+//!   (`recording`, with the `recording` feature).
 //!
 //! Nothing here knows of containers, actors, HTTP or MCP; each module has
 //! an error type of its own, gathered in [`HostError`].
 
 pub mod addresses;
 pub mod bridge;
-pub mod conntrack;
+mod conntrack;
 pub mod disk;
 pub mod figures;
 pub mod firewall;
@@ -34,7 +35,7 @@ pub mod recording;
 mod sparse;
 pub mod symlink_proof;
 pub mod syscalls;
-mod veth;
+pub mod veth;
 
 use std::path::{Path, PathBuf};
 

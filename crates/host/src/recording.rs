@@ -1,17 +1,21 @@
 //! A [`Syscalls`] that records every call and plays a small kernel: mounts
 //! that exist until unmounted, ext4 images that show `lost+found` when
-//! mounted fresh from `mkfs`, and iptables tables that `-S`, `-I`, `-A` and
-//! `-D` list and change. Calls can be made to fail, so tests see what the
+//! mounted fresh from `mkfs`, iptables tables that `-S`, `-I`, `-A` and
+//! `-D` list and change, links that are made, joined to a bridge and
+//! deleted, containers' processes, and tracked flows. Calls can be made to fail, so tests see what the
 //! host code does after a failure. For tests only (this crate's, and with
 //! the `recording` feature the crates above it).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
 use std::io;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::syscalls::{Syscalls, ToolOutput};
+use crate::syscalls::{Port, Syscalls, ToolOutput};
+use crate::veth::{Addressing, Deadline, StepError};
 
 /// One call, as made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +38,18 @@ pub enum Call {
         lazily: bool,
     },
     Iptables(Vec<String>),
+    MakePair {
+        host_end: String,
+        address: Ipv4Addr,
+    },
+    JoinPort {
+        host_end: String,
+        bridge: String,
+    },
+    DeleteLink {
+        host_end: String,
+    },
+    ForgetFlows,
 }
 
 /// Which calls fail: those of an operation whose path (for iptables, the
@@ -53,6 +69,13 @@ struct State {
     /// Rules by (table, chain), in order.
     tables: BTreeMap<(String, String), Vec<Vec<String>>>,
     no_raw_table: bool,
+    links: BTreeMap<String, Port>,
+    /// Running containers' first processes: pid to container id.
+    containers: HashMap<u32, String>,
+    /// The processes whose namespace has an `eth0`.
+    with_eth0: HashSet<u32>,
+    /// Tracked flows, by an address of theirs.
+    flows: Vec<Ipv4Addr>,
 }
 
 /// The recording double of [`Syscalls`].
@@ -111,6 +134,44 @@ impl Recorder {
             .entry((table.to_string(), chain.to_string()))
             .or_default()
             .push(rule.iter().map(|w| w.to_string()).collect());
+    }
+
+    /// `pid` is the first process of the running container `container_id`;
+    /// `eth0`: its namespace has an `eth0` already.
+    pub fn run_container(&self, pid: u32, container_id: &str, eth0: bool) {
+        let mut state = self.state();
+        state.containers.insert(pid, container_id.into());
+        if eth0 {
+            state.with_eth0.insert(pid);
+        }
+    }
+
+    /// The host's links now.
+    pub fn link_ports(&self) -> BTreeMap<String, Port> {
+        self.state().links.clone()
+    }
+
+    /// Puts a link on the host (someone else's, or one left behind).
+    pub fn add_link(&self, name: &str, port: Port) {
+        self.state().links.insert(name.into(), port);
+    }
+
+    /// The kernel tracks a flow of `address`.
+    pub fn track_flow(&self, address: Ipv4Addr) {
+        self.state().flows.push(address);
+    }
+
+    /// The tracked flows, by an address of theirs.
+    pub fn flows(&self) -> Vec<Ipv4Addr> {
+        self.state().flows.clone()
+    }
+
+    /// Records a link call; its error when made to fail.
+    fn record_step(&self, op: &'static str, about: &str, call: Call) -> Result<(), StepError> {
+        self.record(op, about, call).map_err(|source| StepError {
+            step: op.into(),
+            source,
+        })
     }
 
     fn record(&self, op: &'static str, about: &str, call: Call) -> io::Result<()> {
@@ -252,5 +313,95 @@ impl Syscalls for Recorder {
             },
             _ => refused("the recorder does not play this verb"),
         })
+    }
+
+    fn container_namespace(&self, container_id: &str, pid: u32) -> Option<File> {
+        let ours = self.state().containers.get(&pid).is_some_and(|c| c == container_id);
+        ours.then(|| File::open("/dev/null").expect("/dev/null"))
+    }
+
+    fn own_namespace(&self) -> io::Result<File> {
+        File::open("/")
+    }
+
+    fn has_eth0(&self, pid: u32) -> bool {
+        self.state().with_eth0.contains(&pid)
+    }
+
+    fn links(&self) -> Vec<String> {
+        self.state().links.keys().cloned().collect()
+    }
+
+    fn port(&self, name: &str) -> Option<Port> {
+        self.state().links.get(name).cloned()
+    }
+
+    fn make_veth_pair(
+        &self,
+        _namespace: &File,
+        _server: &File,
+        host_end: &str,
+        addressing: Addressing,
+        _deadline: &Deadline,
+    ) -> Result<(), StepError> {
+        let call = Call::MakePair {
+            host_end: host_end.into(),
+            address: addressing.address,
+        };
+        self.record_step("make_veth_pair", host_end, call)?;
+        let port = Port {
+            master: None,
+            up: false,
+        };
+        match self.state().links.insert(host_end.into(), port) {
+            None => Ok(()),
+            Some(_) => Err(StepError {
+                step: format!("making {host_end}"),
+                source: io::Error::from_raw_os_error(libc::EEXIST),
+            }),
+        }
+    }
+
+    fn join_port(&self, host_end: &str, bridge: &str, _deadline: &Deadline) -> Result<(), StepError> {
+        let call = Call::JoinPort {
+            host_end: host_end.into(),
+            bridge: bridge.into(),
+        };
+        self.record_step("join_port", host_end, call)?;
+        match self.state().links.get_mut(host_end) {
+            Some(port) => {
+                *port = Port {
+                    master: Some(bridge.into()),
+                    up: true,
+                };
+                Ok(())
+            }
+            None => Err(StepError {
+                step: format!("joining {host_end}"),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            }),
+        }
+    }
+
+    fn delete_link(&self, host_end: &str, _deadline: &Deadline) -> Result<(), StepError> {
+        let call = Call::DeleteLink {
+            host_end: host_end.into(),
+        };
+        self.record_step("delete_link", host_end, call)?;
+        match self.state().links.remove(host_end) {
+            Some(_) => Ok(()),
+            None => Err(StepError {
+                step: format!("deleting {host_end}"),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            }),
+        }
+    }
+
+    fn forget_flows(&self, doomed: &dyn Fn(Ipv4Addr) -> bool) -> io::Result<usize> {
+        self.record("forget_flows", "", Call::ForgetFlows)?;
+        let mut state = self.state();
+        let before = state.flows.len();
+        state.flows.retain(|a| !doomed(*a));
+        Ok(before - state.flows.len())
     }
 }

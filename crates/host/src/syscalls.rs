@@ -1,7 +1,7 @@
 //! The seam between the host code and the kernel: every mount, loop
-//! device, `mkfs.ext4` and `iptables` run the server makes for its
-//! sandboxes goes through [`Syscalls`], as youki's container set-up goes
-//! through its syscall trait. [`Linux`] makes the calls;
+//! device, `mkfs.ext4`, `iptables` run, network link and tracked flow the
+//! server makes or reads for its sandboxes goes through [`Syscalls`], as
+//! youki's container set-up goes through its syscall trait. [`Linux`] makes the calls;
 //! [`Recorder`](crate::recording::Recorder) (tests, and the crates above
 //! with the `recording` feature) records them and plays a small kernel, so
 //! the order of set-up and tear-down, the rules a sandbox network gets and
@@ -12,7 +12,9 @@
 //! figures (`figures`, `addresses`).
 
 use std::ffi::CString;
+use std::fs::File;
 use std::io;
+use std::net::Ipv4Addr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -20,7 +22,16 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::veth::{Addressing, Deadline, StepError};
 use crate::SANDBOX_UID;
+
+/// A bridge port as the host shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Port {
+    /// The bridge it is a port of, if any.
+    pub master: Option<String>,
+    pub up: bool,
+}
 
 /// What a program run by the host code printed, and whether it succeeded.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,6 +61,35 @@ pub trait Syscalls: Send + Sync + 'static {
     fn is_mount_point(&self, path: &Path) -> bool;
     /// Runs `iptables -w ARGS` once.
     fn iptables(&self, args: &[&str]) -> io::Result<ToolOutput>;
+    /// The network namespace of `pid`, held open, when `pid` is a process
+    /// of the container `container_id` (by its cgroup); none otherwise.
+    fn container_namespace(&self, container_id: &str, pid: u32) -> Option<File>;
+    /// This process's own network namespace, held open.
+    fn own_namespace(&self) -> io::Result<File>;
+    /// Whether the namespace of `pid` has an `eth0`.
+    fn has_eth0(&self, pid: u32) -> bool;
+    /// The names of the host's network links.
+    fn links(&self) -> Vec<String>;
+    /// The link `name` as a bridge port; none when there is no such link.
+    fn port(&self, name: &str) -> Option<Port>;
+    /// Makes a veth pair: `eth0` in `namespace` as `addressing` says, and
+    /// `host_end` in `server` (this process's namespace), down and on no
+    /// bridge; on an error nothing of it is left.
+    fn make_veth_pair(
+        &self,
+        namespace: &File,
+        server: &File,
+        host_end: &str,
+        addressing: Addressing,
+        deadline: &Deadline,
+    ) -> Result<(), StepError>;
+    /// Makes `host_end` an isolated port of `bridge`, up.
+    fn join_port(&self, host_end: &str, bridge: &str, deadline: &Deadline) -> Result<(), StepError>;
+    /// Deletes the link `host_end` (and so its pair's other end).
+    fn delete_link(&self, host_end: &str, deadline: &Deadline) -> Result<(), StepError>;
+    /// Deletes every tracked IPv4 flow with an address that `doomed` picks;
+    /// how many.
+    fn forget_flows(&self, doomed: &dyn Fn(Ipv4Addr) -> bool) -> io::Result<usize>;
 }
 
 /// The host's own kernel and programs.
@@ -60,6 +100,18 @@ pub struct Linux;
 /// [`Syscalls`].
 pub fn linux() -> Arc<dyn Syscalls> {
     Arc::new(Linux)
+}
+
+/// [`Syscalls::forget_flows`] on a blocking thread (a netlink read blocks
+/// for up to five seconds), for async callers.
+pub async fn forget_flows_off_thread(
+    host: &Arc<dyn Syscalls>,
+    doomed: impl Fn(Ipv4Addr) -> bool + Send + 'static,
+) -> io::Result<usize> {
+    let host = host.clone();
+    tokio::task::spawn_blocking(move || host.forget_flows(&doomed))
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
@@ -159,6 +211,68 @@ impl Syscalls for Linux {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         })
+    }
+
+    fn container_namespace(&self, container_id: &str, pid: u32) -> Option<File> {
+        let namespace = File::open(format!("/proc/{pid}/ns/net")).ok()?;
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        (container_id.len() >= 12 && cgroups.contains(container_id)).then_some(namespace)
+    }
+
+    fn own_namespace(&self) -> io::Result<File> {
+        File::open("/proc/self/ns/net")
+    }
+
+    fn has_eth0(&self, pid: u32) -> bool {
+        let interfaces = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
+        interfaces.lines().any(|l| l.trim_start().starts_with("eth0:"))
+    }
+
+    fn links(&self) -> Vec<String> {
+        std::fs::read_dir("/sys/class/net")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect()
+    }
+
+    fn port(&self, name: &str) -> Option<Port> {
+        let dir = Path::new("/sys/class/net").join(name);
+        if !dir.exists() {
+            return None;
+        }
+        let master = std::fs::read_link(dir.join("master"))
+            .ok()
+            .and_then(|m| m.file_name().and_then(|n| n.to_str()).map(String::from));
+        let up = std::fs::read_to_string(dir.join("flags"))
+            .ok()
+            .and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok())
+            .is_some_and(|f| f & libc::IFF_UP as u32 != 0);
+        Some(Port { master, up })
+    }
+
+    fn make_veth_pair(
+        &self,
+        namespace: &File,
+        server: &File,
+        host_end: &str,
+        addressing: Addressing,
+        deadline: &Deadline,
+    ) -> Result<(), StepError> {
+        crate::veth::make_pair(namespace, server, host_end, addressing, deadline)
+    }
+
+    fn join_port(&self, host_end: &str, bridge: &str, deadline: &Deadline) -> Result<(), StepError> {
+        crate::veth::join_port(host_end, bridge, deadline)
+    }
+
+    fn delete_link(&self, host_end: &str, deadline: &Deadline) -> Result<(), StepError> {
+        crate::veth::delete(host_end, deadline)
+    }
+
+    fn forget_flows(&self, doomed: &dyn Fn(Ipv4Addr) -> bool) -> io::Result<usize> {
+        crate::conntrack::forget_where(doomed)
     }
 }
 

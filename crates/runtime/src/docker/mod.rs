@@ -32,7 +32,7 @@ use sandbox_egress::{Rules, EGRESS_SOCKET_NAME};
 use sandbox_host::addresses::{host_networks, name_servers, resolver_config};
 use sandbox_host::bridge::{self, Bridge, Holder};
 use sandbox_host::syscalls::Syscalls;
-use sandbox_host::{agent_dir, conntrack, firewall, SANDBOX_UID};
+use sandbox_host::{agent_dir, firewall, SANDBOX_UID};
 
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::{SandboxConfig, AUTO_OCI_RUNTIME};

@@ -2,6 +2,8 @@
 //! firewall rules of its subnet, and `open` sandboxes joined to it, by the
 //! server itself where it can ([`bridge`]) and by the engine otherwise.
 
+use sandbox_host::syscalls::forget_flows_off_thread;
+
 use super::*;
 
 impl DockerRuntime {
@@ -189,13 +191,21 @@ impl DockerRuntime {
         // netlink, which a host without conntrack's netlink module does not
         // offer.
         let held: HashSet<Ipv4Addr> = taken.iter().map(|(address, _)| *address).collect();
-        let forgotten = conntrack::forget_where_off_thread(move |a| range.contains(&a) && !held.contains(&a))
+        let forgotten = forget_flows_off_thread(&self.host, move |a| range.contains(&a) && !held.contains(&a))
             .await
             .map_err(|e| format!("the kernel's connection tracking cannot be reached over netlink: {e}"))?;
         if forgotten > 0 {
             tracing::info!(forgotten, %range, "forgot the tracked flows of the sandbox range's free addresses");
         }
-        Ok(Bridge::new(interface, subnet, gateway, range, mtu, taken))
+        Ok(Bridge::new(
+            self.host.clone(),
+            interface,
+            subnet,
+            gateway,
+            range,
+            mtu,
+            taken,
+        ))
     }
 
     /// The addresses of this server's containers that exist, and their
@@ -297,7 +307,7 @@ impl DockerRuntime {
     /// forgotten (so that none reaches its next holder).
     pub(super) async fn give_back(&self, address: Ipv4Addr, sandbox: Uuid) {
         if let Some(bridge) = &self.bridge {
-            let forgotten = forget_flows(address).await;
+            let forgotten = forget_flows(&self.host, address).await;
             bridge.give_back(address, sandbox, forgotten);
         }
     }
@@ -315,8 +325,8 @@ impl DockerRuntime {
 /// table for days (their ends never closed on the host's side), where
 /// enough deleted sandboxes would fill it for the whole host. Whether they
 /// were forgotten.
-pub(super) async fn forget_flows(address: Ipv4Addr) -> bool {
-    match conntrack::forget_off_thread(address).await {
+pub(super) async fn forget_flows(host: &Arc<dyn Syscalls>, address: Ipv4Addr) -> bool {
+    match forget_flows_off_thread(host, move |a| a == address).await {
         Ok(_) => true,
         Err(e) => {
             tracing::warn!(%address, error = %e, "could not forget the tracked flows of a sandbox's address; its next join will");
