@@ -9,12 +9,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use sandbox_actors::files::{FileError, ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
+use sandbox_actors::files::FileError;
 use sandbox_actors::snapshots::{CopyError, SnapshotError};
-use sandbox_actors::{CallRecord, RuntimeError, SandboxError, SandboxInfo, Usage};
+use sandbox_actors::{RuntimeError, SandboxError};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::access::caller::Caller;
 use crate::access::client_ip::ClientIp;
@@ -22,14 +22,16 @@ use crate::access::guest::Guest;
 use crate::access::signer::unix_now;
 use crate::http::error::{error, refusal};
 use crate::http::state::AppState;
-use crate::ops::args::{parse_id, SandboxRef, SnapshotRef};
+use crate::ops::args::{SandboxRef, SnapshotRef};
 use crate::ops::error::OpsError;
 use crate::ops::results::{
-    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, RestoreResult,
+    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, PythonResult, RestoreResult,
     SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::ops::usage::Period;
 use crate::ops::verbs::install_package_in_sandbox::INSTALL_WAIT;
+use crate::ops::verbs::list_result_files::FileList;
+use crate::ops::verbs::show_sandboxes::{SandboxDetail, SandboxPage, ShownSandbox};
 use crate::ops::verbs::upload_file_to_sandbox::UploadBytes;
 
 pub fn routes() -> Router<AppState> {
@@ -170,49 +172,8 @@ fn from_body<T: DeserializeOwned + JsonSchema>(ids: &[(&str, &str)], body: &[u8]
     verb_args(ids, fields)
 }
 
-/// A sandbox as the API shows it: what `list_sandboxes` says, its owner for
-/// administrators, and its CPU and memory use (absent when Docker could
-/// not say).
-#[derive(Serialize)]
-pub struct ApiSandbox {
-    #[serde(flatten)]
-    listed: ListedSandbox,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    owner: Option<String>,
-    usage: Option<Usage>,
-}
-
-#[derive(Serialize)]
-pub struct SandboxPage {
-    /// Whether the caller is an administrator (and sees every tenant).
-    admin: bool,
-    sandboxes: Vec<ApiSandbox>,
-}
-
-#[derive(Serialize)]
-pub struct SandboxDetail {
-    #[serde(flatten)]
-    sandbox: ApiSandbox,
-    /// The most recent calls on it, oldest first.
-    history: Vec<CallRecord>,
-}
-
-async fn describe(app: &AppState, caller: &Caller, info: SandboxInfo) -> ApiSandbox {
-    let usage = app.ops.sandboxes.usage(caller.scope(), info.sandbox_id).await.ok();
-    ApiSandbox {
-        owner: caller.admin.then(|| info.owner.clone()),
-        listed: info.into(),
-        usage,
-    }
-}
-
 async fn list(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Json<SandboxPage> {
-    let infos = app.ops.list_sandboxes(&caller).await;
-    let sandboxes = futures_util::future::join_all(infos.into_iter().map(|i| describe(&app, &caller, i))).await;
-    Json(SandboxPage {
-        admin: caller.admin,
-        sandboxes,
-    })
+    Json(app.ops.show_sandboxes(&caller).await)
 }
 
 async fn create(
@@ -229,14 +190,9 @@ async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<SandboxDetail> {
-    let id = parse_id(&id)?;
-    let sandboxes = &app.ops.sandboxes;
-    let info = sandboxes.info(caller.scope(), id).await?;
-    let history = sandboxes.history(caller.scope(), id).await?;
-    Ok(Json(SandboxDetail {
-        sandbox: describe(&app, &caller, info).await,
-        history,
-    }))
+    Ok(Json(
+        app.ops.show_sandbox(&caller, SandboxRef { sandbox_id: id }).await?,
+    ))
 }
 
 async fn delete(
@@ -253,9 +209,9 @@ async fn restart(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> ApiResult<ApiSandbox> {
+) -> ApiResult<ShownSandbox> {
     let info = app.ops.restart_sandbox(&caller, SandboxRef { sandbox_id: id }).await?;
-    Ok(Json(describe(&app, &caller, info).await))
+    Ok(Json(app.ops.shown(&caller, info).await))
 }
 
 async fn snapshot(
@@ -357,61 +313,16 @@ async fn install_status(
     Ok(Json(app.ops.check_package_installation_status(&caller, args).await?))
 }
 
-/// A file under `/app/results` with its download link.
-#[derive(Serialize)]
-pub struct LinkedFile {
-    /// Relative to `/app/results`, `/`-separated.
-    path: String,
-    size: u64,
-    /// Seconds since the Unix epoch.
-    modified: i64,
-    url: String,
-}
-
-#[derive(Serialize)]
-pub struct FileList {
-    files: Vec<LinkedFile>,
-    /// More files exist than were listed.
-    truncated: bool,
-}
-
-/// Every regular file of the results folder, as deep and as many as a
-/// listing goes.
-const ALL_FILES: ListOptions = ListOptions {
-    depth: MAX_LIST_DEPTH,
-    max_entries: MAX_LIST_ENTRIES,
-    files_only: true,
-};
-
 async fn files(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<FileList> {
-    let id = parse_id(&id)?;
-    let root = ResultsPath::parse("").expect("the folder itself");
-    let listing = app
-        .ops
-        .sandboxes
-        .list_files(caller.scope(), id, root, ALL_FILES)
-        .await?;
-    let files = listing
-        .entries
-        .into_iter()
-        .map(|e| LinkedFile {
-            url: app.ops.links.artifact(id, &e.path),
-            modified: e
-                .modified
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64),
-            path: e.path,
-            size: e.size,
-        })
-        .collect();
-    Ok(Json(FileList {
-        files,
-        truncated: listing.truncated,
-    }))
+    Ok(Json(
+        app.ops
+            .list_result_files(&caller, SandboxRef { sandbox_id: id })
+            .await?,
+    ))
 }
 
 /// The body is the file's bytes.
