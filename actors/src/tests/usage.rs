@@ -77,6 +77,27 @@ async fn usage_goes_to_its_tenant_by_state_and_outlives_restarts_and_deletion() 
     assert!(everyone.iter().any(|r| r.tenant == OTHER), "{everyone:?}");
 }
 
+/// The attack: a sandbox restarted (by its owner, an OOM kill, or its first
+/// process ending) just before each sample keeps its container id while the
+/// cgroup's and the interface's counters start again from zero. What the
+/// counters show after such a drop was used since it, and is billed.
+#[tokio::test(start_paused = true)]
+async fn counters_that_start_again_from_zero_are_billed_not_lost() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.fake.set_usage(id, busy(10.0));
+    pass(Duration::from_secs(16)).await;
+    assert_eq!(s.sb().usage_this_month(OWNER).0.cpu_seconds, 10.0);
+    let restarted = Usage {
+        network_bytes: Some(1_000),
+        ..busy(4.0)
+    };
+    s.fake.set_usage(id, restarted);
+    pass(Duration::from_secs(16)).await;
+    let (used, _) = s.sb().usage_this_month(OWNER);
+    assert_eq!((used.cpu_seconds, used.egress_bytes), (14.0, 5_000), "{used:?}");
+}
+
 /// A sandbox made, worked and deleted between two samples is read once
 /// more as it goes: a tenant cannot dodge the meter (and its budgets) by
 /// keeping each sandbox shorter than the sampling interval.

@@ -4,8 +4,9 @@
 //! service's sampler) and once more as a sandbox is deleted.
 //!
 //! Counters are the engine's (cgroups, the container's interfaces) and the
-//! egress proxy's, which the sandbox cannot lower. A new container (restarted
-//! or re-created) counts from zero; a counter that could not be read this
+//! egress proxy's, which the sandbox cannot lower but can start again from
+//! zero (a counter that went down was reset, and counts from zero). A new
+//! container (re-created) counts from zero; a counter that could not be read this
 //! time keeps its last value, so the next reading counts what it missed. A
 //! sandbox first seen that was made before the meter opened (adopted after
 //! a restart) starts from its current counters, as the earlier server
@@ -62,12 +63,16 @@ impl From<&SandboxInfo> for Subject {
     }
 }
 
-/// What a counter grew by since `before`.
-fn grown<T: PartialOrd + std::ops::Sub<Output = T> + Copy + Default>(now: T, before: T) -> T {
+/// What a counter grew by since `before`. A counter below `before` was
+/// started again from zero under the same container id (a restart, an OOM
+/// kill, a first process that ended and was revived): all it shows was
+/// used since then. Taking the drop for nothing would let a sandbox that
+/// restarts itself before every sample use what no bill sees.
+fn grown<T: PartialOrd + std::ops::Sub<Output = T> + Copy>(now: T, before: T) -> T {
     if now >= before {
         now - before
     } else {
-        T::default()
+        now
     }
 }
 
