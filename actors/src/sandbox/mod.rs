@@ -499,6 +499,12 @@ impl SandboxActor {
             }
             return;
         }
+        // A fork the server still copies into ends only once the copy
+        // stops, as its owner's delete waits: removed under the copy, its
+        // folders would be written again outside their caps, and left.
+        if seeded(state).is_err() {
+            return;
+        }
         if state.record.expires_at.is_some_and(|t| t <= now) {
             begin_deletion(
                 myself,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{until, Server, OWNER};
+use super::{pass, until, Server, OWNER};
 use crate::config::PoolMin;
 use crate::snapshots::CarriedState;
 use crate::{Forked, Quota, SandboxError, Work};
@@ -116,6 +116,35 @@ async fn a_fork_refuses_calls_and_deletes_until_it_is_seeded() {
         "1",
         "the fork holds the source's namespace"
     );
+}
+
+/// The attack: a fork made with seconds left on its owner's key (a guest's
+/// sandboxes end with the key), whose lifetime ends while the server still
+/// copies into it. It is deleted once the copy stops, never under it, and
+/// nothing of it is left.
+#[tokio::test(start_paused = true)]
+async fn a_fork_whose_lifetime_ends_while_it_is_copied_into_is_deleted_after_the_copy() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let results = |id: Uuid| s.settings.results_dir.join(id.to_string());
+    s.run(id, "set x 1").await.unwrap();
+    fs::write(results(id).join("data.csv"), "a,b\n1,2\n").unwrap();
+    // The source is busy, so the copy waits while the fork's lifetime ends.
+    let busy = s.run(id, "sleep 10");
+    let options = crate::CreateOptions {
+        lifetime: Some(Duration::ZERO),
+        ..Default::default()
+    };
+    let forked = s.sb().fork(OWNER, id, 1, None, FOR_ALL, options);
+    let (busy, forked) = tokio::join!(busy, forked);
+    busy.unwrap();
+    let fork = forked.expect("the copy was not cut short").forks[0].info.sandbox_id;
+    pass(Duration::from_secs(30)).await;
+    assert!(
+        s.sb().list(OWNER).await.iter().all(|i| i.sandbox_id != fork),
+        "its lifetime ended"
+    );
+    assert!(!results(fork).exists(), "nothing of it is left");
 }
 
 #[tokio::test(start_paused = true)]
