@@ -54,6 +54,21 @@ const MAX_TASKS_TOTAL: usize = 100_000;
 /// (readable again) for their TTL, and one tenant churning through tasks
 /// must not fill the server's `max_total` and turn tasks off for everyone.
 const KEPT_PER_HELD: usize = 4;
+/// A group of tenants that anyone can join in numbers (guests, or without
+/// keys the clients' addresses) keeps at most this share of `max_total`
+/// (here a half), so that the many cannot turn tasks off for the others.
+const GROUP_SHARE: usize = 2;
+
+/// The group a tenant's tasks count in: all guests together, all addresses
+/// together, and a configured key alone.
+fn group_of(owner: &str) -> &str {
+    use crate::access::caller::GUEST_PREFIX;
+    match owner {
+        o if o.starts_with(GUEST_PREFIX) => GUEST_PREFIX,
+        o if o.starts_with("ip:") => "ip:",
+        o => o,
+    }
+}
 
 /// `[tasks]`
 #[derive(Debug, Clone, Deserialize)]
@@ -250,11 +265,14 @@ impl Tasks {
             tenant_keeps += 1;
             tenant_holds += usize::from(!h.fetched);
         }
+        let group = group_of(&caller.owner);
+        let group_keeps = held.values().filter(|h| group_of(&h.owner) == group).count();
         if held.len() >= config.max_total
             || tenant_holds >= config.max_per_tenant
             || tenant_keeps >= KEPT_PER_HELD * config.max_per_tenant
+            || (group != caller.owner && group_keeps >= (config.max_total / GROUP_SHARE).max(1))
         {
-            tracing::debug!(tenant = %caller.owner, tenant_holds, tenant_keeps, total = held.len(), "tasks at their cap: a plain call");
+            tracing::debug!(tenant = %caller.owner, tenant_holds, tenant_keeps, group_keeps, total = held.len(), "tasks at their cap: a plain call");
             return None;
         }
         let slot = Uuid::new_v4().to_string();

@@ -148,3 +148,44 @@ async fn past_its_cap_or_without_the_extension_a_long_call_answers_its_plain_res
         .await
         .expect("a task again");
 }
+
+/// The attack: many guests (each a tenant of its own, with its own cap)
+/// together hold every task place, and every other client's long calls run
+/// as plain calls that clients cut. Guests together keep at most half of
+/// the server's tasks; a key's tenant still gets one.
+#[tokio::test(start_paused = true)]
+async fn guests_together_cannot_take_every_task_place() {
+    let app = App::start(&[
+        ("MCP_SANDBOX_TASKS_THRESHOLD_MS", "1000"),
+        ("MCP_SANDBOX_TASKS_TTL_SECONDS", "600"),
+        ("MCP_SANDBOX_TASKS_MAX_PER_TENANT", "3"),
+        ("MCP_SANDBOX_TASKS_MAX_TOTAL", "8"),
+    ])
+    .await;
+    let guest = |n: u32| Caller {
+        owner: format!("{}{n}", crate::access::caller::GUEST_PREFIX),
+        admin: false,
+        expires_at: Some(u64::MAX / 2),
+    };
+    let mut guests = vec![];
+    for n in 0..3 {
+        let client = app.client(guest(n), true).await;
+        let id = client.create().await;
+        guests.push((client, id));
+    }
+    let long = |id: &str, n: u32| json!({"sandbox_id": id, "code": format!("sleep 2 {n}")});
+    let mut tasks = 0;
+    for (client, id) in &guests {
+        for n in 0..3 {
+            if call(client, "execute_python_code", long(id, n)).await.is_ok() {
+                tasks += 1;
+            }
+        }
+    }
+    assert_eq!(tasks, 4, "guests together keep half of the 8 places");
+    let alice = app.client(Caller::tenant("alice", false), true).await;
+    let id = alice.create().await;
+    call(&alice, "execute_python_code", long(&id, 9))
+        .await
+        .expect("a key's tenant still gets a task");
+}
