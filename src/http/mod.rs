@@ -147,10 +147,14 @@ async fn guard(
     if path == "/health" {
         return next.run(req).await;
     }
-    let client = match app.guard.addresses.client(peer.ip(), req.headers()) {
-        Ok(ip) => app.guard.addresses.group(ip),
+    // Rates count an IPv6 client by its network (`client`); without keys
+    // the tenant is the address itself (`address`): a network is many
+    // clients, none of whom may reach another's sandboxes.
+    let address = match app.guard.addresses.client(peer.ip(), req.headers()) {
+        Ok(ip) => ip,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
+    let client = app.guard.addresses.group(address);
     // Without keys the tenant is the address: one that stands for a whole
     // proxy's visitors would merge them silently.
     if !app.guard.auth && !app.guard.addresses.trusts(peer.ip()) && is_forwarded(req.headers()) {
@@ -190,7 +194,7 @@ async fn guard(
             }
         }
     } else {
-        Some(Caller::anonymous(client))
+        Some(Caller::anonymous(address))
     };
     // A message to an SSE session is charged to the tenant that opened it.
     let tenant = match &caller {

@@ -7,6 +7,11 @@
 //! rmcp inside [`opened_by`], in a task-local naming the caller, so that
 //! `create_session` can charge the right tenant and record a refusal that
 //! the route then answers as 429/503 (rmcp itself would say 500).
+//!
+//! A session is its opener's tenant's, on every request that names it: to
+//! any other caller it does not exist (rmcp answers 404 to a message, a
+//! stream or a resume, and a `DELETE` closes nothing), so a session id seen
+//! by someone else replays no response and ends no stream.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -39,6 +44,8 @@ pub enum SessionError<E: std::error::Error> {
     Refused(SessionRefusal),
     #[error("a session can only be opened through the /mcp route")]
     NoCaller,
+    #[error("no such session")]
+    NotYours,
     #[error(transparent)]
     Inner(E),
 }
@@ -46,7 +53,8 @@ pub enum SessionError<E: std::error::Error> {
 struct Shared<M> {
     inner: M,
     sessions: Sessions,
-    tickets: Mutex<HashMap<SessionId, Ticket>>,
+    /// Each open session's place under the caps, and its tenant.
+    tickets: Mutex<HashMap<SessionId, (Ticket, String)>>,
 }
 
 /// rmcp's session manager `M`, counted and expired by [`Sessions`].
@@ -66,15 +74,46 @@ impl<M> CappedSessions<M> {
     }
 }
 
+/// The tenant of the `/mcp` request being served; none outside one.
+fn requester() -> Option<String> {
+    OPENER
+        .try_with(|o| o.caller.as_ref().map(|c| c.owner.clone()))
+        .ok()
+        .flatten()
+}
+
 impl<M: SessionManager> Shared<M> {
     fn touch(&self, id: &SessionId) {
-        if let Some(t) = self.tickets.lock().expect("tickets lock").get(id) {
+        if let Some((t, _)) = self.tickets.lock().expect("tickets lock").get(id) {
             t.touch();
         }
     }
 
     fn busy(&self, id: &SessionId) -> Option<crate::access::sessions::Busy> {
-        self.tickets.lock().expect("tickets lock").get(id).map(Ticket::busy)
+        self.tickets
+            .lock()
+            .expect("tickets lock")
+            .get(id)
+            .map(|(t, _)| t.busy())
+    }
+
+    /// Whether the session `id` is the requesting tenant's.
+    fn owned(&self, id: &SessionId) -> bool {
+        let owner = self
+            .tickets
+            .lock()
+            .expect("tickets lock")
+            .get(id)
+            .map(|(_, o)| o.clone());
+        owner.is_some_and(|owner| requester().as_deref() == Some(owner.as_str()))
+    }
+
+    /// An error unless the session `id` is the requesting tenant's.
+    fn check<E: std::error::Error>(&self, id: &SessionId) -> Result<(), SessionError<E>> {
+        match self.owned(id) {
+            true => Ok(()),
+            false => Err(SessionError::NotYours),
+        }
     }
 }
 
@@ -104,7 +143,7 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
             .tickets
             .lock()
             .expect("tickets lock")
-            .insert(id.clone(), ticket);
+            .insert(id.clone(), (ticket, caller.owner.clone()));
         // Closed by the registry (or after a normal close, a no-op).
         let shared = self.shared.clone();
         let watched = id.clone();
@@ -121,6 +160,7 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.shared.check(id)?;
         let _busy = self.shared.busy(id);
         self.shared
             .inner
@@ -130,10 +170,18 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        if !self.shared.owned(id) {
+            return Ok(false);
+        }
         self.shared.inner.has_session(id).await.map_err(SessionError::Inner)
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        // Another tenant's `DELETE` closes nothing (and says no more than
+        // the `DELETE` of an unknown id).
+        if !self.shared.owned(id) {
+            return Ok(());
+        }
         let ticket = self.shared.tickets.lock().expect("tickets lock").remove(id);
         drop(ticket);
         self.shared.inner.close_session(id).await.map_err(SessionError::Inner)
@@ -144,6 +192,7 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.shared.check(id)?;
         // The call runs until its response stream ends.
         let busy = self.shared.busy(id);
         let stream = self
@@ -159,6 +208,7 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        self.shared.check(id)?;
         self.shared.touch(id);
         self.shared
             .inner
@@ -171,6 +221,7 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.shared.check(id)?;
         // A stream held open for notifications is not activity.
         self.shared
             .inner
@@ -184,6 +235,7 @@ impl<M: SessionManager> SessionManager for CappedSessions<M> {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.shared.check(id)?;
         self.shared.touch(id);
         self.shared
             .inner

@@ -200,3 +200,114 @@ async fn a_rate_refusal_says_when_to_try_again() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
 }
+
+/// The attack: without keys, clients of one IPv6 network (one /64, which
+/// the rates count as one client) reach each other's sandboxes. The tenant
+/// is each client's own address.
+#[tokio::test]
+async fn without_keys_each_address_of_one_network_is_a_tenant_of_its_own() {
+    let app = App::start(&[("MCP_SANDBOX_SERVER_TRUSTED_PROXIES", r#"["127.0.0.1/32"]"#)]).await;
+    let (api, _serving) = api(&app).await;
+    let from = |address: &'static str, method: Method, path: String| {
+        api.http
+            .request(method, format!("{}{path}", api.base))
+            .header("X-Forwarded-For", address)
+            .send()
+    };
+    let made = from("2001:db8::1", Method::POST, "/api/sandboxes".into())
+        .await
+        .unwrap();
+    assert_eq!(made.status(), StatusCode::CREATED);
+    let id = made.json::<Value>().await.unwrap()["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let listed: Value = from("2001:db8::2", Method::GET, "/api/sandboxes".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["sandboxes"], json!([]), "{listed}");
+    let other = from("2001:db8::2", Method::DELETE, format!("/api/sandboxes/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+    let own: Value = from("2001:db8::1", Method::GET, "/api/sandboxes".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(own["sandboxes"][0]["sandbox_id"], json!(id), "{own}");
+}
+
+/// The attack: another tenant's valid key with a Streamable HTTP session's
+/// id (seen in a log, a proxy, a shared client). The session is its
+/// opener's on every request: to the other key it does not exist, whether
+/// it posts to it, opens its stream, resumes it or deletes it, and its
+/// opener's session goes on.
+#[tokio::test]
+async fn a_session_answers_only_the_tenant_that_opened_it() {
+    let app = App::start(&[("MCP_SANDBOX_AUTH_ENABLED", "true"), ("MCP_SANDBOX_AUTH_KEYS", KEYS)]).await;
+    let (api, _serving) = api(&app).await;
+    let post = |key: &'static str, session: Option<String>, body: Value| {
+        let mut request = api
+            .http
+            .post(format!("{}/mcp", api.base))
+            .bearer_auth(key)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Mcp-Protocol-Version", "2025-06-18")
+            .json(&body);
+        if let Some(id) = session {
+            request = request.header("Mcp-Session-Id", id);
+        }
+        request.send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let opened = post(ALICE, None, init).await.unwrap();
+    assert_eq!(opened.status(), StatusCode::OK);
+    let sid = opened.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    drop(opened);
+    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(
+        post(ALICE, Some(sid.clone()), ready).await.unwrap().status(),
+        StatusCode::ACCEPTED
+    );
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+
+    let theirs = post(BOB, Some(sid.clone()), list.clone()).await.unwrap();
+    assert_eq!(theirs.status(), StatusCode::NOT_FOUND, "a message");
+    for last_event in [None, Some("0")] {
+        let mut stream = api
+            .http
+            .get(format!("{}/mcp", api.base))
+            .bearer_auth(BOB)
+            .header("Accept", "text/event-stream")
+            .header("Mcp-Protocol-Version", "2025-06-18")
+            .header("Mcp-Session-Id", &sid);
+        if let Some(id) = last_event {
+            stream = stream.header("Last-Event-ID", id);
+        }
+        let answer = stream.send().await.unwrap();
+        assert_eq!(
+            answer.status(),
+            StatusCode::NOT_FOUND,
+            "a stream, resumed: {last_event:?}"
+        );
+    }
+    let _ = api
+        .http
+        .delete(format!("{}/mcp", api.base))
+        .bearer_auth(BOB)
+        .header("Mcp-Protocol-Version", "2025-06-18")
+        .header("Mcp-Session-Id", &sid)
+        .send()
+        .await
+        .unwrap();
+    let mine = post(ALICE, Some(sid), list).await.unwrap();
+    assert_eq!(mine.status(), StatusCode::OK, "the opener's session goes on");
+    let text = mine.text().await.unwrap();
+    assert!(text.contains("create_sandbox"), "{text}");
+}
