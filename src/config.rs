@@ -417,6 +417,7 @@ impl Config {
                 .collect(),
             min_free_disk_mb: self.limits.min_free_disk_mb,
             max_sandboxes_total: self.limits.max_sandboxes_total,
+            egress_total_connections: sandbox_actors::config::DEFAULT_EGRESS_TOTAL,
         })
     }
 }

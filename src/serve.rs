@@ -46,9 +46,16 @@ fn guard_host(config: &Config) {
     }
 }
 
-async fn start_sandboxes(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Arc<Sandboxes>> {
+/// Starts the domain; `egress_total`: the connections its egress proxy may
+/// hold for all sandboxes together.
+async fn start_sandboxes(
+    config: &Config,
+    config_path: Option<&Path>,
+    egress_total: usize,
+) -> anyhow::Result<Arc<Sandboxes>> {
     guard_host(config);
-    let settings = config.settings(config_path)?;
+    let mut settings = config.settings(config_path)?;
+    settings.egress_total_connections = egress_total;
     let sandboxes = Sandboxes::start(settings)
         .await
         .context("starting the sandbox service")?;
@@ -113,8 +120,9 @@ pub(crate) fn signer(config: &Config, config_path: Option<&Path>) -> anyhow::Res
 
 pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
     let signer = signer(&config, config_path)?;
-    let open_files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
-    let sandboxes = start_sandboxes(&config, config_path).await?;
+    let files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
+    let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
+    let (open_files, egress_connections) = (files.limit, files.egress_connections);
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -124,7 +132,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
     let tasks = Tasks::new(config.tasks.clone());
     let app = crate::http::router(&config, ops, tasks, signer, shutdown.clone());
-    info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, pool_min = config.pool.min.resolve(sandbox_host::figures::memory_bytes()), pool_max = config.pool.max, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
+    info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, egress_connections, pool_min = config.pool.min.resolve(sandbox_host::figures::memory_bytes()), pool_max = config.pool.max, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let pruning = shutdown.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(PRUNE_EVERY);
@@ -156,7 +164,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
 
 /// MCP over stdio: the client that launched the server is the only caller.
 pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
-    let sandboxes = start_sandboxes(&config, config_path).await?;
+    let files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
+    let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
     let tasks = Tasks::new(config.tasks.clone());
     let handler = SandboxServer::new(ops(&config, sandboxes.clone(), None)?, tasks, Some(Caller::local()));
     let running = handler.serve(rmcp::transport::stdio()).await?;

@@ -18,6 +18,10 @@ pub use sandbox_runtime::config::{
     InvalidConfig, SandboxConfig, AUTO_OCI_RUNTIME, MAX_SNAPSHOTS, MIN_EGRESS_MB_PER_MINUTE, OCI_RUNTIMES,
 };
 
+/// [`Settings::egress_total_connections`] until the server has measured
+/// its open-file limit.
+pub const DEFAULT_EGRESS_TOTAL: usize = 4096;
+
 /// Settings of the sandbox domain, from the server's configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -38,6 +42,9 @@ pub struct Settings {
     /// Sandboxes the server may hold (`limits.max_sandboxes_total`): the
     /// pool fills only the room the live ones leave under it.
     pub max_sandboxes_total: usize,
+    /// Connections the egress proxy may hold for all sandboxes together:
+    /// what the server's open-file limit leaves for them.
+    pub egress_total_connections: usize,
 }
 
 impl Settings {
@@ -51,6 +58,7 @@ impl Settings {
             pool: PoolConfig::off(),
             usage: UsageConfig::default(),
             max_sandboxes_total: usize::MAX,
+            egress_total_connections: DEFAULT_EGRESS_TOTAL,
             state_dir: root.join("state"),
             results_dir: root.join("results"),
             protected: vec![],
@@ -89,6 +97,7 @@ impl Settings {
             root: self.state_dir.join("egress"),
             default: self.sandbox.network,
             max_connections: self.sandbox.egress_max_connections,
+            max_total_connections: self.egress_total_connections,
             mb_per_minute: self.sandbox.egress_mb_per_minute,
             allow: self.sandbox.egress_allow.clone(),
             packages_hosts: self.packages.hosts(),

@@ -319,6 +319,7 @@ mod tests {
             protected: vec![],
             min_free_disk_mb: 0,
             max_sandboxes_total: usize::MAX,
+            egress_total_connections: crate::config::DEFAULT_EGRESS_TOTAL,
         }
     }
 

@@ -170,24 +170,53 @@ pub enum OpenFilesError {
     },
 }
 
-/// Descriptors the server may hold at once: its HTTP connections and the
-/// refusals it writes, every sandbox's own and its egress proxy's (whether
-/// a sandbox is proxied depends on its key, so each is counted as if it
-/// were, unless no policy in force is proxied: then `egress_max_connections`
-/// is 0), and a reserve.
-fn descriptors_needed(limits: &LimitsConfig, egress_max_connections: usize) -> u64 {
-    let per_sandbox = DESCRIPTORS_PER_SANDBOX + sandbox_egress::descriptors_per_sandbox(egress_max_connections);
+/// The open-file limit, and the part of it the egress proxy may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFiles {
+    pub limit: u64,
+    /// Connections the egress proxy may hold for all sandboxes together.
+    pub egress_connections: usize,
+}
+
+/// Descriptors the server holds whatever its sandboxes do: its HTTP
+/// connections and the refusals it writes, every sandbox's own and, where a
+/// policy in force is proxied, its proxy's listener and refusals, and a
+/// reserve. Connections of the proxies are budgeted apart, together.
+fn descriptors_fixed(limits: &LimitsConfig, proxied: bool) -> u64 {
+    let proxy = match proxied {
+        true => sandbox_egress::DESCRIPTORS_PER_PROXY,
+        false => 0,
+    };
     limits.max_connections as u64
         + REFUSALS_IN_FLIGHT as u64
-        + limits.max_sandboxes_total as u64 * per_sandbox
+        + limits.max_sandboxes_total as u64 * (DESCRIPTORS_PER_SANDBOX + proxy)
         + RESERVED_DESCRIPTORS
 }
 
+/// The egress connections all sandboxes may hold together within `limit`
+/// open files: what the fixed needs leave (two descriptors each), at most
+/// every sandbox's whole share; an error when it is less than one
+/// sandbox's `egress_max_connections` (0 when no policy is proxied).
+fn egress_budget(limits: &LimitsConfig, egress_max_connections: usize, limit: u64) -> Result<usize, u64> {
+    let proxied = egress_max_connections > 0;
+    let fixed = descriptors_fixed(limits, proxied);
+    let per = sandbox_egress::DESCRIPTORS_PER_CONNECTION;
+    let one_sandbox = fixed + per * egress_max_connections as u64;
+    if limit < one_sandbox {
+        return Err(one_sandbox);
+    }
+    let most = limits.max_sandboxes_total.saturating_mul(egress_max_connections);
+    Ok((((limit - fixed) / per) as usize).min(most))
+}
+
 /// Raises the open-file soft limit to the hard limit and checks that the
-/// connection cap, with room for the sandboxes (each holding at most
-/// `egress_max_connections` proxied connections) and the server's own
-/// files, fits in it. Returns the limit.
-pub fn raise_open_file_limit(limits: &LimitsConfig, egress_max_connections: usize) -> Result<u64, OpenFilesError> {
+/// connection cap and the sandboxes, with room for at least one sandbox's
+/// `egress_max_connections` proxied connections, fit in it; the rest goes
+/// to the egress proxy's connections, which all sandboxes share.
+pub fn raise_open_file_limit(
+    limits: &LimitsConfig,
+    egress_max_connections: usize,
+) -> Result<OpenFiles, OpenFilesError> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -208,17 +237,19 @@ pub fn raise_open_file_limit(limits: &LimitsConfig, egress_max_connections: usiz
         }
     }
     let have = lim.rlim_cur;
-    let need = descriptors_needed(limits, egress_max_connections);
-    if need > have {
-        return Err(OpenFilesError::TooLow {
+    match egress_budget(limits, egress_max_connections, have) {
+        Ok(egress_connections) => Ok(OpenFiles {
+            limit: have,
+            egress_connections,
+        }),
+        Err(need) => Err(OpenFilesError::TooLow {
             connections: limits.max_connections,
             sandboxes: limits.max_sandboxes_total,
             egress_connections: egress_max_connections,
             need,
             have,
-        });
+        }),
     }
-    Ok(have)
 }
 
 /// Serves `app` on `listener` until `shutdown`, then lets open connections
@@ -325,12 +356,26 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    /// The densities the docs report start on a host with a 20,000-file
+    /// limit: a thousand sandboxes under a proxied policy share what is
+    /// left for their connections, where budgeting each its whole share
+    /// needed 143,320 files.
     #[test]
-    fn each_sandbox_budgets_two_descriptors_per_egress_connection() {
-        let limits = LimitsConfig::default();
-        let grown = descriptors_needed(&limits, 65) - descriptors_needed(&limits, 64);
-        assert_eq!(grown, 2 * limits.max_sandboxes_total as u64);
-        let floor = limits.max_sandboxes_total as u64 * (DESCRIPTORS_PER_SANDBOX + 2 * 64);
-        assert!(descriptors_needed(&limits, 64) > floor);
+    fn a_thousand_proxied_sandboxes_share_the_egress_connections_the_limit_leaves() {
+        let limits = LimitsConfig {
+            max_sandboxes_total: 1000,
+            ..LimitsConfig::default()
+        };
+        let shared = egress_budget(&limits, 64, 20_000).expect("starts");
+        let fixed = descriptors_fixed(&limits, true);
+        assert_eq!(shared as u64, (20_000 - fixed) / 2);
+        assert!(shared >= 64, "at least one sandbox's whole share: {shared}");
+        // Plenty of files: every sandbox's whole share, no more.
+        assert_eq!(egress_budget(&limits, 64, 1 << 20), Ok(64_000));
+        // Too few for even one sandbox's connections: refused, with what it needs.
+        assert_eq!(egress_budget(&limits, 64, fixed + 10), Err(fixed + 128));
+        // No proxied policy: no proxy descriptors, no connections.
+        assert_eq!(egress_budget(&limits, 0, 20_000), Ok(0));
+        assert!(descriptors_fixed(&limits, false) < fixed);
     }
 }

@@ -61,6 +61,10 @@ pub struct EgressSettings {
     pub default: EgressPolicy,
     /// Connections one sandbox may hold at once (`sandbox.egress_max_connections`).
     pub max_connections: usize,
+    /// Connections all sandboxes may hold together: the server's share of
+    /// its open files for them, so that a thousand sandboxes need not each
+    /// be budgeted their whole `max_connections`.
+    pub max_total_connections: usize,
     /// `sandbox.egress_mb_per_minute`.
     pub mb_per_minute: u64,
     /// `sandbox.egress_allow`.
@@ -79,13 +83,13 @@ const LOGGED_PER_MINUTE: u64 = 20;
 /// cap and these, never a task or a descriptor more.
 pub const REFUSALS_IN_FLIGHT: usize = 8;
 
-/// Descriptors the proxy of one sandbox holds at most when its connections
-/// are capped at `max_connections`: its listening socket and the connection
-/// just accepted, two for each connection it serves (the sandbox's stream
-/// and the upstream one) and one for each refusal it writes.
-pub fn descriptors_per_sandbox(max_connections: usize) -> u64 {
-    2 + 2 * max_connections as u64 + REFUSALS_IN_FLIGHT as u64
-}
+/// Descriptors the proxy of one sandbox holds whatever it serves: its
+/// listening socket, the connection just accepted, and one for each
+/// refusal it writes.
+pub const DESCRIPTORS_PER_PROXY: u64 = 2 + REFUSALS_IN_FLIGHT as u64;
+/// Descriptors one connection the proxy serves holds: the sandbox's
+/// stream and the upstream one.
+pub const DESCRIPTORS_PER_CONNECTION: u64 = 2;
 
 /// What every connection checks against.
 pub struct Policies {
@@ -119,6 +123,8 @@ pub struct Egress {
     root: PathBuf,
     default: EgressPolicy,
     max_connections: usize,
+    /// Places of every sandbox's connections together.
+    total: Arc<Semaphore>,
     bytes_per_minute: u64,
     shared: Arc<Policies>,
     /// The hosts installs contact.
@@ -136,6 +142,9 @@ impl Egress {
             root: settings.root,
             default: settings.default,
             max_connections: settings.max_connections,
+            total: Arc::new(Semaphore::new(
+                settings.max_total_connections.min(Semaphore::MAX_PERMITS),
+            )),
             bytes_per_minute: settings.mb_per_minute.saturating_mul(1024 * 1024),
             shared: Arc::new(Policies {
                 packages: parse(&settings.packages_hosts, "packages")?,
@@ -199,6 +208,7 @@ impl Egress {
                 sb.clone(),
                 self.shared.clone(),
                 self.denials.clone(),
+                self.total.clone(),
                 self.max_connections,
             ));
         }
@@ -265,10 +275,11 @@ impl Egress {
     }
 }
 
-/// Where an accepted connection stands under its sandbox's caps.
+/// Where an accepted connection stands under its sandbox's caps and the
+/// server's: served with a place under both, or refused (`why`).
 enum Admission {
-    Served(OwnedSemaphorePermit),
-    Refused(OwnedSemaphorePermit),
+    Served(OwnedSemaphorePermit, OwnedSemaphorePermit),
+    Refused(OwnedSemaphorePermit, proxy::Denial),
 }
 
 async fn accept(
@@ -276,12 +287,18 @@ async fn accept(
     sb: Arc<Attached>,
     shared: Arc<Policies>,
     denials: Arc<Mutex<BTreeMap<&'static str, u64>>>,
+    total: Arc<Semaphore>,
     max_connections: usize,
 ) {
     let over_cap = || proxy::Denial {
         status: 429,
         kind: "limit",
         reason: format!("this sandbox already holds {max_connections} connections, the most allowed"),
+    };
+    let server_full = || proxy::Denial {
+        status: 429,
+        kind: "limit",
+        reason: "the server's outbound connections are all in use; try again in a moment".into(),
     };
     loop {
         let mut stream = tokio::select! {
@@ -297,26 +314,32 @@ async fn accept(
         };
         // The place is taken before any task is spawned, so a connection
         // that finds none costs nothing past this line.
-        let place = match sb.conns.clone().try_acquire_owned() {
-            Ok(permit) => Admission::Served(permit),
-            Err(_) => match sb.refusals.clone().try_acquire_owned() {
-                Ok(permit) => Admission::Refused(permit),
+        let places = match sb.conns.clone().try_acquire_owned() {
+            Ok(own) => match total.clone().try_acquire_owned() {
+                Ok(shared) => Ok((own, shared)),
+                Err(_) => Err(server_full()),
+            },
+            Err(_) => Err(over_cap()),
+        };
+        let place = match places {
+            Ok((own, shared)) => Admission::Served(own, shared),
+            Err(why) => match sb.refusals.clone().try_acquire_owned() {
+                Ok(permit) => Admission::Refused(permit, why),
                 Err(_) => {
                     drop(stream);
-                    record(&sb, &denials, &over_cap());
+                    record(&sb, &denials, &why);
                     continue;
                 }
             },
         };
         let (sb, shared, denials) = (sb.clone(), shared.clone(), denials.clone());
-        let denial = over_cap();
         tokio::spawn(async move {
             let served = async {
                 match place {
-                    Admission::Served(_permit) => proxy::serve(stream, &sb, &shared).await,
-                    Admission::Refused(_permit) => {
-                        proxy::refuse(&mut stream, &denial).await;
-                        Err(denial)
+                    Admission::Served(_own, _shared) => proxy::serve(stream, &sb, &shared).await,
+                    Admission::Refused(_permit, why) => {
+                        proxy::refuse(&mut stream, &why).await;
+                        Err(why)
                     }
                 }
             };
@@ -365,6 +388,7 @@ mod tests {
             root: root.path().join("egress"),
             default: EgressPolicy::Packages,
             max_connections: CAP,
+            max_total_connections: 1024,
             mb_per_minute: 64,
             allow: vec![],
             packages_hosts: vec!["pypi.org".into()],
@@ -408,5 +432,113 @@ mod tests {
         );
         // Counted when closed; those answered, once their answer is done.
         assert!(egress.denials()["limit"] >= closed as u64);
+    }
+
+    /// The attack: a second request pipelined behind an admitted one, for a
+    /// host the policy does not admit. Only the checked request, and its
+    /// body, reach the upstream server.
+    #[tokio::test]
+    async fn nothing_past_the_checked_request_goes_upstream() {
+        use tokio::io::AsyncWriteExt;
+
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let received = tokio::spawn(async move {
+            let (mut conn, _) = upstream.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            // What arrives within a moment; the proxy sends no more after.
+            while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(500), conn.read(&mut buf)).await {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .await
+                .unwrap();
+            got
+        });
+        let root = tempfile::tempdir().unwrap();
+        let settings = EgressSettings {
+            root: root.path().join("egress"),
+            default: EgressPolicy::Allowlist,
+            max_connections: 4,
+            max_total_connections: 1024,
+            mb_per_minute: 64,
+            allow: vec!["127.0.0.1/32".into()],
+            packages_hosts: vec![],
+        };
+        let egress = Egress::new(settings, vec![]).unwrap();
+        let id = Uuid::new_v4();
+        egress.attach(id, EgressPolicy::Allowlist).unwrap();
+        let socket = egress.socket_dir(id).unwrap().join(EGRESS_SOCKET_NAME);
+        let mut c = UnixStream::connect(&socket).await.unwrap();
+        let request = format!(
+            "POST http://127.0.0.1:{port}/a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 4\r\n\r\nbody\
+             GET http://acc-evil.example/ HTTP/1.1\r\nHost: acc-evil.example\r\n\r\n"
+        );
+        c.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut answer))
+            .await
+            .expect("the answer comes")
+            .unwrap();
+        let got = String::from_utf8(received.await.unwrap()).unwrap();
+        assert!(
+            got.starts_with("POST /a HTTP/1.1\r\n") && got.ends_with("\r\n\r\nbody"),
+            "{got:?}"
+        );
+        assert!(!got.contains("evil"), "{got:?}");
+        assert!(String::from_utf8_lossy(&answer).ends_with("ok"));
+    }
+
+    /// The sandboxes' connections together hold at most the server's
+    /// share: past it a new one is refused (429, said so), whichever
+    /// sandbox asks, and served again once a place is free.
+    #[tokio::test]
+    async fn sandboxes_together_hold_at_most_the_server_s_egress_connections() {
+        let root = tempfile::tempdir().unwrap();
+        let settings = EgressSettings {
+            root: root.path().join("egress"),
+            default: EgressPolicy::Packages,
+            max_connections: 4,
+            max_total_connections: 3,
+            mb_per_minute: 64,
+            allow: vec![],
+            packages_hosts: vec!["pypi.org".into()],
+        };
+        let egress = Egress::new(settings, vec![]).unwrap();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        egress.attach(a, EgressPolicy::Packages).unwrap();
+        egress.attach(b, EgressPolicy::Packages).unwrap();
+        let socket = |id| egress.socket_dir(id).unwrap().join(EGRESS_SOCKET_NAME);
+        let mut held = vec![];
+        for _ in 0..3 {
+            held.push(UnixStream::connect(socket(a)).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let answer = |mut c: UnixStream| async move {
+            use tokio::io::AsyncWriteExt;
+            c.write_all(b"x\r\n\r\n").await.unwrap();
+            let mut reply = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut reply))
+                .await
+                .expect("an answer")
+                .unwrap();
+            String::from_utf8_lossy(&reply).into_owned()
+        };
+        let refused = answer(UnixStream::connect(socket(b)).await.unwrap()).await;
+        assert!(
+            refused.starts_with("HTTP/1.1 429") && refused.contains("all in use"),
+            "{refused}"
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let served = answer(UnixStream::connect(socket(b)).await.unwrap()).await;
+        assert!(
+            served.starts_with("HTTP/1.1 400"),
+            "served again (and refused as malformed): {served}"
+        );
     }
 }

@@ -86,6 +86,7 @@ pub async fn refuse(stream: &mut UnixStream, denial: &Denial) {
         400 => "Bad Request",
         403 => "Forbidden",
         429 => "Too Many Requests",
+        411 => "Length Required",
         431 => "Request Header Fields Too Large",
         _ => "Bad Gateway",
     };
@@ -145,7 +146,7 @@ pub async fn serve(mut client: UnixStream, sb: &Attached, shared: &Policies) -> 
         Err(_) => return answer_unreachable(&mut client, format!("connecting to {} timed out", request.host)).await,
     };
     let _ = upstream.set_nodelay(true);
-    let first = if request.connect {
+    let (first, more) = if request.connect {
         if client
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await
@@ -153,14 +154,16 @@ pub async fn serve(mut client: UnixStream, sb: &Attached, shared: &Policies) -> 
         {
             return Ok(());
         }
-        rest
+        (rest, None)
     } else {
+        // The checked request and its body, and not a byte more.
+        let now = rest.len().min(request.body as usize);
         let mut first = request.origin_form_head();
-        first.extend_from_slice(&rest);
-        first
+        first.extend_from_slice(&rest[..now]);
+        (first, Some(request.body - now as u64))
     };
     let tunnel = request.connect.then_some(request.host.as_str());
-    splice(client, upstream, first, tunnel, &sb.budget).await
+    splice(client, upstream, first, more, tunnel, &sb.budget).await
 }
 
 async fn answer(client: &mut UnixStream, d: Denial) -> Result<(), Denial> {
@@ -209,6 +212,9 @@ struct ProxyRequest {
     /// Origin-form target (plain HTTP only).
     path: String,
     headers: Vec<(String, Vec<u8>)>,
+    /// The bytes of the request's body (plain HTTP only): nothing past
+    /// them goes upstream, so no second request rides on the one checked.
+    body: u64,
 }
 
 impl ProxyRequest {
@@ -235,6 +241,7 @@ impl ProxyRequest {
                 method,
                 path: String::new(),
                 headers,
+                body: 0,
             });
         }
         let Some(rest) = target.strip_prefix("http://") else {
@@ -249,8 +256,18 @@ impl ProxyRequest {
             None => (rest, "/"),
         };
         let (host, port) = split_authority(authority, Some(80))?;
-        // The Host header must name the same host as the request line.
-        if let Some((_, value)) = headers.iter().find(|(n, _)| n == "host") {
+        // One Host header, naming the same host as the request line: a
+        // front end that took another one (the last, say) would serve a
+        // site the policy does not admit.
+        let values = |name: &'static str| headers.iter().filter(move |(n, _)| n == name).map(|(_, v)| v);
+        if values("host").count() > 1 {
+            return Err(Denial::new(
+                400,
+                "malformed",
+                "a request with more than one Host header",
+            ));
+        }
+        if let Some(value) = values("host").next() {
             let named = String::from_utf8_lossy(value);
             let (named_host, _) = split_authority(named.trim(), Some(80))?;
             if named_host != host {
@@ -266,6 +283,32 @@ impl ProxyRequest {
         } else {
             format!("/{path}")
         };
+        // A body's end must be known before it is sent on: a chunked one
+        // could carry a second request the proxy never checked.
+        if values("transfer-encoding").next().is_some() {
+            return Err(Denial::new(
+                411,
+                "malformed",
+                "a request body needs a Content-Length here (no Transfer-Encoding)",
+            ));
+        }
+        let lengths: Vec<&Vec<u8>> = values("content-length").collect();
+        let body = match lengths[..] {
+            [] => 0,
+            [value] => std::str::from_utf8(value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| Denial::new(400, "malformed", "the Content-Length is not a number"))?,
+            _ => {
+                return Err(Denial::new(
+                    400,
+                    "malformed",
+                    "a request with more than one Content-Length",
+                ))
+            }
+        };
         Ok(Self {
             connect: false,
             host,
@@ -273,6 +316,7 @@ impl ProxyRequest {
             method,
             path,
             headers,
+            body,
         })
     }
 
@@ -280,6 +324,8 @@ impl ProxyRequest {
     /// request per connection (a second request could name another host).
     fn origin_form_head(&self) -> Vec<u8> {
         let mut out = format!("{} {} HTTP/1.1\r\n", self.method, self.path).into_bytes();
+        // Hop-by-hop headers, and those a front end may route by instead
+        // of `Host`.
         let hop = [
             "connection",
             "proxy-connection",
@@ -287,6 +333,11 @@ impl ProxyRequest {
             "proxy-authorization",
             "te",
             "upgrade",
+            "forwarded",
+            "x-forwarded-host",
+            "x-forwarded-server",
+            "x-original-host",
+            "x-host",
         ];
         for (name, value) in &self.headers {
             if hop.contains(&name.as_str()) {
@@ -401,11 +452,13 @@ async fn dial_targets(
 
 /// Copies both ways until both sides are done, the connection idles past
 /// [`IDLE`], or the first bytes of a `tunnel` (to its host) fail
-/// [`check_server_name`]. `first` goes upstream first (after that check).
+/// [`check_server_name`]. `first` goes upstream first (after that check);
+/// then at most `more` bytes of the client's (all of them when none).
 async fn splice(
     client: UnixStream,
     upstream: TcpStream,
     first: Vec<u8>,
+    more: Option<u64>,
     tunnel: Option<&str>,
     budget: &ByteBudget,
 ) -> Result<(), Denial> {
@@ -422,9 +475,22 @@ async fn splice(
             charge(budget, pending.len()).await;
             uw.write_all(&pending).await.map_err(gone)?;
         }
-        pump(&mut cr, &mut uw, budget, &activity, epoch).await
+        match more {
+            // The rest of the body; past it the client's bytes stay unread
+            // (the upstream side is left open for its answer), unless the
+            // client ends first.
+            Some(n) => {
+                let mut body = (&mut cr).take(n);
+                pump(&mut body, &mut uw, budget, &activity, epoch, false).await?;
+                if body.limit() > 0 {
+                    let _ = uw.shutdown().await;
+                }
+                Ok(())
+            }
+            None => pump(&mut cr, &mut uw, budget, &activity, epoch, true).await,
+        }
     };
-    let down = pump(&mut ur, &mut cw, budget, &activity, epoch);
+    let down = pump(&mut ur, &mut cw, budget, &activity, epoch, true);
     tokio::try_join!(up, down).map(|_| ())
 }
 
@@ -487,13 +553,15 @@ async fn charge(budget: &ByteBudget, n: usize) {
     }
 }
 
-/// One direction of a connection; ends (half-closing the writer) at EOF.
+/// One direction of a connection; ends at EOF, half-closing the writer
+/// when `shutdown`.
 async fn pump(
     r: &mut (impl AsyncRead + Unpin),
     w: &mut (impl AsyncWrite + Unpin),
     budget: &ByteBudget,
     activity: &AtomicU64,
     epoch: Instant,
+    shutdown: bool,
 ) -> Result<(), Denial> {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -513,19 +581,63 @@ async fn pump(
         charge(budget, n).await;
         w.write_all(&buf[..n]).await.map_err(gone)?;
     }
-    let _ = w.shutdown().await;
+    if shutdown {
+        let _ = w.shutdown().await;
+    }
     Ok(())
 }
 
 /// Whether an outcome of [`serve`] is a refusal worth counting (closed and
 /// unreachable connections are not).
 pub fn is_denial(d: &Denial) -> bool {
-    d.status == 403 || d.status == 400 || d.status == 429 || d.status == 431
+    matches!(d.status, 400 | 403 | 411 | 429 | 431)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attack: a request with an admitted first `Host` and another
+    /// after it, or a header a front end routes by, or a body whose end
+    /// the proxy cannot know. One `Host` only, the routing headers dropped,
+    /// and a body only with its length.
+    #[test]
+    fn a_request_names_one_host_and_a_body_of_known_length() {
+        let two =
+            ProxyRequest::parse(b"GET http://pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\nHost: acc-evil.example\r\n\r\n")
+                .unwrap_err();
+        assert_eq!(two.status, 400, "{}", two.reason);
+        let chunked = ProxyRequest::parse(
+            b"POST http://pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap_err();
+        assert_eq!(chunked.status, 411);
+        for lengths in [
+            "Content-Length: 3\r\nContent-Length: 4\r\n",
+            "Content-Length: -1\r\n",
+            "Content-Length: 0x10\r\n",
+        ] {
+            let head = format!("POST http://pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\n{lengths}\r\n");
+            assert_eq!(
+                ProxyRequest::parse(head.as_bytes()).unwrap_err().status,
+                400,
+                "{lengths}"
+            );
+        }
+        let r = ProxyRequest::parse(
+            b"POST http://pypi.org/x HTTP/1.1\r\nHost: pypi.org\r\nContent-Length: 12\r\nX-Forwarded-Host: acc-evil.example\r\nForwarded: host=acc-evil.example\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, 12);
+        let head = String::from_utf8(r.origin_form_head()).unwrap().to_ascii_lowercase();
+        assert!(!head.contains("evil"), "{head}");
+        assert_eq!(
+            ProxyRequest::parse(b"GET http://pypi.org/ HTTP/1.1\r\n\r\n")
+                .unwrap()
+                .body,
+            0
+        );
+    }
 
     #[test]
     fn requests_parse_and_lose_their_proxy_headers() {
