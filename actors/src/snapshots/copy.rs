@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::error::CopyError;
+use sandbox_host::sparse;
 use sandbox_host::symlink_proof::{self, EntryKind, Found};
 
 /// Folders deeper than this are refused (each level holds a descriptor).
@@ -416,29 +417,27 @@ impl Saving<'_> {
                     target.seal(found.st.st_mode & 0o777)?;
                 }
                 EntryKind::File => {
-                    let size = found.st.st_size as u64;
-                    self.spend(size)?;
+                    self.spend(0)?;
                     self.tally.entry(&name, &found.st, None);
                     let unchanged = before
                         .as_deref()
                         .and_then(|b| fs::symlink_metadata(b).ok().map(|m| (b.to_path_buf(), m)))
                         .filter(|(_, m)| m.is_file() && same_file(&found.st, m));
                     if let Some((before, _)) = unchanged {
+                        // Linked, not stored: it costs nothing more.
                         dst.hard_link(&before, &name)?;
-                        // Linked, not stored: give the bytes back.
-                        self.left.bytes += size;
                         continue;
                     }
                     let from = File::from(found.reopen(libc::O_RDONLY)?);
-                    let mut to = dst.file(&name, found.st.st_mode & 0o777)?;
-                    // The file may grow while it is read: never past the budget.
-                    let copied = io::copy(&mut from.take(self.left.bytes + size + 1), &mut to)?;
-                    if copied > size {
-                        self.left.bytes = self.left.bytes.saturating_sub(copied - size);
-                        if self.left.bytes == 0 {
-                            return Err(self.too_large());
-                        }
-                    }
+                    let to = dst.file(&name, found.st.st_mode & 0o777)?;
+                    // Only its data is stored, and counted: a file of holes
+                    // costs the host no more than it cost the sandbox. The
+                    // file may grow while it is read: never past the budget.
+                    let copied = match sparse::copy_data(&from, &to, self.left.bytes) {
+                        Err(e) if e.kind() == io::ErrorKind::FileTooLarge => return Err(self.too_large()),
+                        copied => copied?,
+                    };
+                    self.left.bytes -= copied;
                     if let Some(modified) = modified(&found.st) {
                         to.set_times(FileTimes::new().set_modified(modified))?;
                     }
@@ -561,8 +560,8 @@ impl Restoring<'_> {
             }
             self.clear(dst, name, there.is_some())?;
             if meta.is_file() {
-                let mut to = File::from(symlink_proof::create_file(dst, name, 0o600)?);
-                io::copy(&mut File::open(&from)?, &mut to)?;
+                let to = File::from(symlink_proof::create_file(dst, name, 0o600)?);
+                sparse::copy_data(&File::open(&from)?, &to, u64::MAX)?;
                 to.set_permissions(fs::Permissions::from_mode(mode))?;
                 if let Ok(modified) = meta.modified() {
                     to.set_times(FileTimes::new().set_modified(modified))?;
@@ -707,6 +706,47 @@ mod tests {
             bytes: 1 << 20,
             files: 100,
         }
+    }
+
+    /// The attack: a file of a gigabyte of holes, which costs the sandbox
+    /// nothing, saved again and again. A snapshot stores and counts its
+    /// data only, and a restore writes it back as holes.
+    #[test]
+    fn a_sparse_file_costs_a_snapshot_its_data_not_its_length() {
+        use std::os::unix::fs::FileExt;
+
+        let tmp = tempfile::tempdir().unwrap();
+        let live = tmp.path().join("live");
+        fs::create_dir(&live).unwrap();
+        let big = File::create(live.join("holes.bin")).unwrap();
+        big.set_len(1 << 30).unwrap();
+        big.write_all_at(b"data", 512 << 20).unwrap();
+        drop(big);
+        // The budget (1 MiB) is far below the file's length.
+        let saved = save_as(tmp.path(), &live, "s1", None);
+        assert!(saved.bytes < 1 << 20, "{} bytes stored", saved.bytes);
+        let stored = fs::metadata(tmp.path().join("s1/holes.bin")).unwrap();
+        assert_eq!(stored.len(), 1 << 30);
+        assert!(
+            stored.blocks() * 512 < 1 << 20,
+            "{} bytes allocated",
+            stored.blocks() * 512
+        );
+        let back = tmp.path().join("back");
+        fs::create_dir(&back).unwrap();
+        restore(&tmp.path().join("s1"), &back, nix_uid(), &AtomicBool::new(false)).unwrap();
+        let restored = fs::metadata(back.join("holes.bin")).unwrap();
+        assert_eq!(restored.len(), 1 << 30);
+        assert!(restored.blocks() * 512 < 1 << 20);
+        // Data past the budget is still refused.
+        fs::write(live.join("dense.bin"), vec![7u8; 2 << 20]).unwrap();
+        let over = save(&live, &tmp.path().join("s2"), None, budget(), &AtomicBool::new(false));
+        assert!(matches!(over, Err(CopyError::TooLarge { .. })), "{over:?}");
+    }
+
+    fn nix_uid() -> u32 {
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }
     }
 
     const FORK_FILE: [&str; 3] = [".mcp-sandbox", "fork", "f.pickle"];
@@ -981,7 +1021,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let live = tmp.path().join("live");
         fs::create_dir(&live).unwrap();
-        fs::write(live.join("big"), vec![0u8; 4096]).unwrap();
+        fs::write(live.join("big"), vec![7u8; 4096]).unwrap();
         let stop = AtomicBool::new(false);
         let small = CopyBudget { bytes: 1000, files: 10 };
         let err = save(&live, &tmp.path().join("s"), None, small, &stop).unwrap_err();

@@ -32,7 +32,7 @@ mod loopdev;
 mod netlink;
 #[cfg(any(test, feature = "recording"))]
 pub mod recording;
-mod sparse;
+pub mod sparse;
 pub mod symlink_proof;
 pub mod syscalls;
 pub mod veth;

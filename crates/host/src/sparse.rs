@@ -4,6 +4,9 @@
 //! once (see [`super::disk`]): its few hundred kilobytes of data sit in a
 //! file of the cap's size that is otherwise holes. `std::fs::copy` would
 //! write the holes out as zeros, the whole cap; this copies the data only.
+//! Snapshots copy a sandbox's files the same way ([`copy_data`]): a file
+//! of a gigabyte of holes costs the sandbox nothing, and so costs the host
+//! nothing in a snapshot.
 
 use std::fs::File;
 use std::io;
@@ -55,24 +58,40 @@ fn copy_into(from: &Path, to: &Path, part: &Path) -> io::Result<()> {
         return Err(io::ErrorKind::AlreadyExists.into());
     }
     let src = File::open(from)?;
-    let len = src.metadata()?.len();
     let dst = File::options().write(true).create_new(true).open(part)?;
-    dst.set_len(len)?;
+    copy_data(&src, &dst, u64::MAX)?;
+    dst.sync_data()
+}
+
+/// Copies `src` into the empty file `dst`, keeping its holes: only the
+/// ranges that hold data, and in them the pieces that are not all zeros,
+/// are written, and `dst` gets `src`'s length. Writes at most `limit`
+/// bytes; past them it stops with an error of kind `FileTooLarge`. A file
+/// that shrinks while it is read ends where it ends. The bytes written.
+pub fn copy_data(src: &File, dst: &File, limit: u64) -> io::Result<u64> {
+    dst.set_len(src.metadata()?.len())?;
     let mut buf = vec![0u8; PIECE];
-    let mut offset = 0;
-    while let Some((start, end)) = next_data(&src, offset)? {
+    let (mut offset, mut written) = (0, 0u64);
+    while let Some((start, end)) = next_data(src, offset)? {
         let mut at = start;
         while at < end {
             let n = usize::try_from(end - at).unwrap_or(PIECE).min(PIECE);
-            src.read_exact_at(&mut buf[..n], at)?;
-            if buf[..n].iter().any(|&b| b != 0) {
-                dst.write_all_at(&buf[..n], at)?;
+            let got = src.read_at(&mut buf[..n], at)?;
+            if got == 0 {
+                return Ok(written);
             }
-            at += n as u64;
+            if buf[..got].iter().any(|&b| b != 0) {
+                written += got as u64;
+                if written > limit {
+                    return Err(io::ErrorKind::FileTooLarge.into());
+                }
+                dst.write_all_at(&buf[..got], at)?;
+            }
+            at += got as u64;
         }
         offset = end;
     }
-    dst.sync_data()
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -101,5 +120,27 @@ mod tests {
         // An existing file is never written over, and nothing is left beside it.
         assert_eq!(copy(&from, &to).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
         assert!(!to.with_extension("part").exists());
+    }
+
+    #[test]
+    fn a_copy_of_data_stops_at_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::create(dir.path().join("from")).unwrap();
+        f.set_len(1 << 30).unwrap();
+        f.write_all_at(&[1u8; 2 * PIECE], 5 << 20).unwrap();
+        let from = File::open(dir.path().join("from")).unwrap();
+        let to = File::create(dir.path().join("to")).unwrap();
+        let data = 2 * PIECE as u64;
+        assert_eq!(
+            copy_data(&from, &to, data).unwrap(),
+            data,
+            "a gigabyte of holes costs its data"
+        );
+        assert_eq!(to.metadata().unwrap().len(), 1 << 30);
+        let again = File::create(dir.path().join("again")).unwrap();
+        assert_eq!(
+            copy_data(&from, &again, data - 1).unwrap_err().kind(),
+            io::ErrorKind::FileTooLarge
+        );
     }
 }
