@@ -31,7 +31,7 @@ is captured too and a flood of output never blocks the program. Stdlib only.
 
 The folders default to the image's; MCP_AGENT_DIR (socket), MCP_AGENT_RESULTS
 (results) and MCP_AGENT_SPOOL (output being written) move them, so that
-actors/tests/agent_protocol.rs can run the agent on the host. Reported paths
+crates/runtime/tests/agent_protocol.rs can run the agent on the host. Reported paths
 stay under /app/results either way.
 """
 

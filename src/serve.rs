@@ -164,7 +164,12 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
 
 /// MCP over stdio: the client that launched the server is the only caller.
 pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
-    let files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
+    // Over stdio the server accepts no HTTP connections to budget for.
+    let limits = crate::access::limits::LimitsConfig {
+        max_connections: 0,
+        ..config.limits.clone()
+    };
+    let files = connections::raise_open_file_limit(&limits, config.proxied_connections_per_sandbox())?;
     let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
     let tasks = Tasks::new(config.tasks.clone());
     let handler = SandboxServer::new(ops(&config, sandboxes.clone(), None)?, tasks, Some(Caller::local()));

@@ -5,7 +5,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -65,7 +65,8 @@ pub fn upload_routes() -> Router<AppState> {
 /// passes with time, `Retry-After` when), the body the message.
 pub enum ApiError {
     Ops(OpsError),
-    /// A body that is not JSON (400), or not the verb's arguments (422).
+    /// A body without a JSON content type (415), that is not JSON (400),
+    /// or that is not the verb's arguments (422).
     Body(StatusCode, String),
 }
 
@@ -133,14 +134,14 @@ impl IntoResponse for ApiError {
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
 /// A verb's arguments from `fields` (a request's JSON body, or its query)
-/// with the path's `ids` put in. A key the verb does not take is refused,
-/// as the routes always did (the MCP tools pass over unknown arguments),
-/// and so is an id given in the body as well as in the path.
+/// with the path's `ids` put in; the message of what is wrong with them. A
+/// key the verb does not take is refused, as the routes always did (the
+/// MCP tools pass over unknown arguments), and so is an id given in the
+/// body as well as in the path.
 fn verb_args<T: DeserializeOwned + JsonSchema>(
     ids: &[(&str, &str)],
     mut fields: serde_json::Map<String, serde_json::Value>,
-) -> Result<T, ApiError> {
-    let invalid = |m: String| ApiError::Body(StatusCode::UNPROCESSABLE_ENTITY, m);
+) -> Result<T, String> {
     let schema = schemars::schema_for!(T);
     let known = schema
         .as_object()
@@ -149,27 +150,60 @@ fn verb_args<T: DeserializeOwned + JsonSchema>(
     let taken =
         |key: &String| known.is_some_and(|known| known.contains_key(key)) && !ids.iter().any(|(id, _)| id == key);
     if let Some(key) = fields.keys().find(|k| !taken(k)) {
-        return Err(invalid(format!("request: unknown field `{key}`")));
+        return Err(format!("unknown field `{key}`"));
     }
     for (key, value) in ids {
         fields.insert(key.to_string(), serde_json::Value::from(*value));
     }
-    serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| invalid(format!("request: {e}")))
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| e.to_string())
 }
 
-/// A verb's arguments from the path's `ids` and the JSON body (an empty
-/// body has no fields).
-fn from_body<T: DeserializeOwned + JsonSchema>(ids: &[(&str, &str)], body: &[u8]) -> Result<T, ApiError> {
-    let invalid = |m: String| ApiError::Body(StatusCode::BAD_REQUEST, m);
+/// A request body as a JSON object, or why it is none.
+fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_slice(body) {
+        Ok(serde_json::Value::Object(fields)) => Ok(fields),
+        Ok(_) => Err("not a JSON object".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A verb's arguments from the path's `ids` and an optional JSON body (an
+/// empty one means all defaults): anything wrong is an invalid argument
+/// (400).
+fn optional_body<T: DeserializeOwned + JsonSchema>(ids: &[(&str, &str)], body: &[u8]) -> Result<T, ApiError> {
+    let invalid = |e: String| ApiError::Ops(OpsError::InvalidArgument(format!("request body: {e}")));
     let fields = match body.iter().all(u8::is_ascii_whitespace) {
         true => serde_json::Map::new(),
-        false => match serde_json::from_slice(body) {
-            Ok(serde_json::Value::Object(fields)) => fields,
-            Ok(_) => return Err(invalid("request body: not a JSON object".into())),
-            Err(e) => return Err(invalid(format!("request body: {e}"))),
-        },
+        false => json_object(body).map_err(invalid)?,
     };
-    verb_args(ids, fields)
+    verb_args(ids, fields).map_err(invalid)
+}
+
+/// A verb's arguments from the path's `ids` and a JSON body it needs: a
+/// body without a JSON content type is 415, one that is not JSON 400, and
+/// JSON that is not the verb's arguments 422.
+fn json_body<T: DeserializeOwned + JsonSchema>(
+    ids: &[(&str, &str)],
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| {
+            let v = v.trim().to_ascii_lowercase();
+            v == "application/json" || (v.starts_with("application/") && v.ends_with("+json"))
+        });
+    if !json {
+        return Err(ApiError::Body(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Expected request with `Content-Type: application/json`".into(),
+        ));
+    }
+    let fields =
+        json_object(body).map_err(|e| ApiError::Body(StatusCode::BAD_REQUEST, format!("request body: {e}")))?;
+    verb_args(ids, fields).map_err(|e| ApiError::Body(StatusCode::UNPROCESSABLE_ENTITY, format!("request body: {e}")))
 }
 
 async fn list(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Json<SandboxPage> {
@@ -181,7 +215,7 @@ async fn create(
     Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<CreatedSandbox>), ApiError> {
-    let args = from_body(&[], &body)?;
+    let args = optional_body(&[], &body)?;
     Ok((StatusCode::CREATED, Json(app.ops.create_sandbox(&caller, args).await?)))
 }
 
@@ -220,7 +254,7 @@ async fn snapshot(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<SnapshotResult>), ApiError> {
-    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    let args = optional_body(&[("sandbox_id", &id)], &body)?;
     Ok((
         StatusCode::CREATED,
         Json(app.ops.snapshot_sandbox(&caller, args).await?),
@@ -233,7 +267,7 @@ async fn fork(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
-    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    let args = optional_body(&[("sandbox_id", &id)], &body)?;
     Ok((StatusCode::CREATED, Json(app.ops.fork_sandbox(&caller, args).await?)))
 }
 
@@ -275,9 +309,10 @@ async fn python(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<PythonResult> {
-    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    let args = json_body(&[("sandbox_id", &id)], &headers, &body)?;
     Ok(Json(app.ops.execute_python_code(&caller, args, None).await?))
 }
 
@@ -285,9 +320,10 @@ async fn shell(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<CommandResult> {
-    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    let args = json_body(&[("sandbox_id", &id)], &headers, &body)?;
     Ok(Json(app.ops.execute_terminal_command(&caller, args, None).await?))
 }
 
@@ -295,9 +331,10 @@ async fn install(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<InstallResult> {
-    let args = from_body(&[("sandbox_id", &id)], &body)?;
+    let args = json_body(&[("sandbox_id", &id)], &headers, &body)?;
     Ok(Json(
         app.ops.install_package_in_sandbox(&caller, args, INSTALL_WAIT).await?,
     ))
@@ -309,7 +346,8 @@ async fn install_status(
     Path(id): Path<String>,
     Query(query): Query<serde_json::Map<String, serde_json::Value>>,
 ) -> ApiResult<InstallResult> {
-    let args = verb_args(&[("sandbox_id", &id)], query)?;
+    let args = verb_args(&[("sandbox_id", &id)], query)
+        .map_err(|e| ApiError::Ops(OpsError::InvalidArgument(format!("query: {e}"))))?;
     Ok(Json(app.ops.check_package_installation_status(&caller, args).await?))
 }
 
@@ -373,10 +411,10 @@ struct UsageQuery {
 async fn usage(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
-    headers: axum::http::HeaderMap,
+    headers: HeaderMap,
     query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::Body(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(q) = query.map_err(|e| ApiError::Ops(OpsError::InvalidArgument(e.body_text())))?;
     let period = Period::parse(q.from.as_deref(), q.to.as_deref(), q.granularity.as_deref())?;
     let report = app.ops.usage(&caller, q.tenant.as_deref(), period).await?;
     let csv = headers

@@ -74,12 +74,20 @@ impl<M> CappedSessions<M> {
     }
 }
 
-/// The tenant of the `/mcp` request being served; none outside one.
-fn requester() -> Option<String> {
-    OPENER
-        .try_with(|o| o.caller.as_ref().map(|c| c.owner.clone()))
-        .ok()
-        .flatten()
+/// Who asks about a session: the tenant of the `/mcp` request being
+/// served (none when it has no caller), or the server itself (rmcp's own
+/// session worker, which closes a session whose transport ended, runs
+/// outside any request).
+enum Requester {
+    Request(Option<String>),
+    Server,
+}
+
+fn requester() -> Requester {
+    match OPENER.try_with(|o| o.caller.as_ref().map(|c| c.owner.clone())) {
+        Ok(owner) => Requester::Request(owner),
+        Err(_) => Requester::Server,
+    }
 }
 
 impl<M: SessionManager> Shared<M> {
@@ -97,7 +105,8 @@ impl<M: SessionManager> Shared<M> {
             .map(|(t, _)| t.busy())
     }
 
-    /// Whether the session `id` is the requesting tenant's.
+    /// Whether the session `id` is the requesting tenant's (the server's
+    /// own calls reach every session).
     fn owned(&self, id: &SessionId) -> bool {
         let owner = self
             .tickets
@@ -105,7 +114,10 @@ impl<M: SessionManager> Shared<M> {
             .expect("tickets lock")
             .get(id)
             .map(|(_, o)| o.clone());
-        owner.is_some_and(|owner| requester().as_deref() == Some(owner.as_str()))
+        match requester() {
+            Requester::Server => true,
+            Requester::Request(asking) => owner.is_some_and(|owner| asking.as_deref() == Some(owner.as_str())),
+        }
     }
 
     /// An error unless the session `id` is the requesting tenant's.

@@ -105,8 +105,12 @@ impl Meter {
             };
             let base = match before {
                 Some(b) if b.container == s.container => b,
-                // A new container: its counters start at zero.
-                Some(b) => zero(b.at),
+                // A new container: its counters start at zero; the
+                // proxy's are the sandbox's and go on.
+                Some(b) => Seen {
+                    proxied_bytes: b.proxied_bytes,
+                    ..zero(b.at)
+                },
                 None if s.created_at < meter.opened_at => Seen {
                     cpu_seconds: usage.map_or(0.0, |u| u.cpu_seconds),
                     network_bytes: usage.and_then(|u| u.network_bytes).unwrap_or(0),

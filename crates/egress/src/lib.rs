@@ -15,6 +15,7 @@ mod sni;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -124,7 +125,7 @@ pub struct Egress {
     default: EgressPolicy,
     max_connections: usize,
     /// Places of every sandbox's connections together.
-    total: Arc<Semaphore>,
+    total: Arc<Shared>,
     bytes_per_minute: u64,
     shared: Arc<Policies>,
     /// The hosts installs contact.
@@ -142,9 +143,7 @@ impl Egress {
             root: settings.root,
             default: settings.default,
             max_connections: settings.max_connections,
-            total: Arc::new(Semaphore::new(
-                settings.max_total_connections.min(Semaphore::MAX_PERMITS),
-            )),
+            total: Arc::new(Shared::new(settings.max_total_connections)),
             bytes_per_minute: settings.mb_per_minute.saturating_mul(1024 * 1024),
             shared: Arc::new(Policies {
                 packages: parse(&settings.packages_hosts, "packages")?,
@@ -275,6 +274,57 @@ impl Egress {
     }
 }
 
+/// The connections all sandboxes share, and how they are shared.
+struct Shared {
+    places: Arc<Semaphore>,
+    capacity: usize,
+    /// Sandboxes whose proxy is listening.
+    proxies: AtomicUsize,
+}
+
+/// Each sandbox's fair share of the shared places never falls below this
+/// many connections.
+const FAIR_FLOOR: usize = 4;
+
+impl Shared {
+    fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(Semaphore::MAX_PERMITS);
+        Self {
+            places: Arc::new(Semaphore::new(capacity)),
+            capacity,
+            proxies: AtomicUsize::new(0),
+        }
+    }
+
+    /// A place for a sandbox that holds `held` connections with this one:
+    /// none when the places are gone, or when it holds its fair share of
+    /// them already (the places over the listening proxies, at least
+    /// [`FAIR_FLOOR`]), so that a few sandboxes cannot take them all.
+    fn take(&self, held: usize) -> Option<OwnedSemaphorePermit> {
+        let proxies = self.proxies.load(Ordering::Relaxed).max(1);
+        let share = (self.capacity / proxies).max(FAIR_FLOOR);
+        (held <= share)
+            .then(|| self.places.clone().try_acquire_owned().ok())
+            .flatten()
+    }
+}
+
+/// Counts a listening proxy while it lives.
+struct Listening<'a>(&'a AtomicUsize);
+
+impl<'a> Listening<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Where an accepted connection stands under its sandbox's caps and the
 /// server's: served with a place under both, or refused (`why`).
 enum Admission {
@@ -287,9 +337,10 @@ async fn accept(
     sb: Arc<Attached>,
     shared: Arc<Policies>,
     denials: Arc<Mutex<BTreeMap<&'static str, u64>>>,
-    total: Arc<Semaphore>,
+    total: Arc<Shared>,
     max_connections: usize,
 ) {
+    let _listening = Listening::new(&total.proxies);
     let over_cap = || proxy::Denial {
         status: 429,
         kind: "limit",
@@ -315,10 +366,13 @@ async fn accept(
         // The place is taken before any task is spawned, so a connection
         // that finds none costs nothing past this line.
         let places = match sb.conns.clone().try_acquire_owned() {
-            Ok(own) => match total.clone().try_acquire_owned() {
-                Ok(shared) => Ok((own, shared)),
-                Err(_) => Err(server_full()),
-            },
+            Ok(own) => {
+                let held = max_connections - sb.conns.available_permits();
+                match total.take(held) {
+                    Some(shared) => Ok((own, shared)),
+                    None => Err(server_full()),
+                }
+            }
             Err(_) => Err(over_cap()),
         };
         let place = match places {
@@ -540,5 +594,23 @@ mod tests {
             served.starts_with("HTTP/1.1 400"),
             "served again (and refused as malformed): {served}"
         );
+    }
+
+    /// A few sandboxes cannot take every shared place: each holds at most
+    /// the places over the listening proxies (at least four), and the
+    /// others keep theirs.
+    #[tokio::test]
+    async fn each_sandbox_holds_at_most_its_fair_share_of_the_shared_connections() {
+        let shared = Shared::new(8);
+        let (one, two) = (Listening::new(&shared.proxies), Listening::new(&shared.proxies));
+        let mut first = vec![];
+        for held in 1..=6 {
+            first.extend(shared.take(held));
+        }
+        assert_eq!(first.len(), 4, "a sandbox's fair share of 8 places over 2 proxies");
+        let second: Vec<_> = (1..=4).filter_map(|held| shared.take(held)).collect();
+        assert_eq!(second.len(), 4, "the other sandbox keeps its share");
+        drop((one, two));
+        assert_eq!(shared.proxies.load(Ordering::Relaxed), 0);
     }
 }

@@ -579,7 +579,13 @@ async fn pump(
         };
         activity.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
         charge(budget, n).await;
-        w.write_all(&buf[..n]).await.map_err(gone)?;
+        // A reader that takes nothing (a sandbox that never reads its
+        // socket) holds the connection no longer than an idle one.
+        match tokio::time::timeout(IDLE, w.write_all(&buf[..n])).await {
+            Ok(written) => written.map_err(gone)?,
+            Err(_) => return Err(gone(std::io::ErrorKind::TimedOut.into())),
+        }
+        activity.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
     if shutdown {
         let _ = w.shutdown().await;
