@@ -145,7 +145,18 @@ const DOCKER_USER: Chain = ("filter", "DOCKER-USER");
 /// every packet from the subnet crosses first. (Its bounds need conntrack,
 /// which `raw` runs before; they stay in `DOCKER-USER` alone.)
 const RAW: Chain = ("raw", "PREROUTING");
-const CHAINS: [Chain; 3] = [INPUT, DOCKER_USER, RAW];
+/// Where the byte bounds are kept a second time, for the same reason: the
+/// engine never touches `mangle`'s `FORWARD`, which runs after conntrack
+/// (so the replies of established flows are told apart) and before
+/// `DOCKER-USER`. Bytes past a bound are dropped there as in `DOCKER-USER`,
+/// so a moment without `DOCKER-USER` lets no more through. (The flow
+/// bounds answer with `REJECT`, which only the filter table has; they stay
+/// in `DOCKER-USER`.)
+const MANGLE: Chain = ("mangle", "FORWARD");
+const CHAINS: [Chain; 4] = [INPUT, DOCKER_USER, RAW, MANGLE];
+/// The chains a host may lack (a kernel without the table): the rules go
+/// on without their second copy there.
+const OPTIONAL: [Chain; 2] = [RAW, MANGLE];
 
 /// The rules, in order, as (chain, arguments after the chain).
 fn rules(
@@ -295,6 +306,22 @@ fn rules(
         .map(|(_, r)| (RAW, r.clone()))
         .collect();
     out.extend(mirrored);
+    // The byte bounds in mangle, with tables of their own; traffic between
+    // two sandboxes (dropped in DOCKER-USER) spends no budget there either.
+    out.push(rule(
+        MANGLE,
+        bytes(&["-s", subnet, "!", "-d", subnet], "srcip", "mu"),
+        &["DROP"],
+    ));
+    out.push(rule(
+        MANGLE,
+        bytes(
+            &["-d", subnet, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"],
+            "dstip",
+            "md",
+        ),
+        &["DROP"],
+    ));
     out
 }
 
@@ -306,17 +333,19 @@ fn on(host: &dyn Syscalls, chain: Chain, verb: &str, rest: &[&str]) -> Result<St
 }
 
 /// The chains this host offers: all of [`CHAINS`], or, on a kernel without
-/// the `raw` table, the others (with a warning: the rules then depend on
-/// `DOCKER-USER` alone). An error when the filter table itself is refused.
+/// the `raw` or `mangle` table, the others (with a warning: the rules kept
+/// there then depend on `DOCKER-USER` alone). An error when the filter
+/// table itself is refused.
 fn chains(host: &dyn Syscalls) -> Result<Vec<Chain>, FirewallError> {
     on(host, DOCKER_USER, "-S", &[])?;
-    match on(host, RAW, "-S", &[]) {
-        Ok(_) => Ok(CHAINS.to_vec()),
-        Err(e) => {
-            tracing::warn!(error = %e, "the raw table is missing: sandboxes' rules live in DOCKER-USER alone, which the engine skips for a moment whenever a network is made or removed");
-            Ok(CHAINS.into_iter().filter(|c| *c != RAW).collect())
+    let mut missing = vec![];
+    for chain in OPTIONAL {
+        if let Err(e) = on(host, chain, "-S", &[]) {
+            tracing::warn!(error = %e, table = chain.0, "a table is missing: sandboxes' rules there live in DOCKER-USER alone, which the engine skips for a moment whenever a network is made or removed");
+            missing.push(chain);
         }
     }
+    Ok(CHAINS.into_iter().filter(|c| !missing.contains(c)).collect())
 }
 
 /// This server's rules in place in `chains`, as (chain, arguments after
