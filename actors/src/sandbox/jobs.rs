@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument, Span};
 
-use super::{join_notices, snapshot, SandboxActor, SandboxState};
+use super::{info, join_notices, live_status, snapshot, SandboxActor, SandboxState};
 use crate::agent_connection::{AgentConnection, Ran};
 use crate::error::{Result, SandboxError};
 use crate::files::{self, ResultsPath};
@@ -18,6 +18,7 @@ use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
 use crate::results::Uploaded;
 use crate::snapshots::{Restored, SnapshotDone};
 use crate::uploads::{self, UploadSource};
+use crate::usage::reading::Subject;
 use sandbox_runtime::agent::Work;
 
 pub(super) enum Job {
@@ -174,9 +175,17 @@ impl SandboxActor {
                     });
                 }
                 Job::Queued(Queued::Restart { reply }) => {
+                    // What it used up to now is read before its counters
+                    // start again: restarting before every sample hides
+                    // nothing.
+                    let subject = Subject {
+                        status: live_status(state),
+                        ..Subject::from(&info(state))
+                    };
                     state.restarting = true;
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
+                        link.ctx().read_usage(subject, false).await;
                         let result = link.restart().await;
                         let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));

@@ -98,6 +98,19 @@ async fn counters_that_start_again_from_zero_are_billed_not_lost() {
     assert_eq!((used.cpu_seconds, used.egress_bytes), (14.0, 5_000), "{used:?}");
 }
 
+/// A restart asked for just before each sample: what the sandbox used up
+/// to it is read before its counters start again.
+#[tokio::test(start_paused = true)]
+async fn a_restart_reads_the_counters_before_they_start_again() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.fake.set_usage(id, busy(10.0));
+    s.sb().restart(OWNER, id).await.unwrap();
+    s.fake.set_usage(id, busy(1.0));
+    pass(Duration::from_secs(16)).await;
+    assert_eq!(s.sb().usage_this_month(OWNER).0.cpu_seconds, 11.0);
+}
+
 /// A sandbox made, worked and deleted between two samples is read once
 /// more as it goes: a tenant cannot dodge the meter (and its budgets) by
 /// keeping each sandbox shorter than the sampling interval.
