@@ -425,6 +425,19 @@ mod tests {
 
     use super::*;
 
+    /// The settings of a test's proxy under `root`, which a test changes.
+    fn settings(root: &std::path::Path) -> EgressSettings {
+        EgressSettings {
+            root: root.join("egress"),
+            default: EgressPolicy::Packages,
+            max_connections: 4,
+            max_total_connections: 1024,
+            mb_per_minute: 64,
+            allow: vec![],
+            packages_hosts: vec!["pypi.org".into()],
+        }
+    }
+
     fn open_descriptors() -> usize {
         std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
     }
@@ -439,13 +452,8 @@ mod tests {
         const CLIENTS: usize = 300;
         let root = tempfile::tempdir().unwrap();
         let settings = EgressSettings {
-            root: root.path().join("egress"),
-            default: EgressPolicy::Packages,
             max_connections: CAP,
-            max_total_connections: 1024,
-            mb_per_minute: 64,
-            allow: vec![],
-            packages_hosts: vec!["pypi.org".into()],
+            ..settings(root.path())
         };
         let egress = Egress::new(settings, vec![]).unwrap();
         let id = Uuid::new_v4();
@@ -515,13 +523,10 @@ mod tests {
         });
         let root = tempfile::tempdir().unwrap();
         let settings = EgressSettings {
-            root: root.path().join("egress"),
             default: EgressPolicy::Allowlist,
-            max_connections: 4,
-            max_total_connections: 1024,
-            mb_per_minute: 64,
             allow: vec!["127.0.0.1/32".into()],
             packages_hosts: vec![],
+            ..settings(root.path())
         };
         let egress = Egress::new(settings, vec![]).unwrap();
         let id = Uuid::new_v4();
@@ -554,13 +559,8 @@ mod tests {
     async fn sandboxes_together_hold_at_most_the_server_s_egress_connections() {
         let root = tempfile::tempdir().unwrap();
         let settings = EgressSettings {
-            root: root.path().join("egress"),
-            default: EgressPolicy::Packages,
-            max_connections: 4,
             max_total_connections: 3,
-            mb_per_minute: 64,
-            allow: vec![],
-            packages_hosts: vec!["pypi.org".into()],
+            ..settings(root.path())
         };
         let egress = Egress::new(settings, vec![]).unwrap();
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
