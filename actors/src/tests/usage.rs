@@ -111,6 +111,26 @@ async fn a_restart_reads_the_counters_before_they_start_again() {
     assert_eq!(s.sb().usage_this_month(OWNER).0.cpu_seconds, 11.0);
 }
 
+/// What a sandbox's snapshots hold on the host's disk is billed as its
+/// disk is.
+#[tokio::test(start_paused = true)]
+async fn the_disk_its_snapshots_hold_is_billed() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    let results = s.settings.results_dir.join(id.to_string());
+    std::fs::write(results.join("data.bin"), vec![7u8; 4 << 20]).unwrap();
+    pass(Duration::from_secs(16)).await;
+    assert_eq!(
+        s.sb().usage_this_month(OWNER).0.disk_gb_hours,
+        0.0,
+        "no capped disks here"
+    );
+    s.sb().snapshot(OWNER, id, None).await.unwrap();
+    pass(Duration::from_secs(32)).await;
+    let billed = s.sb().usage_this_month(OWNER).0.disk_gb_hours;
+    assert!(billed > 0.0, "{billed}");
+}
+
 /// A sandbox made, worked and deleted between two samples is read once
 /// more as it goes: a tenant cannot dodge the meter (and its budgets) by
 /// keeping each sandbox shorter than the sampling interval.

@@ -49,9 +49,10 @@ pub(crate) struct Subject {
 
 impl From<&SandboxInfo> for Subject {
     fn from(info: &SandboxInfo) -> Self {
+        // Its disks, and the host disk its snapshots hold.
         let disk_bytes = info.disk.as_ref().map_or(0, |d| {
             d.results.as_ref().map_or(0, |u| u.used_bytes) + d.packages.as_ref().map_or(0, |u| u.used_bytes)
-        });
+        }) + info.snapshots.bytes;
         Self {
             id: info.sandbox_id,
             owner: info.owner.clone(),
