@@ -25,6 +25,7 @@ use crate::config::PackagesConfig;
 use crate::error::Result;
 use crate::messages::{Finished, SandboxMsg};
 use crate::records::{InstallRecord, InstallState};
+use crate::usage::Totals;
 use sandbox_runtime::agent::Work;
 
 /// The image's uv environment, on the read-only root (docker/Dockerfile).
@@ -40,6 +41,8 @@ pub struct InstallTask;
 
 pub struct InstallArgs {
     pub link: AgentConnection,
+    /// The sandbox's tenant, billed for an installer container's use.
+    pub owner: String,
     pub package: String,
     pub specs: Vec<String>,
     pub report: ActorRef<SandboxMsg>,
@@ -100,12 +103,27 @@ async fn install_in_sandbox(link: &mut AgentConnection, argv: Vec<String>, timeo
     Ok((o.exit_code, format!("{}{}", o.stderr, o.stdout), o.timed_out))
 }
 
-async fn install_with_installer(link: &mut AgentConnection, argv: Vec<String>, timeout: Duration) -> Result<Outcome> {
+/// Installs through an installer container, whose CPU and bytes are billed
+/// to `owner` as its sandbox's would be.
+async fn install_with_installer(
+    link: &mut AgentConnection,
+    owner: &str,
+    argv: Vec<String>,
+    timeout: Duration,
+) -> Result<Outcome> {
     let ctx = link.ctx().clone();
     let done = ctx
         .runtime
         .run_installer(&link.paths, &link.volume, argv, timeout)
         .await?;
+    let used = Totals {
+        cpu_seconds: done.usage.cpu_seconds,
+        egress_bytes: done.usage.network_bytes.unwrap_or(0),
+        ..Totals::default()
+    };
+    if used != Totals::default() {
+        ctx.meter.add(owner, OffsetDateTime::now_utc(), &used);
+    }
     if done.exit_code == 0 {
         // Scripts were written for the installer's interpreter: point them
         // at the sandbox's own (this runs in the sandbox, as its user).
@@ -136,6 +154,7 @@ impl Actor for InstallTask {
     async fn handle(&self, myself: ActorRef<()>, _: (), state: &mut Self::State) -> Result<(), ActorProcessingErr> {
         let Some(InstallArgs {
             mut link,
+            owner,
             package,
             specs,
             report,
@@ -155,7 +174,9 @@ impl Actor for InstallTask {
             }
             false => {
                 let argv = install_argv(&ctx.settings.packages, &specs, InstallTarget::Installer);
-                install_with_installer(&mut link, argv, timeout).instrument(span).await
+                install_with_installer(&mut link, &owner, argv, timeout)
+                    .instrument(span)
+                    .await
             }
         };
         let offline = !in_sandbox;

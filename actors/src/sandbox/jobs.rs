@@ -154,6 +154,7 @@ impl SandboxActor {
                 Job::Install { package, specs } => {
                     let args = InstallArgs {
                         link,
+                        owner: state.record.owner.clone(),
                         package,
                         specs,
                         report: me,

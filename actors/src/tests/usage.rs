@@ -131,6 +131,26 @@ async fn the_disk_its_snapshots_hold_is_billed() {
     assert!(billed > 0.0, "{billed}");
 }
 
+/// The attack: installs run (source builds included) in an installer
+/// container when the sandbox's policy does not reach the index, outside
+/// the sandbox's cgroup and interface. What that container used is billed
+/// to the sandbox's tenant.
+#[tokio::test(start_paused = true)]
+async fn an_installer_container_s_use_is_billed_to_its_sandbox_s_tenant() {
+    let s = Server::with(|st| st.sandbox.network = crate::EgressPolicy::None).await;
+    let id = s.create().await;
+    let used = Usage {
+        cpu_seconds: 7.0,
+        network_bytes: Some(9_000),
+        ..Usage::default()
+    };
+    s.fake.set_installer_usage(id, used);
+    let status = s.sb().install(OWNER, id, "six", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(status.status, crate::InstallStatusKind::Success, "{status:?}");
+    let (billed, _) = s.sb().usage_this_month(OWNER);
+    assert_eq!((billed.cpu_seconds, billed.egress_bytes), (7.0, 9_000), "{billed:?}");
+}
+
 /// A sandbox made, worked and deleted between two samples is read once
 /// more as it goes: a tenant cannot dodge the meter (and its budgets) by
 /// keeping each sandbox shorter than the sampling interval.

@@ -131,6 +131,8 @@ struct State {
     behaviour: HashMap<Uuid, Behaviour>,
     /// What a sandbox's containers report using (none set: nothing).
     usage: HashMap<Uuid, Usage>,
+    /// What a sandbox's installer containers use, each.
+    installer_usage: HashMap<Uuid, Usage>,
     events: Vec<Event>,
     next: u64,
     create_delay: Duration,
@@ -187,6 +189,11 @@ impl FakeRuntime {
     /// What the containers of `sandbox` report using from now on.
     pub fn set_usage(&self, sandbox: Uuid, usage: Usage) {
         self.lock().usage.insert(sandbox, usage);
+    }
+
+    /// What each installer container of `sandbox` uses from now on.
+    pub fn set_installer_usage(&self, sandbox: Uuid, usage: Usage) {
+        self.lock().installer_usage.insert(sandbox, usage);
     }
 
     /// Each creation takes this long (a slow engine).
@@ -492,6 +499,7 @@ impl ContainerRuntime for FakeRuntime {
             exit_code: 0,
             output: "installed".into(),
             timed_out: false,
+            usage: self.lock().installer_usage.get(&paths.id).copied().unwrap_or_default(),
         })
     }
 

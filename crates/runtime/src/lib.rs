@@ -74,6 +74,9 @@ pub struct Installed {
     /// Its stdout and stderr, interleaved, the last 64 KiB.
     pub output: String,
     pub timed_out: bool,
+    /// What it used (CPU, bytes on its interface), read while it ran: its
+    /// sandbox's tenant is billed for it.
+    pub usage: Usage,
 }
 
 /// What a container uses, as the engine reports it.

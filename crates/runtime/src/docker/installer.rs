@@ -5,6 +5,9 @@
 use super::spec::VENV_IN_CONTAINER;
 use super::*;
 
+/// How often an installer container's use is read while it runs.
+const INSTALLER_READING: Duration = Duration::from_millis(250);
+
 impl DockerRuntime {
     /// [`ContainerRuntime::run_installer`]: `argv` in an installer container
     /// on the sandbox's package volume, ended after `timeout`.
@@ -57,8 +60,28 @@ impl DockerRuntime {
         let result = spans::engine("run_installer", async {
             self.docker.start_container(&id, None).await?;
             let mut wait = self.docker.wait_container(&id, None);
+            // What it uses is read from its cgroup while it runs (the
+            // cgroup goes with the container): its last reading is what is
+            // billed, short of at most one interval.
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut reading = tokio::time::interval(INSTALLER_READING);
+            let mut usage = Usage::default();
             // A non-zero exit arrives as an error; the state tells the code.
-            let timed_out = tokio::time::timeout(timeout, wait.next()).await.is_err();
+            let timed_out = loop {
+                tokio::select! {
+                    _ = wait.next() => break false,
+                    _ = tokio::time::sleep_until(deadline) => break true,
+                    _ = reading.tick() => {
+                        if let Some(now) = cgroup_usage(&id) {
+                            usage = Usage {
+                                cpu_seconds: now.cpu_seconds.max(usage.cpu_seconds),
+                                network_bytes: now.network_bytes.max(usage.network_bytes),
+                                ..now
+                            };
+                        }
+                    }
+                }
+            };
             if timed_out {
                 let _ = self.docker.kill_container(&id, None).await;
             }
@@ -70,6 +93,7 @@ impl DockerRuntime {
                 exit_code,
                 output: self.output(&id).await,
                 timed_out,
+                usage,
             })
         })
         .await;
