@@ -805,7 +805,12 @@ async fn orphans(server_id: &str, root: &std::path::Path) -> Vec<String> {
         }
     }
     let tag = format!("mcp-sandbox:{server_id}");
-    for (table, chain) in [("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING")] {
+    for (table, chain) in [
+        ("filter", "INPUT"),
+        ("filter", "DOCKER-USER"),
+        ("raw", "PREROUTING"),
+        ("mangle", "FORWARD"),
+    ] {
         let rules = run("iptables", &["-w", "-t", table, "-S", chain])
             .await
             .unwrap_or_default();

@@ -565,7 +565,12 @@ impl Drop for Server {
         remove(&["volume", "rm", "-f"], listed(&["volume", "ls"]));
         remove(&["network", "rm"], listed(&["network", "ls"]));
         let tag = format!("mcp-sandbox:{}", id.trim());
-        for (table, chain) in [("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING")] {
+        for (table, chain) in [
+            ("filter", "INPUT"),
+            ("filter", "DOCKER-USER"),
+            ("raw", "PREROUTING"),
+            ("mangle", "FORWARD"),
+        ] {
             let Ok(rules) = Command::new("iptables").args(["-w", "-t", table, "-S", chain]).output() else {
                 continue;
             };

@@ -121,7 +121,7 @@ class Server:
             for network in docker("network", "ls", "-q", "--filter", f"label={SERVER_LABEL}={self.server_id}").split():
                 docker("network", "rm", network)
             tag = f"mcp-sandbox:{self.server_id}"
-            for table, chain in (("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING")):
+            for table, chain in (("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING"), ("mangle", "FORWARD")):
                 rules = subprocess.run(["iptables", "-w", "-t", table, "-S", chain], capture_output=True, text=True).stdout
                 for line in rules.splitlines():
                     if tag in line:

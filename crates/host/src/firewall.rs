@@ -145,18 +145,22 @@ const DOCKER_USER: Chain = ("filter", "DOCKER-USER");
 /// every packet from the subnet crosses first. (Its bounds need conntrack,
 /// which `raw` runs before; they stay in `DOCKER-USER` alone.)
 const RAW: Chain = ("raw", "PREROUTING");
-/// Where the byte bounds are kept a second time, for the same reason: the
+/// Where the bounds are kept a second time, for the same reason: the
 /// engine never touches `mangle`'s `FORWARD`, which runs after conntrack
 /// (so the replies of established flows are told apart) and before
 /// `DOCKER-USER`. Bytes past a bound are dropped there as in `DOCKER-USER`,
-/// so a moment without `DOCKER-USER` lets no more through. (The flow
-/// bounds answer with `REJECT`, which only the filter table has; they stay
-/// in `DOCKER-USER`.)
+/// so a moment without `DOCKER-USER` lets no more through. The flow bounds
+/// answer with `REJECT`, which only the filter table has: `mangle` holds
+/// them at [`BACKSTOP`] times their rate and count, dropping, so that in
+/// that moment a sandbox gets no further than that, and otherwise the
+/// filter table's refusal comes first.
 const MANGLE: Chain = ("mangle", "FORWARD");
 const CHAINS: [Chain; 4] = [INPUT, DOCKER_USER, RAW, MANGLE];
 /// The chains a host may lack (a kernel without the table): the rules go
 /// on without their second copy there.
 const OPTIONAL: [Chain; 2] = [RAW, MANGLE];
+/// How far past its flow bounds `mangle` lets a sandbox go.
+const BACKSTOP: u32 = 2;
 
 /// The rules, in order, as (chain, arguments after the chain).
 fn rules(
@@ -306,8 +310,53 @@ fn rules(
         .map(|(_, r)| (RAW, r.clone()))
         .collect();
     out.extend(mirrored);
-    // The byte bounds in mangle, with tables of their own; traffic between
-    // two sandboxes (dropped in DOCKER-USER) spends no budget there either.
+    // The bounds in mangle, with tables of their own; traffic between two
+    // sandboxes (dropped in DOCKER-USER) spends no budget there either.
+    let backstop_connections = (bounds.connections as u64 * BACKSTOP as u64).to_string();
+    let backstop_flows = format!("{}/sec", NEW_FLOWS_PER_SECOND * BACKSTOP);
+    let backstop_burst = (NEW_FLOWS_BURST * BACKSTOP).to_string();
+    out.push(rule(
+        MANGLE,
+        from(
+            &[
+                &["!", "-d", subnet][..],
+                &new[..],
+                &[
+                    "-m",
+                    "connlimit",
+                    "--connlimit-above",
+                    &backstop_connections,
+                    "--connlimit-mask",
+                    "32",
+                ],
+            ]
+            .concat(),
+        ),
+        &["DROP"],
+    ));
+    out.push(rule(
+        MANGLE,
+        from(
+            &[
+                &["!", "-d", subnet][..],
+                &new[..],
+                &[
+                    "-m",
+                    "hashlimit",
+                    "--hashlimit-above",
+                    &backstop_flows,
+                    "--hashlimit-burst",
+                    &backstop_burst,
+                    "--hashlimit-mode",
+                    "srcip",
+                    "--hashlimit-name",
+                    &bucket(server_id, generation, "mn"),
+                ],
+            ]
+            .concat(),
+        ),
+        &["DROP"],
+    ));
     out.push(rule(
         MANGLE,
         bytes(&["-s", subnet, "!", "-d", subnet], "srcip", "mu"),
