@@ -203,9 +203,31 @@ fn rules(
         r.push(bucket(server_id, generation, direction));
         r
     };
-    let connections = bounds.connections.to_string();
-    let new_flows = format!("{NEW_FLOWS_PER_SECOND}/sec");
-    let new_flows_burst = NEW_FLOWS_BURST.to_string();
+    // New flows past `most` at once, or past `per_second` (after a burst
+    // of `burst`) in the table `name`; `before`: matches that come first.
+    let new = ["-m", "conntrack", "--ctstate", "NEW"];
+    let too_many = |before: &[&str], most: u64| {
+        let most = most.to_string();
+        let tail = ["-m", "connlimit", "--connlimit-above", &most, "--connlimit-mask", "32"];
+        from(&[before, &new[..], &tail[..]].concat())
+    };
+    let too_fast = |before: &[&str], per_second: u32, burst: u32, name: &str| {
+        let (rate, burst) = (format!("{per_second}/sec"), burst.to_string());
+        let tail = [
+            "-m",
+            "hashlimit",
+            "--hashlimit-above",
+            &rate,
+            "--hashlimit-burst",
+            &burst,
+            "--hashlimit-mode",
+            "srcip",
+            "--hashlimit-name",
+            &bucket(server_id, generation, name),
+        ];
+        from(&[before, &new[..], &tail[..]].concat())
+    };
+    let connections = bounds.connections as u64;
     // INPUT: anything addressed to the host itself, whichever of its
     // addresses. DOCKER-USER (forwarded traffic, replies included), first
     // match wins: other sandboxes first, so that no sandbox can spend
@@ -216,48 +238,13 @@ fn rules(
     // name servers (the engine's resolver forwards from the sandbox) and
     // listed CIDRs handed back to Docker's own rules; private ranges and
     // on-link networks dropped.
-    let new = ["-m", "conntrack", "--ctstate", "NEW"];
     let mut out = vec![
         rule(INPUT, from(&[]), &["DROP"]),
         rule(DOCKER_USER, from(&["-d", subnet]), &["DROP"]),
+        rule(DOCKER_USER, too_many(&[], connections), &["REJECT"]),
         rule(
             DOCKER_USER,
-            from(
-                &[
-                    &new[..],
-                    &[
-                        "-m",
-                        "connlimit",
-                        "--connlimit-above",
-                        &connections,
-                        "--connlimit-mask",
-                        "32",
-                    ],
-                ]
-                .concat(),
-            ),
-            &["REJECT"],
-        ),
-        rule(
-            DOCKER_USER,
-            from(
-                &[
-                    &new[..],
-                    &[
-                        "-m",
-                        "hashlimit",
-                        "--hashlimit-above",
-                        &new_flows,
-                        "--hashlimit-burst",
-                        &new_flows_burst,
-                        "--hashlimit-mode",
-                        "srcip",
-                        "--hashlimit-name",
-                        &bucket(server_id, generation, "nw"),
-                    ],
-                ]
-                .concat(),
-            ),
+            too_fast(&[], NEW_FLOWS_PER_SECOND, NEW_FLOWS_BURST, "nw"),
             &["REJECT"],
         ),
         rule(DOCKER_USER, bytes(&["-s", subnet], "srcip", "up"), &["DROP"]),
@@ -312,48 +299,19 @@ fn rules(
     out.extend(mirrored);
     // The bounds in mangle, with tables of their own; traffic between two
     // sandboxes (dropped in DOCKER-USER) spends no budget there either.
-    let backstop_connections = (bounds.connections as u64 * BACKSTOP as u64).to_string();
-    let backstop_flows = format!("{}/sec", NEW_FLOWS_PER_SECOND * BACKSTOP);
-    let backstop_burst = (NEW_FLOWS_BURST * BACKSTOP).to_string();
+    let others = ["!", "-d", subnet];
     out.push(rule(
         MANGLE,
-        from(
-            &[
-                &["!", "-d", subnet][..],
-                &new[..],
-                &[
-                    "-m",
-                    "connlimit",
-                    "--connlimit-above",
-                    &backstop_connections,
-                    "--connlimit-mask",
-                    "32",
-                ],
-            ]
-            .concat(),
-        ),
+        too_many(&others, connections * BACKSTOP as u64),
         &["DROP"],
     ));
     out.push(rule(
         MANGLE,
-        from(
-            &[
-                &["!", "-d", subnet][..],
-                &new[..],
-                &[
-                    "-m",
-                    "hashlimit",
-                    "--hashlimit-above",
-                    &backstop_flows,
-                    "--hashlimit-burst",
-                    &backstop_burst,
-                    "--hashlimit-mode",
-                    "srcip",
-                    "--hashlimit-name",
-                    &bucket(server_id, generation, "mn"),
-                ],
-            ]
-            .concat(),
+        too_fast(
+            &others,
+            NEW_FLOWS_PER_SECOND * BACKSTOP,
+            NEW_FLOWS_BURST * BACKSTOP,
+            "mn",
         ),
         &["DROP"],
     ));
