@@ -71,6 +71,11 @@ impl Settings {
         self.state_dir.join("agents")
     }
 
+    /// Where the sandboxes' snapshot stores live, one folder each.
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.state_dir.join("snapshots")
+    }
+
     /// The capped file systems of the sandboxes, as `[sandbox]` sizes them,
     /// made and mounted through `host`.
     pub fn disks(&self, host: Arc<dyn Syscalls>) -> Disks {
@@ -79,6 +84,7 @@ impl Settings {
             root: self.state_dir.join("disks"),
             results_dir: self.results_dir.clone(),
             agents_dir: self.agents_dir(),
+            snapshots_dir: self.snapshots_dir(),
         };
         let results = Cap {
             mb: s.results_mb,
@@ -88,7 +94,11 @@ impl Settings {
             mb: s.packages_mb,
             inodes: s.packages_inodes,
         };
-        Disks::new(host, layout, results, packages)
+        let snapshots = Cap {
+            mb: s.snapshots_mb,
+            inodes: s.snapshots_inodes,
+        };
+        Disks::new(host, layout, results, packages, snapshots)
     }
 
     /// What the egress proxy is set up with.

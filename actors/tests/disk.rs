@@ -10,9 +10,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{docker, unmount_under, Harness, OWNER};
+use common::{docker, eventually, unmount_under, Harness, OWNER};
 use sandbox_host::figures as host;
 
+use sandbox_actors::snapshots::SnapshotError;
 use sandbox_actors::{Quota, SandboxError, Settings};
 use uuid::Uuid;
 
@@ -312,4 +313,87 @@ async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
         "still\n",
         "running sandboxes keep working"
     );
+}
+
+/// A sandbox whose files outgrow its snapshot store: the save stops at the
+/// store's cap (the host gives it at most `sandbox.snapshots_mb`), says so
+/// and keeps nothing; a snapshot that fits is saved after, and the store
+/// goes with the sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_stop_at_their_store_s_cap() {
+    let h = Harness::with(|s| {
+        small_disks(s);
+        s.sandbox.snapshots_mb = 32;
+        s.sandbox.snapshots_inodes = 1000;
+    })
+    .await;
+    let id = h.create().await;
+    let wrote = h
+        .sh(
+            id,
+            "head -c 48000000 /dev/urandom > /app/results/big.bin && echo ok",
+            None,
+        )
+        .await;
+    assert_eq!(wrote.output.stdout, "ok\n", "{:?}", wrote.output);
+
+    let err = h.sb().snapshot(OWNER, id, None).await.unwrap_err();
+    assert!(
+        matches!(&err, SandboxError::Snapshot(SnapshotError::StoreFull { limit_mb, .. }) if *limit_mb <= 32),
+        "{err}"
+    );
+    let store = image(&h, id, "snapshots.img");
+    assert!(
+        allocated(&store) <= 33 << 20,
+        "the store's image holds {} bytes",
+        allocated(&store)
+    );
+    assert!(
+        h.sb().list_snapshots(OWNER, id).await.unwrap().is_empty(),
+        "nothing was kept"
+    );
+
+    h.sh(
+        id,
+        "rm /app/results/big.bin && head -c 4000000 /dev/urandom > /app/results/small.bin",
+        None,
+    )
+    .await;
+    let (kept, _) = h.sb().snapshot(OWNER, id, None).await.expect("a snapshot that fits");
+    assert!(kept.bytes >= 4_000_000, "{kept:?}");
+
+    h.sb().delete(OWNER, id).await.unwrap();
+    let folder = h.settings.state_dir.join("snapshots").join(id.to_string());
+    eventually("the store goes with its sandbox", || {
+        !folder.exists()
+            && !std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(&id.to_string())
+    })
+    .await;
+}
+
+/// A save that would take the state folder's file system below
+/// `limits.min_free_disk_mb` is refused before it writes, though that much
+/// is still free when it begins.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_that_would_eat_the_disk_s_reserve_is_refused() {
+    let mut h = Harness::with(|s| s.sandbox.results_mb = 2048).await;
+    let id = h.create().await;
+    let code = "import os\nfd = os.open('/app/results/big.bin', os.O_CREAT | os.O_WRONLY)\n\
+                os.posix_fallocate(fd, 0, 1 << 30)\nprint('ok')";
+    let wrote = h.py(id, code).await;
+    assert_eq!(wrote.output.stdout, "ok\n", "{:?}", wrote.output);
+
+    // Free space now leaves 512 MB above the reserve: a 1 GB save would eat it.
+    let free = host::space(&h.settings.state_dir).unwrap().free_bytes;
+    h.settings.min_free_disk_mb = (free >> 20) - 512;
+    h.restart().await;
+    let err = h.sb().snapshot(OWNER, id, None).await.unwrap_err();
+    assert!(
+        matches!(&err, SandboxError::Snapshot(SnapshotError::NoRoom { need_mb, .. }) if *need_mb >= 1024),
+        "{err}"
+    );
+    assert!(h.sb().list_snapshots(OWNER, id).await.unwrap().is_empty());
+    h.sb().delete(OWNER, id).await.unwrap();
 }

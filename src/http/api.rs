@@ -109,7 +109,9 @@ fn status_of(e: &SandboxError) -> StatusCode {
                 CopyError::Stopped => StatusCode::GATEWAY_TIMEOUT,
                 CopyError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
-            SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SnapshotError::StoreFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            SnapshotError::NoRoom { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            SnapshotError::Store(_) | SnapshotError::Disk(_) => StatusCode::INTERNAL_SERVER_ERROR,
         },
         SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }

@@ -62,6 +62,9 @@ fn next_step(e: &SandboxError) -> &'static str {
         SandboxError::Seeding { .. } => ": call it once fork_sandbox has answered",
         SandboxError::Snapshot(SnapshotError::NotFound(_)) => " Call list_snapshots to see the sandbox's snapshots.",
         SandboxError::Snapshot(SnapshotError::TooMany(_)) => "; delete one with delete_snapshot, then try again",
+        SandboxError::Snapshot(SnapshotError::StoreFull { .. }) => {
+            " Call list_snapshots to see what each snapshot takes, and delete_snapshot to drop one."
+        }
         SandboxError::File(FileError::NotFound(_)) => "; call list_files to see what is there",
         SandboxError::File(FileError::IsFolder(_)) => "; call list_files to see what it holds",
         _ => "",

@@ -142,6 +142,7 @@ impl Sandboxes {
         host: Arc<dyn Syscalls>,
     ) -> Result<Self> {
         let meter = Meter::open(store.clone(), &settings.usage).await?;
+        let disks = settings.disks(host);
         let ctx = Arc::new(Context {
             runtime,
             store,
@@ -149,8 +150,8 @@ impl Sandboxes {
             forks: Default::default(),
             counters: EventCounts::default(),
             egress,
-            disks: settings.disks(host),
-            snapshots: Snapshots::new(&settings),
+            snapshots: Snapshots::new(&settings, disks.clone()),
+            disks,
             settings,
         });
         ctx.disks.check().await?;

@@ -12,11 +12,20 @@
 //!   a save that never finished leaves no snapshot, only a folder that the
 //!   next removal collects.
 //!
+//! `state_dir/snapshots/<sandbox>` is a file system of its own of
+//! `sandbox.snapshots_mb` (see [`sandbox_host::disk`]), so the kernel holds
+//! a sandbox's snapshots to that size whatever its folders hold, and a
+//! tenant's to its sandboxes' count times that. Beside the cap, saves
+//! reserve what they may write ([`reserve`]), so that saves side by side
+//! cannot take the state folder's file system below
+//! `limits.min_free_disk_mb`, where the server's records live.
+//!
 //! The sandbox actor queues snapshot work with its other calls
 //! ([`crate::sandbox`]); this module holds the host side and its bounds.
 
 mod copy;
 mod fork;
+mod reserve;
 
 use std::collections::HashSet;
 use std::io;
@@ -38,6 +47,9 @@ pub use crate::error::{CopyError, SnapshotError};
 use copy::{CopyBudget, Saved};
 pub(crate) use fork::merge;
 pub use fork::{Export, ExportHold};
+use reserve::{DiskReserve, Reserved};
+use sandbox_host::disk::Disks;
+use sandbox_host::figures::free_disk_bytes;
 use sandbox_host::SANDBOX_UID;
 pub use sandbox_runtime::agent::{Carried, CarriedState, PythonState};
 use sandbox_runtime::SandboxPaths;
@@ -217,13 +229,20 @@ pub(crate) fn slot(snapshot: Uuid) -> String {
 }
 
 /// The snapshots of this server's sandboxes, on the host.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Snapshots {
     /// `state_dir/snapshots`: one folder per sandbox, one inside per snapshot.
     root: PathBuf,
     limit: usize,
     results: CopyBudget,
     packages: CopyBudget,
+    /// Makes and mounts each sandbox's store, and tells how full the
+    /// sandbox's folders and its store are.
+    disks: Disks,
+    /// What saves in flight may still write.
+    reserve: Arc<DiskReserve>,
+    /// `limits.min_free_disk_mb`, in bytes.
+    keep_free: u64,
 }
 
 fn budget(mb: u64, inodes: u64) -> CopyBudget {
@@ -240,13 +259,16 @@ fn budget(mb: u64, inodes: u64) -> CopyBudget {
 }
 
 impl Snapshots {
-    pub fn new(settings: &Settings) -> Self {
+    pub fn new(settings: &Settings, disks: Disks) -> Self {
         let s = &settings.sandbox;
         Self {
-            root: settings.state_dir.join("snapshots"),
+            root: settings.snapshots_dir(),
             limit: s.snapshots_per_sandbox,
             results: budget(s.results_mb, s.results_inodes),
             packages: budget(s.packages_mb, s.packages_inodes),
+            disks,
+            reserve: Arc::default(),
+            keep_free: settings.min_free_disk_mb << 20,
         }
     }
 
@@ -308,14 +330,64 @@ impl Snapshots {
         }
     }
 
+    /// Reserves what a save of the sandbox's folders may write: the data
+    /// they hold (their whole budget where they are not capped file
+    /// systems), at most the room left in the sandbox's store. Refused when
+    /// the state folder's free space, less what saves in flight hold, would
+    /// not keep `limits.min_free_disk_mb` beside it.
+    fn reserve_room(&self, paths: &SandboxPaths) -> Result<Reserved, SnapshotError> {
+        let usage = self.disks.usage(paths.id);
+        let held = |folder: Folder| {
+            let capped = usage.and_then(|u| match folder {
+                Folder::Results => u.results,
+                Folder::Packages => u.packages,
+            });
+            capped.map_or(self.budget(folder).bytes, |u| u.used_bytes)
+        };
+        let mut need: u64 = Folder::of(paths).map(|(folder, _)| held(folder)).sum();
+        if let Some(store) = usage.and_then(|u| u.snapshots) {
+            need = need.min(store.limit_bytes.saturating_sub(store.used_bytes));
+        }
+        let Some(free) = free_disk_bytes([self.root.as_path()]) else {
+            return Ok(self.reserve.nothing());
+        };
+        self.reserve
+            .take(free, self.keep_free, need)
+            .map_err(|held| SnapshotError::NoRoom {
+                need_mb: need.div_ceil(1 << 20),
+                free_mb: free >> 20,
+                keep_mb: self.keep_free >> 20,
+                held_mb: held.div_ceil(1 << 20),
+            })
+    }
+
+    /// What a save that failed with `e` tells: a full store (`ENOSPC` in a
+    /// capped store) is said as such.
+    fn save_failure(&self, sandbox: Uuid, e: SnapshotError) -> SnapshotError {
+        let full = matches!(&e, SnapshotError::Save(CopyError::Io(io)) | SnapshotError::Store(io)
+            if io.raw_os_error() == Some(libc::ENOSPC));
+        let store = self.disks.usage(sandbox).and_then(|u| u.snapshots);
+        match store {
+            Some(store) if full => SnapshotError::StoreFull {
+                used_mb: store.used_bytes >> 20,
+                limit_mb: store.limit_bytes >> 20,
+            },
+            _ => e,
+        }
+    }
+
     /// Saves the sandbox's files and packages as snapshot `info` (whose
     /// sizes and folders it fills in). A save that fails leaves nothing
     /// behind.
-    pub(crate) async fn save(
-        &self,
-        paths: &SandboxPaths,
-        mut info: SnapshotInfo,
-    ) -> Result<SnapshotInfo, SnapshotError> {
+    pub(crate) async fn save(&self, paths: &SandboxPaths, info: SnapshotInfo) -> Result<SnapshotInfo, SnapshotError> {
+        self.disks.open_snapshots(paths.id).await.map_err(SnapshotError::Disk)?;
+        let reserved = self.reserve_room(paths)?;
+        let saved = self.save_files(paths, info).await;
+        drop(reserved);
+        saved.map_err(|e| self.save_failure(paths.id, e))
+    }
+
+    async fn save_files(&self, paths: &SandboxPaths, mut info: SnapshotInfo) -> Result<SnapshotInfo, SnapshotError> {
         let store = self.clone();
         let paths = paths.clone();
         bounded(move |stop| {
@@ -441,7 +513,7 @@ impl Snapshots {
     }
 
     /// Counts the bytes the sandbox's saved folders take on the host (a
-    /// file linked from several counted once) into `usage.json`, which
+    /// file linked from several counted once, by the blocks it holds) into `usage.json`, which
     /// [`Self::totals`] reads. The folders are the server's own: walked by
     /// path, links never followed.
     fn measure(&self, sandbox: Uuid) {
@@ -451,7 +523,8 @@ impl Snapshots {
                 if meta.is_dir() {
                     walk(&entry.path(), seen, bytes);
                 } else if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
-                    *bytes += meta.len();
+                    // What the host gave it: saved files keep their holes.
+                    *bytes += meta.blocks() * 512;
                 }
             }
         }

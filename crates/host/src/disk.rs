@@ -13,6 +13,12 @@
 //!   so Docker still fills it from the image on first use;
 //! - the agent's socket folder: a tiny tmpfs.
 //!
+//! The sandbox's snapshot store (`state_dir/snapshots/<sandbox id>`, where
+//! the server keeps the copies of those folders that its snapshots hold) is
+//! a third image, of `sandbox.snapshots_mb`, made and mounted at the first
+//! snapshot ([`Disks::open_snapshots`]): a save that would take more fails
+//! with "No space left on device" in the store, not on the host's disk.
+//!
 //! Each image starts as a sparse copy of an empty file system made once per
 //! start for its cap (`state_dir/disks/template-*.img`): a copy costs a
 //! fraction of a millisecond where `mkfs.ext4` and the removal of
@@ -24,7 +30,7 @@
 //! container starts. This needs root (mount) and `mkfs.ext4` (e2fsprogs);
 //! with both caps at 0 the folders are plain directories as before.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +68,7 @@ pub enum DiskError {
 }
 
 /// One capped file system: its size in MiB and inode count (0 MiB: uncapped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cap {
     pub mb: u64,
     pub inodes: u64,
@@ -78,6 +84,9 @@ pub struct Layout {
     pub results_dir: PathBuf,
     /// The server's folder of agent sockets (see [`agent_dir`]).
     pub agents_dir: PathBuf,
+    /// `state_dir/snapshots`: a sandbox's snapshot store is mounted on its
+    /// folder there.
+    pub snapshots_dir: PathBuf,
 }
 
 /// A capped folder's use against its cap.
@@ -114,6 +123,9 @@ pub struct DiskUsage {
     pub results: Option<DiskUse>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packages: Option<DiskUse>,
+    /// The snapshot store, once the sandbox's first snapshot made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<DiskUse>,
 }
 
 /// The capped file systems of this server's sandboxes.
@@ -125,34 +137,41 @@ pub struct Disks {
     root: PathBuf,
     results_dir: PathBuf,
     agents_dir: PathBuf,
+    snapshots_dir: PathBuf,
     results: Cap,
     packages: Cap,
+    snapshots: Cap,
     /// The empty image of each cap, made at its first use (and again if
     /// it went missing).
-    templates: Arc<[Mutex<Option<PathBuf>>; 2]>,
+    templates: Arc<Mutex<HashMap<Cap, PathBuf>>>,
 }
 
 impl Disks {
-    pub fn new(host: Arc<dyn Syscalls>, layout: Layout, results: Cap, packages: Cap) -> Self {
+    pub fn new(host: Arc<dyn Syscalls>, layout: Layout, results: Cap, packages: Cap, snapshots: Cap) -> Self {
         Self {
             host,
             root: layout.root,
             results_dir: layout.results_dir,
             agents_dir: layout.agents_dir,
+            snapshots_dir: layout.snapshots_dir,
             results,
             packages,
+            snapshots,
             templates: Arc::default(),
         }
     }
 
     /// The template of `cap`, made if this is its first use or it went
-    /// missing (slot 0 holds the results cap's, slot 1 the packages cap's
-    /// when it differs).
+    /// missing.
     async fn template(&self, cap: Cap) -> Result<PathBuf, DiskError> {
-        let mut slot = self.templates[usize::from(cap != self.results)].lock().await;
-        match &*slot {
-            Some(made) if made.is_file() => Ok(made.clone()),
-            _ => Ok(slot.insert(make_template(&self.host, &self.root, cap).await?).clone()),
+        let mut made = self.templates.lock().await;
+        match made.get(&cap) {
+            Some(path) if path.is_file() => Ok(path.clone()),
+            _ => {
+                let path = make_template(&self.host, &self.root, cap).await?;
+                made.insert(cap, path.clone());
+                Ok(path)
+            }
         }
     }
 
@@ -181,6 +200,37 @@ impl Disks {
     /// The host folder the package volume is bound to, when capped.
     pub fn packages_dir(&self, id: Uuid) -> Option<PathBuf> {
         (self.packages.mb > 0).then(|| self.root.join(id.to_string()).join("packages"))
+    }
+
+    /// The image and mount point of a sandbox's snapshot store, when capped.
+    fn snapshots_image(&self, id: Uuid) -> Option<(PathBuf, PathBuf)> {
+        (self.snapshots.mb > 0).then(|| {
+            (
+                self.root.join(id.to_string()).join("snapshots.img"),
+                self.snapshots_dir.join(id.to_string()),
+            )
+        })
+    }
+
+    /// Makes the sandbox's snapshot store ready to be written: its folder,
+    /// and where capped its file system, made at the first snapshot and
+    /// mounted again after a reboot. Returns the store's folder.
+    pub async fn open_snapshots(&self, id: Uuid) -> Result<PathBuf, DiskError> {
+        let Some((image, mount)) = self.snapshots_image(id) else {
+            let dir = self.snapshots_dir.join(id.to_string());
+            std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+            return Ok(dir);
+        };
+        if !self.host.is_mount_point(&mount) {
+            std::fs::create_dir_all(&mount).map_err(io(&mount))?;
+            let dir = image.parent().expect("in a folder");
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            match image.is_file() {
+                true => mount_image(&self.host, &image, &mount).await?,
+                false => self.fresh_and_mount(&image, &mount, self.snapshots).await?,
+            }
+        }
+        Ok(mount)
     }
 
     /// (image, mount point, cap) of each capped file system of a sandbox.
@@ -244,10 +294,18 @@ impl Disks {
     /// Mounts what is missing (after a host reboot, say); true when
     /// anything had to be mounted again.
     pub async fn ensure(&self, id: Uuid) -> Result<bool, DiskError> {
-        if !self.enabled() {
-            return Ok(false);
-        }
         let mut remounted = false;
+        // The snapshot store, where the sandbox has one: its snapshots are
+        // listed from it.
+        if let Some((image, mount)) = self.snapshots_image(id) {
+            if image.is_file() && !self.host.is_mount_point(&mount) {
+                self.open_snapshots(id).await?;
+                remounted = true;
+            }
+        }
+        if !self.enabled() {
+            return Ok(remounted);
+        }
         for (image, mount, cap) in self.images(id) {
             if !self.host.is_mount_point(&mount) {
                 std::fs::create_dir_all(&mount).map_err(io(&mount))?;
@@ -276,6 +334,7 @@ impl Disks {
     pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
         let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
         mounts.push(agent_dir(&self.agents_dir, id));
+        mounts.extend(self.snapshots_image(id).map(|(_, m)| m));
         for mount in &mounts {
             unmount(&self.host, mount).await?;
         }
@@ -290,7 +349,7 @@ impl Disks {
     /// sandboxes of an earlier run, leftovers of a crash).
     pub async fn remove_orphans(&self, known: &HashSet<Uuid>) {
         let mut ids = HashSet::new();
-        for dir in [&self.root, &self.results_dir, &self.agents_dir] {
+        for dir in [&self.root, &self.results_dir, &self.agents_dir, &self.snapshots_dir] {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 if let Ok(id) = Uuid::parse_str(&entry.file_name().to_string_lossy()) {
                     ids.insert(id);
@@ -304,7 +363,7 @@ impl Disks {
         }
         // Probes of a start that was killed, and templates of caps no
         // longer configured.
-        let templates = [self.results, self.packages].map(template_name);
+        let templates = [self.results, self.packages, self.snapshots].map(template_name);
         for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("probe-") {
@@ -318,7 +377,7 @@ impl Disks {
 
     /// The use of each capped folder; `None` when nothing is capped.
     pub fn usage(&self, id: Uuid) -> Option<DiskUsage> {
-        if !self.enabled() {
+        if !self.enabled() && self.snapshots.mb == 0 {
             return None;
         }
         let of = |mb: u64, mount: PathBuf| {
@@ -329,6 +388,7 @@ impl Disks {
         Some(DiskUsage {
             results: of(self.results.mb, self.results_dir.join(id.to_string())),
             packages: self.packages_dir(id).and_then(|m| of(self.packages.mb, m)),
+            snapshots: self.snapshots_image(id).and_then(|(_, m)| of(self.snapshots.mb, m)),
         })
     }
 
@@ -493,18 +553,20 @@ mod tests {
 
     const RESULTS: Cap = Cap { mb: 64, inodes: 4096 };
     const PACKAGES: Cap = Cap { mb: 128, inodes: 8192 };
+    const SNAPSHOTS: Cap = Cap { mb: 256, inodes: 16384 };
 
     fn disks(root: &Path, host: &Arc<Recorder>) -> Disks {
-        capped(root, host, RESULTS, PACKAGES)
+        capped(root, host, [RESULTS, PACKAGES, SNAPSHOTS])
     }
 
-    fn capped(root: &Path, host: &Arc<Recorder>, results: Cap, packages: Cap) -> Disks {
+    fn capped(root: &Path, host: &Arc<Recorder>, [results, packages, snapshots]: [Cap; 3]) -> Disks {
         let layout = Layout {
             root: root.join("disks"),
             results_dir: root.join("results"),
             agents_dir: root.join("agents"),
+            snapshots_dir: root.join("snapshots"),
         };
-        Disks::new(host.clone(), layout, results, packages)
+        Disks::new(host.clone(), layout, results, packages, snapshots)
     }
 
     /// A new sandbox's folders, as the pool makes them before its disks.
@@ -649,11 +711,62 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let host = Arc::new(Recorder::new());
         let off = Cap { mb: 0, inodes: 0 };
-        let disks = capped(root.path(), &host, off, off);
+        let disks = capped(root.path(), &host, [off; 3]);
         let id = Uuid::new_v4();
         disks.check().await.unwrap();
         disks.prepare(id).await.unwrap();
         assert!(disks.usage(id).is_none());
+        assert!(host.calls().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_snapshot_store_is_made_at_the_first_snapshot_and_goes_with_the_sandbox() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let disks = disks(root.path(), &host);
+        disks.check().await.unwrap();
+        let id = Uuid::new_v4();
+        folders(root.path(), id);
+        disks.prepare(id).await.unwrap();
+        let store = root.path().join("snapshots").join(id.to_string());
+        assert!(!host.is_mount_point(&store), "no store before the first snapshot");
+        assert!(disks.usage(id).unwrap().snapshots.is_none());
+
+        let before = host.calls().len();
+        assert_eq!(disks.open_snapshots(id).await.unwrap(), store);
+        let made: Vec<u64> = host.calls()[before..]
+            .iter()
+            .filter_map(|c| match c {
+                Call::MakeExt4 { inodes, .. } => Some(*inodes),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(made, [SNAPSHOTS.inodes], "the store's cap gets a template of its own");
+        assert!(host.is_mount_point(&store));
+        assert!(disks.usage(id).unwrap().snapshots.is_some());
+        let before = host.calls().len();
+        disks.open_snapshots(id).await.unwrap();
+        assert_eq!(host.calls().len(), before, "an open store is left alone");
+
+        // After a reboot the store comes back with the sandbox's other disks.
+        host.unmount(&store, false).unwrap();
+        assert!(disks.ensure(id).await.unwrap());
+        assert!(host.is_mount_point(&store));
+
+        disks.remove(id).await.unwrap();
+        assert!(host.mounted().is_empty(), "the store is unmounted with the rest");
+        assert!(!root.path().join("disks").join(id.to_string()).exists());
+    }
+
+    #[tokio::test]
+    async fn an_uncapped_snapshot_store_is_a_plain_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let off = Cap { mb: 0, inodes: 0 };
+        let disks = capped(root.path(), &host, [RESULTS, PACKAGES, off]);
+        let id = Uuid::new_v4();
+        let store = disks.open_snapshots(id).await.unwrap();
+        assert!(store.is_dir());
         assert!(host.calls().is_empty());
     }
 

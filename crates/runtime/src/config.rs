@@ -105,6 +105,11 @@ pub struct SandboxConfig {
     pub packages_inodes: u64,
     /// Snapshots each sandbox may keep (0: snapshots are off).
     pub snapshots_per_sandbox: usize,
+    /// Size of each sandbox's snapshot store on the host, the file system
+    /// its snapshots' saved folders live in (0: not capped).
+    pub snapshots_mb: u64,
+    /// Files and folders the snapshot store may hold.
+    pub snapshots_inodes: u64,
 }
 
 impl Default for SandboxConfig {
@@ -135,6 +140,8 @@ impl Default for SandboxConfig {
             packages_mb: 2048,
             packages_inodes: 200_000,
             snapshots_per_sandbox: 3,
+            snapshots_mb: 4096,
+            snapshots_inodes: 400_000,
         }
     }
 }
@@ -209,6 +216,12 @@ impl SandboxConfig {
         for (key, mb, inodes_key, inodes) in [
             ("results_mb", self.results_mb, "results_inodes", self.results_inodes),
             ("packages_mb", self.packages_mb, "packages_inodes", self.packages_inodes),
+            (
+                "snapshots_mb",
+                self.snapshots_mb,
+                "snapshots_inodes",
+                self.snapshots_inodes,
+            ),
         ] {
             if mb != 0 && !(16..=1 << 20).contains(&mb) {
                 return Err(invalid(
