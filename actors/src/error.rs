@@ -74,7 +74,7 @@ impl SandboxError {
             SandboxError::Outdated { .. } => "outdated",
             SandboxError::Store(_) => "store",
             SandboxError::Snapshot(SnapshotError::NotFound(_)) => "not_found",
-            SandboxError::Snapshot(SnapshotError::StoreFull { .. } | SnapshotError::NoRoom { .. }) => "quota",
+            SandboxError::Snapshot(SnapshotError::StoreFull { .. } | SnapshotError::NoRoom) => "quota",
             SandboxError::Snapshot(_) => "snapshot",
             SandboxError::Internal(_) => "internal",
         }
@@ -204,23 +204,16 @@ pub enum SnapshotError {
     Store(#[source] std::io::Error),
     /// The store's file system (`sandbox.snapshots_mb`) is full.
     #[error(
-        "the sandbox's snapshots fill their store on the host ({used_mb} of {limit_mb} MB): no snapshot was kept. \
-         Delete an older snapshot, or files in /app/results that need not be kept, then try again."
+        "the sandbox's snapshots, with this one, would hold more than their store on the host may ({cap_mb} MB, \
+         or its count of files): no snapshot was kept. Delete an older snapshot if there is one, or files in \
+         /app/results that need not be kept, then try again."
     )]
-    StoreFull { used_mb: u64, limit_mb: u64 },
+    StoreFull { cap_mb: u64 },
     /// The save could take the state folder's file system below
-    /// `limits.min_free_disk_mb`, counting what saves in flight may write.
-    #[error(
-        "the server's disk has no room for this snapshot now: it may write {need_mb} MB, {free_mb} MB are free, \
-         limits.min_free_disk_mb keeps {keep_mb} MB and snapshots being saved hold {held_mb} MB. \
-         No snapshot was kept; try again later."
-    )]
-    NoRoom {
-        need_mb: u64,
-        free_mb: u64,
-        keep_mb: u64,
-        held_mb: u64,
-    },
+    /// `limits.min_free_disk_mb`, counting what saves in flight may write
+    /// (the figures go to the server's log, not to the caller).
+    #[error("the server's disk has no room for a snapshot now: no snapshot was kept; try again later.")]
+    NoRoom,
     /// The store's file system could not be made or mounted.
     #[error("the snapshot store could not be made ready: {0}")]
     Disk(#[source] DiskError),

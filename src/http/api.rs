@@ -110,7 +110,7 @@ fn status_of(e: &SandboxError) -> StatusCode {
                 CopyError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
             },
             SnapshotError::StoreFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
-            SnapshotError::NoRoom { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            SnapshotError::NoRoom => StatusCode::SERVICE_UNAVAILABLE,
             SnapshotError::Store(_) | SnapshotError::Disk(_) => StatusCode::INTERNAL_SERVER_ERROR,
         },
         SandboxError::Store(_) | SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -243,6 +243,8 @@ pub struct Snapshots {
     reserve: Arc<DiskReserve>,
     /// `limits.min_free_disk_mb`, in bytes.
     keep_free: u64,
+    /// `sandbox.snapshots_mb`.
+    store_mb: u64,
 }
 
 fn budget(mb: u64, inodes: u64) -> CopyBudget {
@@ -269,6 +271,7 @@ impl Snapshots {
             disks,
             reserve: Arc::default(),
             keep_free: settings.min_free_disk_mb << 20,
+            store_mb: s.snapshots_mb,
         }
     }
 
@@ -330,35 +333,30 @@ impl Snapshots {
         }
     }
 
-    /// Reserves what a save of the sandbox's folders may write: the data
-    /// they hold (their whole budget where they are not capped file
-    /// systems), at most the room left in the sandbox's store. Refused when
-    /// the state folder's free space, less what saves in flight hold, would
-    /// not keep `limits.min_free_disk_mb` beside it.
+    /// Reserves the most a save of the sandbox's folders may write: their
+    /// budgets (what the sandbox holds now is no bound: a file linked
+    /// under many names is copied once per name, and the sandbox writes on
+    /// while the copy runs), with a margin for the store's own metadata,
+    /// and at most what the store's image can still take from the host.
+    /// Refused when the state folder's free space, less what saves in
+    /// flight hold, would not keep `limits.min_free_disk_mb` beside it.
     fn reserve_room(&self, paths: &SandboxPaths) -> Result<Reserved, SnapshotError> {
-        let usage = self.disks.usage(paths.id);
-        let held = |folder: Folder| {
-            let capped = usage.and_then(|u| match folder {
-                Folder::Results => u.results,
-                Folder::Packages => u.packages,
-            });
-            capped.map_or(self.budget(folder).bytes, |u| u.used_bytes)
-        };
-        let mut need: u64 = Folder::of(paths).map(|(folder, _)| held(folder)).sum();
-        if let Some(store) = usage.and_then(|u| u.snapshots) {
-            need = need.min(store.limit_bytes.saturating_sub(store.used_bytes));
+        let budgets: u64 = Folder::of(paths).map(|(folder, _)| self.budget(folder).bytes).sum();
+        let mut need = budgets + budgets / 16;
+        if let Some(room) = self.disks.snapshots_room(paths.id) {
+            need = need.min(room);
         }
         let Some(free) = free_disk_bytes([self.root.as_path()]) else {
             return Ok(self.reserve.nothing());
         };
-        self.reserve
-            .take(free, self.keep_free, need)
-            .map_err(|held| SnapshotError::NoRoom {
-                need_mb: need.div_ceil(1 << 20),
-                free_mb: free >> 20,
-                keep_mb: self.keep_free >> 20,
-                held_mb: held.div_ceil(1 << 20),
-            })
+        self.reserve.take(free, self.keep_free, need).map_err(|held| {
+            warn!(
+                sandbox = %paths.id, need_mb = need >> 20, free_mb = free >> 20,
+                keep_mb = self.keep_free >> 20, held_mb = held >> 20,
+                "a snapshot was refused: the state folder's disk has no room for it beside limits.min_free_disk_mb"
+            );
+            SnapshotError::NoRoom
+        })
     }
 
     /// What a save that failed with `e` tells: a full store (`ENOSPC` in a
@@ -366,12 +364,8 @@ impl Snapshots {
     fn save_failure(&self, sandbox: Uuid, e: SnapshotError) -> SnapshotError {
         let full = matches!(&e, SnapshotError::Save(CopyError::Io(io)) | SnapshotError::Store(io)
             if io.raw_os_error() == Some(libc::ENOSPC));
-        let store = self.disks.usage(sandbox).and_then(|u| u.snapshots);
-        match store {
-            Some(store) if full => SnapshotError::StoreFull {
-                used_mb: store.used_bytes >> 20,
-                limit_mb: store.limit_bytes >> 20,
-            },
+        match self.disks.snapshots_room(sandbox) {
+            Some(_) if full => SnapshotError::StoreFull { cap_mb: self.store_mb },
             _ => e,
         }
     }

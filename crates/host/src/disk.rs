@@ -215,12 +215,24 @@ impl Disks {
     /// Makes the sandbox's snapshot store ready to be written: its folder,
     /// and where capped its file system, made at the first snapshot and
     /// mounted again after a reboot. Returns the store's folder.
+    ///
+    /// A folder that already holds snapshots without an image (kept from
+    /// before the cap, or from a time it was off) stays as it is, uncapped:
+    /// mounted over, they would be hidden, neither listed nor billed.
     pub async fn open_snapshots(&self, id: Uuid) -> Result<PathBuf, DiskError> {
-        let Some((image, mount)) = self.snapshots_image(id) else {
-            let dir = self.snapshots_dir.join(id.to_string());
+        let dir = self.snapshots_dir.join(id.to_string());
+        let uncapped = |dir: PathBuf| {
             std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-            return Ok(dir);
+            Ok(dir)
         };
+        let Some((image, mount)) = self.snapshots_image(id) else {
+            return uncapped(dir);
+        };
+        let kept = std::fs::read_dir(&mount).is_ok_and(|mut entries| entries.next().is_some());
+        if !image.is_file() && kept && !self.host.is_mount_point(&mount) {
+            warn!(sandbox = %id, "the sandbox's snapshots predate its store's cap; they stay uncapped until it is deleted");
+            return uncapped(dir);
+        }
         if !self.host.is_mount_point(&mount) {
             std::fs::create_dir_all(&mount).map_err(io(&mount))?;
             let dir = image.parent().expect("in a folder");
@@ -231,6 +243,16 @@ impl Disks {
             }
         }
         Ok(mount)
+    }
+
+    /// How much more the sandbox's snapshot store can take from the host:
+    /// its image's size less the blocks the host already gave it (`None`
+    /// when the store is not capped).
+    pub fn snapshots_room(&self, id: Uuid) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let (image, _) = self.snapshots_image(id)?;
+        let given = std::fs::metadata(&image).map_or(0, |m| m.blocks() * 512);
+        Some((self.snapshots.mb << 20).saturating_sub(given))
     }
 
     /// (image, mount point, cap) of each capped file system of a sandbox.
@@ -254,11 +276,14 @@ impl Disks {
     /// server that cannot enforce its quotas says so instead of running
     /// without them: making each cap's template (an image made, mounted
     /// and unmounted) is the check.
+    /// The snapshot store's template is made at the first snapshot, or here
+    /// when it is the only cap.
     pub async fn check(&self) -> Result<(), DiskError> {
-        for cap in [self.results, self.packages] {
+        let store = (!self.enabled()).then_some(self.snapshots);
+        for cap in [Some(self.results), Some(self.packages), store].into_iter().flatten() {
             if cap.mb > 0 {
                 self.template(cap).await.map_err(|e| DiskError::Tool {
-                    what: "disk quotas need root and mkfs.ext4 (e2fsprogs); set sandbox.results_mb = 0 and sandbox.packages_mb = 0 to run without them".into(),
+                    what: "disk quotas need root and mkfs.ext4 (e2fsprogs); set sandbox.results_mb, sandbox.packages_mb and sandbox.snapshots_mb to 0 to run without them".into(),
                     detail: e.to_string(),
                 })?;
             }
@@ -294,18 +319,18 @@ impl Disks {
     /// Mounts what is missing (after a host reboot, say); true when
     /// anything had to be mounted again.
     pub async fn ensure(&self, id: Uuid) -> Result<bool, DiskError> {
-        let mut remounted = false;
         // The snapshot store, where the sandbox has one: its snapshots are
-        // listed from it.
+        // listed from it. The container does not see it, so it is not
+        // counted as remounted (which restarts a running container).
         if let Some((image, mount)) = self.snapshots_image(id) {
             if image.is_file() && !self.host.is_mount_point(&mount) {
                 self.open_snapshots(id).await?;
-                remounted = true;
             }
         }
         if !self.enabled() {
-            return Ok(remounted);
+            return Ok(false);
         }
+        let mut remounted = false;
         for (image, mount, cap) in self.images(id) {
             if !self.host.is_mount_point(&mount) {
                 std::fs::create_dir_all(&mount).map_err(io(&mount))?;
@@ -334,7 +359,9 @@ impl Disks {
     pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
         let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
         mounts.push(agent_dir(&self.agents_dir, id));
-        mounts.extend(self.snapshots_image(id).map(|(_, m)| m));
+        // The store whatever the cap is now: it may have been made under
+        // another setting.
+        mounts.push(self.snapshots_dir.join(id.to_string()));
         for mount in &mounts {
             unmount(&self.host, mount).await?;
         }
@@ -697,7 +724,7 @@ mod tests {
         let host = Arc::new(Recorder::new());
         host.fail("make_ext4", "template.img");
         let err = disks(root.path(), &host).check().await.unwrap_err().to_string();
-        assert!(err.contains("sandbox.results_mb = 0"), "{err}");
+        assert!(err.contains("sandbox.snapshots_mb to 0"), "{err}");
         assert!(host.mounted().is_empty());
         let left: Vec<_> = std::fs::read_dir(root.path().join("disks"))
             .unwrap()
@@ -748,14 +775,44 @@ mod tests {
         disks.open_snapshots(id).await.unwrap();
         assert_eq!(host.calls().len(), before, "an open store is left alone");
 
-        // After a reboot the store comes back with the sandbox's other disks.
+        // After a reboot the store comes back with the sandbox's other
+        // disks, without counting as a remount of the container's.
         host.unmount(&store, false).unwrap();
-        assert!(disks.ensure(id).await.unwrap());
+        assert!(!disks.ensure(id).await.unwrap(), "the container does not see the store");
         assert!(host.is_mount_point(&store));
+        assert!(disks.snapshots_room(id).unwrap() <= SNAPSHOTS.mb << 20);
 
         disks.remove(id).await.unwrap();
         assert!(host.mounted().is_empty(), "the store is unmounted with the rest");
         assert!(!root.path().join("disks").join(id.to_string()).exists());
+    }
+
+    #[tokio::test]
+    async fn snapshots_kept_before_the_cap_are_never_mounted_over() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let id = Uuid::new_v4();
+        let store = root.path().join("snapshots").join(id.to_string());
+        std::fs::create_dir_all(store.join("trees")).unwrap();
+        let disks = disks(root.path(), &host);
+        assert_eq!(disks.open_snapshots(id).await.unwrap(), store);
+        assert!(!host.is_mount_point(&store), "mounted over, they would be hidden");
+        assert!(store.join("trees").is_dir());
+    }
+
+    #[tokio::test]
+    async fn a_store_made_under_a_cap_is_unmounted_after_the_cap_is_turned_off() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let id = Uuid::new_v4();
+        let store = disks(root.path(), &host).open_snapshots(id).await.unwrap();
+        assert!(host.is_mount_point(&store));
+        let off = Cap { mb: 0, inodes: 0 };
+        capped(root.path(), &host, [RESULTS, PACKAGES, off])
+            .remove(id)
+            .await
+            .unwrap();
+        assert!(host.mounted().is_empty());
     }
 
     #[tokio::test]
