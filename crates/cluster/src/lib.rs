@@ -1,0 +1,222 @@
+//! Several mcp-sandbox servers serving as one, coordinated through etcd.
+//!
+//! Each node is a whole server on its own host and engine; what they share
+//! lives in etcd: each node's membership (a lease carrying its figures,
+//! [`membership`]) and the directory of sandboxes (which node holds each,
+//! whose it is, [`directory`]). etcd is reached through its JSON gateway
+//! ([`etcd`]). Without a `[cluster]` section none of this runs.
+//!
+//! This crate knows nothing of sandboxes beyond their ids and tenants: the
+//! server asks it before acknowledging a creation, tells it of deletions,
+//! and reads from it where a sandbox lives.
+
+pub mod config;
+pub mod directory;
+mod error;
+pub mod etcd;
+mod keys;
+pub mod membership;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+pub use config::ClusterConfig;
+pub use directory::{Directory, Entry};
+pub use error::ClusterError;
+use etcd::{Etcd, Tls};
+use keys::Keys;
+pub use membership::{Capacity, Membership, NodeFigures};
+
+/// This node's part in the cluster.
+pub struct Cluster {
+    pub config: ClusterConfig,
+    pub membership: Arc<Membership>,
+    pub directory: Directory,
+    etcd: Arc<Etcd>,
+    keys: Keys,
+}
+
+/// A node as `cluster status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub name: String,
+    /// `up` while its lease lives, `down` once it has expired.
+    pub state: &'static str,
+    /// New sandboxes are not placed on it.
+    pub draining: bool,
+    /// Sandboxes the directory says it holds.
+    pub sandboxes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub figures: Option<NodeFigures>,
+}
+
+/// etcd as a `[cluster]` section names it.
+fn connect(config: &ClusterConfig) -> Result<Etcd, ClusterError> {
+    config.validate()?;
+    let tls = Tls {
+        ca: config.etcd_ca_file.as_deref(),
+        cert: config.etcd_cert_file.as_deref().zip(config.etcd_key_file.as_deref()),
+    };
+    Ok(Etcd::new(&config.etcd_endpoints, tls)?)
+}
+
+impl Cluster {
+    /// Joins the cluster: membership is renewed in the background from now
+    /// on, with the figures `capacity` reads.
+    pub fn join(
+        config: ClusterConfig,
+        capacity: Arc<dyn Fn() -> Capacity + Send + Sync>,
+    ) -> Result<Self, ClusterError> {
+        let etcd = Arc::new(connect(&config)?);
+        let keys = Keys::new(&config.prefix);
+        let membership = Membership::start(
+            etcd.clone(),
+            keys.clone(),
+            config.node_name.clone(),
+            config.advertise_url.clone(),
+            config.lease(),
+            capacity,
+        );
+        Ok(Self {
+            directory: Directory::new(etcd.clone(), keys.clone()),
+            membership,
+            etcd,
+            keys,
+            config,
+        })
+    }
+
+    /// The cluster's administration, for `mcp-sandbox cluster`: no
+    /// membership of its own.
+    pub fn admin(config: &ClusterConfig) -> Result<Admin, ClusterError> {
+        let etcd = Arc::new(connect(config)?);
+        let keys = Keys::new(&config.prefix);
+        Ok(Admin {
+            directory: Directory::new(etcd.clone(), keys.clone()),
+            etcd,
+            keys,
+        })
+    }
+
+    /// Refuses new work while this node cannot be sure of its lease.
+    pub fn check_held(&self) -> Result<(), ClusterError> {
+        match self.membership.holds() {
+            true => Ok(()),
+            false => Err(ClusterError::Detached {
+                seconds: self.membership.detached_for().as_secs().max(1),
+            }),
+        }
+    }
+
+    /// Whether new sandboxes should go elsewhere.
+    pub async fn draining(&self) -> Result<bool, ClusterError> {
+        Ok(self.etcd.get(&self.keys.drain(&self.config.node_name)).await?.is_some())
+    }
+
+    /// Leaves the cluster: the lease is given back, so the others see this
+    /// node gone at once. The directory keeps its sandboxes.
+    pub async fn leave(&self) {
+        self.membership.leave().await;
+    }
+}
+
+/// What `mcp-sandbox cluster` does.
+pub struct Admin {
+    pub directory: Directory,
+    etcd: Arc<Etcd>,
+    keys: Keys,
+}
+
+impl Admin {
+    /// Every node that joined and was not forgotten, by name.
+    pub async fn status(&self) -> Result<Vec<NodeStatus>, ClusterError> {
+        let up: Vec<NodeFigures> = self
+            .etcd
+            .prefix(&self.keys.nodes())
+            .await?
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect();
+        let names_under = |prefix: String| async move {
+            let kvs = self.etcd.prefix(&prefix).await?;
+            Ok::<HashSet<String>, ClusterError>(
+                kvs.into_iter()
+                    .filter_map(|kv| kv.key.strip_prefix(&prefix).map(String::from))
+                    .collect(),
+            )
+        };
+        let drains = names_under(self.keys.drains()).await?;
+        let known = names_under(self.keys.known_nodes()).await?;
+        let entries = self.directory.all().await?;
+        let mut names: Vec<String> = up.iter().map(|n| n.name.clone()).collect();
+        names.extend(entries.iter().map(|(_, e)| e.node.clone()));
+        names.extend(drains.iter().cloned());
+        names.extend(known);
+        names.sort();
+        names.dedup();
+        Ok(names
+            .into_iter()
+            .map(|name| {
+                let figures = up.iter().find(|n| n.name == name).cloned();
+                NodeStatus {
+                    state: if figures.is_some() { "up" } else { "down" },
+                    draining: drains.contains(&name),
+                    sandboxes: entries.iter().filter(|(_, e)| e.node == name).count(),
+                    figures,
+                    name,
+                }
+            })
+            .collect())
+    }
+
+    /// Stops (or with `on = false` resumes) placing new sandboxes on `node`.
+    pub async fn drain(&self, node: &str, on: bool) -> Result<(), ClusterError> {
+        match on {
+            true => self.etcd.put(&self.keys.drain(node), b"", None).await?,
+            false => {
+                self.etcd.delete(&self.keys.drain(node)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a node that will not return: its sandboxes leave the
+    /// directory (and so the quotas). Refused while the node is up.
+    pub async fn forget(&self, node: &str) -> Result<usize, ForgetError> {
+        if self
+            .etcd
+            .get(&self.keys.node(node))
+            .await
+            .map_err(ClusterError::from)?
+            .is_some()
+        {
+            return Err(ForgetError::Up(node.to_string()));
+        }
+        let mut removed = 0;
+        for id in self.directory.held_by(node).await? {
+            if self.directory.release(id, node).await? {
+                removed += 1;
+            }
+        }
+        self.etcd
+            .delete(&self.keys.known(node))
+            .await
+            .map_err(ClusterError::from)?;
+        self.etcd
+            .delete(&self.keys.drain(node))
+            .await
+            .map_err(ClusterError::from)?;
+        Ok(removed)
+    }
+}
+
+/// Why a node could not be forgotten.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    #[error("node {0} is up: stop it first (its lease must have expired)")]
+    Up(String),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
