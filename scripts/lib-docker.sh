@@ -131,3 +131,9 @@ crun_cgroups() {
     fi
   done
 }
+
+# ensure_etcd: Debian's etcd server and etcdctl, for the cluster (scripts/cluster).
+ensure_etcd() {
+  install_package etcd etcd-server || return 1
+  install_package etcdctl etcd-client
+}

@@ -16,6 +16,7 @@ use crate::access::limits::{LimitsConfig, LimitsError};
 use crate::mcp::tasks::{TasksConfig, TasksConfigError};
 use crate::ops::inline_images::Budgets;
 use crate::telemetry::{TelemetryConfig, TelemetryError};
+use sandbox_cluster::ClusterConfig;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -32,6 +33,9 @@ pub struct Config {
     pub tasks: TasksConfig,
     pub usage: UsageConfig,
     pub telemetry: TelemetryConfig,
+    /// Several servers as one, through etcd (see docs/cluster.md); absent:
+    /// a single host.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// `[server]`
@@ -136,7 +140,7 @@ impl ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "server",
     "sandbox",
     "packages",
@@ -149,6 +153,7 @@ const SECTIONS: [&str; 12] = [
     "tasks",
     "usage",
     "telemetry",
+    "cluster",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
 /// Keys with an earlier name that is still accepted: (section, old, new).
@@ -190,6 +195,8 @@ pub enum ConfigError {
     Guest(#[from] GuestError),
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
+    #[error(transparent)]
+    Cluster(#[from] sandbox_cluster::config::InvalidCluster),
     #[error(transparent)]
     TrustedProxies(#[from] NotANetwork),
     #[error(
@@ -322,6 +329,9 @@ impl Config {
         self.usage.validate()?;
         self.results.validate()?;
         self.telemetry.validate()?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
+        }
         let longest_run = self
             .sandbox
             .max_exec_timeout_seconds

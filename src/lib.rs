@@ -8,7 +8,9 @@
 //! Imports run one way, down this list: no module imports one above it.
 //!
 //! - [`serve`]: starts the HTTP server or MCP over stdio; [`report`]: the
-//!   `usage` command, a client of a running server's usage report.
+//!   `usage` command, a client of a running server's usage report;
+//!   [`cluster`]: the `cluster` command, which reads and changes the
+//!   cluster's state in etcd.
 //! - `http/`: the router, the routes (SSE, artifacts, REST API, web UI) and
 //!   what they share.
 //! - [`config`]: loads the file and the environment; each section's struct
@@ -27,6 +29,7 @@
 //! domain's in-memory runtime, without a Docker engine.
 
 pub mod access;
+pub mod cluster;
 pub mod config;
 mod http;
 mod mcp;

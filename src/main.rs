@@ -43,6 +43,12 @@ enum Command {
     /// Print what tenants used (sandbox time, CPU, memory, disk, network,
     /// calls, installs), by day or hour, as a running server reports it.
     Usage(mcp_sandbox::report::Ask),
+    /// The cluster this configuration's [cluster] section names: status,
+    /// drain, forget.
+    Cluster {
+        #[command(subcommand)]
+        command: mcp_sandbox::cluster::Ask,
+    },
     /// API keys.
     Key {
         #[command(subcommand)]
@@ -110,6 +116,10 @@ async fn run(command: Command, mut config: Config, path: Option<&std::path::Path
         Command::BuildImage => mcp_sandbox::serve::build_image(config, path).await,
         Command::Usage(ask) => {
             print!("{}", mcp_sandbox::report::usage(&config, ask).await?);
+            Ok(())
+        }
+        Command::Cluster { command } => {
+            print!("{}", mcp_sandbox::cluster::run(&config, command).await?);
             Ok(())
         }
         Command::Key { .. } => unreachable!("handled before the configuration is loaded"),

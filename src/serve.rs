@@ -21,8 +21,10 @@ use crate::config::Config;
 use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::metrics::Metrics;
+use crate::ops::directory::keep_in_step;
 use crate::ops::inline_images::Inliner;
 use crate::ops::Ops;
+use sandbox_cluster::{Capacity, Cluster};
 
 /// OOM score of the server: far below the sandboxes' 0, so that on a host
 /// out of memory the kernel ends a sandbox first.
@@ -62,15 +64,44 @@ async fn start_sandboxes(
     Ok(Arc::new(sandboxes))
 }
 
-/// The shared operations, over a started domain.
-pub(crate) fn ops(config: &Config, sandboxes: Arc<Sandboxes>, signer: Option<LinkSigner>) -> anyhow::Result<Ops> {
+/// The shared operations, over a started domain (and in a cluster, this
+/// node's part in it).
+pub(crate) fn ops(
+    config: &Config,
+    sandboxes: Arc<Sandboxes>,
+    signer: Option<LinkSigner>,
+    cluster: Option<Arc<Cluster>>,
+) -> anyhow::Result<Ops> {
     Ok(Ops {
         sandboxes,
         limits: limits(config, signer.as_ref())?,
         links: ArtifactLinks::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
         images: Inliner::new(config.results.inline_budgets()),
+        cluster,
     })
+}
+
+/// Joins the cluster when `[cluster]` says so; the node's figures are read
+/// from the domain at each renewal of its membership.
+fn join_cluster(config: &Config, sandboxes: &Arc<Sandboxes>) -> anyhow::Result<Option<Arc<Cluster>>> {
+    let Some(cluster) = &config.cluster else {
+        return Ok(None);
+    };
+    let (domain, runtime) = (sandboxes.clone(), config.sandbox.runtime.clone());
+    let capacity = Arc::new(move || {
+        let resources = domain.resources();
+        let host = resources.host_memory_bytes.unwrap_or(0);
+        Capacity {
+            ready: domain.pool_ready(),
+            live: domain.owners().len(),
+            free_memory_mb: host.saturating_sub(resources.memory_limits_bytes) >> 20,
+            runtimes: vec![runtime.clone()],
+        }
+    });
+    let joined = Cluster::join(cluster.clone(), capacity).context("joining the cluster")?;
+    info!(node = %cluster.node_name, etcd = ?cluster.etcd_endpoints, "cluster node");
+    Ok(Some(Arc::new(joined)))
 }
 
 fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Result<Arc<Limits>> {
@@ -128,7 +159,11 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {addr}"))?;
     let shutdown = CancellationToken::new();
-    let ops = ops(&config, sandboxes.clone(), signer.clone())?;
+    let cluster = join_cluster(&config, &sandboxes)?;
+    let ops = ops(&config, sandboxes.clone(), signer.clone(), cluster.clone())?;
+    if let Some(cluster) = &cluster {
+        tokio::spawn(keep_in_step(ops.clone(), cluster.clone(), shutdown.clone()));
+    }
     let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
     let tasks = Tasks::new(config.tasks.clone());
     let app = crate::http::router(&config, ops, tasks, signer, shutdown.clone());
@@ -156,6 +191,11 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         _ = serving => {}
         _ = deadline => tracing::warn!("connections still open {SHUTDOWN_GRACE:?} after the stop signal; stopping anyway"),
     }
+    // The others see this node gone at once; the directory keeps its
+    // sandboxes, which the next start adopts with their containers.
+    if let Some(cluster) = &cluster {
+        cluster.leave().await;
+    }
     // Containers keep running: the next start adopts them.
     sandboxes.shutdown().await;
     info!("stopped");
@@ -172,7 +212,11 @@ pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result
     let files = connections::raise_open_file_limit(&limits, config.proxied_connections_per_sandbox())?;
     let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
     let tasks = Tasks::new(config.tasks.clone());
-    let handler = SandboxServer::new(ops(&config, sandboxes.clone(), None)?, tasks, Some(Caller::local()));
+    let handler = SandboxServer::new(
+        ops(&config, sandboxes.clone(), None, None)?,
+        tasks,
+        Some(Caller::local()),
+    );
     let running = handler.serve(rmcp::transport::stdio()).await?;
     tokio::select! {
         _ = running.waiting() => {}

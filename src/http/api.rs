@@ -129,6 +129,7 @@ impl IntoResponse for ApiError {
             OpsError::InvalidArgument(_) => error(StatusCode::BAD_REQUEST, &message),
             OpsError::RateLimited { retry_after, .. } => refusal(StatusCode::TOO_MANY_REQUESTS, *retry_after, &message),
             OpsError::Refused(_) => error(StatusCode::TOO_MANY_REQUESTS, &message),
+            OpsError::Cluster(_) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
         }
     }
 }

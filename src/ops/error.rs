@@ -24,6 +24,10 @@ pub enum OpsError {
     /// A monthly budget is spent, or a call could never fit a rate.
     #[error("{0}")]
     Refused(String),
+    /// The cluster could not take part (etcd unavailable, this node cut
+    /// off): nothing was changed.
+    #[error(transparent)]
+    Cluster(sandbox_cluster::ClusterError),
 }
 
 impl From<SandboxError> for OpsError {
@@ -44,6 +48,7 @@ impl Outcome for OpsError {
             OpsError::Sandbox(e) => e.kind(),
             OpsError::InvalidArgument(_) => "invalid_argument",
             OpsError::RateLimited { .. } | OpsError::Refused(_) => "quota",
+            OpsError::Cluster(_) => "cluster",
         }
     }
 }

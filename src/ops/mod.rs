@@ -7,11 +7,13 @@
 //! observed calls), the verbs one file each (`verbs/`) and the argument
 //! types and checks they share (`args`), the layer's error (`error`), the
 //! neutral result types (`results`, `files`, `timestamps`), images shown
-//! inline (`inline_images`) and usage reports (`usage`).
+//! inline (`inline_images`), usage reports (`usage`), and the cluster's
+//! directory of sandboxes (`directory`).
 //! May import `access` and `metrics`; nothing of `config`, `mcp` or `http`,
 //! nor of the MCP library.
 
 pub(crate) mod args;
+pub(crate) mod directory;
 pub(crate) mod error;
 pub(crate) mod files;
 pub(crate) mod inline_images;
@@ -24,6 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use sandbox_actors::{Progress, Ran, Sandboxes, Work};
+use sandbox_cluster::Cluster;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -54,6 +57,8 @@ pub struct Ops {
     pub limits: Arc<Limits>,
     pub metrics: Arc<Metrics>,
     pub images: Inliner,
+    /// This node's part in a cluster (`[cluster]`); `None` on a single host.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl Ops {

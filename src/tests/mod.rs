@@ -77,7 +77,7 @@ impl App {
             .await
             .expect("start on the fake runtime");
         let signer = crate::serve::signer(&config, None).unwrap();
-        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone()).unwrap();
+        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone(), None).unwrap();
         let tasks = Tasks::new(config.tasks.clone());
         Self {
             config,

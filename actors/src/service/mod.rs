@@ -411,6 +411,17 @@ impl Sandboxes {
         }
     }
 
+    /// The sandboxes that belong to someone, with their owners.
+    pub fn owners(&self) -> Vec<(Uuid, String)> {
+        let registry = self.registry.read().expect("registry lock");
+        registry.iter().map(|(id, r)| (*id, r.owner.clone())).collect()
+    }
+
+    /// Pooled sandboxes ready to be claimed.
+    pub fn pool_ready(&self) -> usize {
+        self.pool.ready()
+    }
+
     /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
     pub fn resources(&self) -> Resources {
         let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();
@@ -514,10 +525,6 @@ impl Sandboxes {
 /// What the engine-free tests look at directly.
 #[cfg(test)]
 impl Sandboxes {
-    pub(crate) fn pool_ready(&self) -> usize {
-        self.pool.ready()
-    }
-
     pub(crate) fn actor_of(&self, id: Uuid) -> Option<ActorRef<SandboxMsg>> {
         let registry = self.registry.read().expect("registry lock");
         registry.get(&id).map(|e| e.actor.clone())

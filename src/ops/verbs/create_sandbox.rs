@@ -33,10 +33,12 @@ impl Ops {
                         retry_after: wait.seconds(),
                     });
                 }
+                self.check_cluster_room(caller, 1).await?;
                 let info = self
                     .sandboxes
                     .create(owner, args.name, self.quota(caller), self.create_options(caller))
                     .await?;
+                self.enter_directory(caller, &[info.sandbox_id]).await?;
                 tracing::Span::current().record("sandbox_id", tracing::field::display(info.sandbox_id));
                 Ok(CreatedSandbox::from(info))
             })
@@ -44,7 +46,7 @@ impl Ops {
     }
 
     /// How many sandboxes the caller may hold, and the server in all.
-    pub(super) fn quota(&self, caller: &Caller) -> Quota {
+    pub(crate) fn quota(&self, caller: &Caller) -> Quota {
         Quota {
             per_owner: self.limits.max_sandboxes(&caller.owner),
             total: self.limits.max_sandboxes_total(),

@@ -10,6 +10,7 @@ impl Ops {
     pub async fn delete_sandbox(&self, caller: &Caller, args: SandboxRef) -> Result<DeleteResult, OpsError> {
         self.on_sandbox("delete_sandbox", &args.sandbox_id, |id| async move {
             self.sandboxes.delete(caller.scope(), id).await?;
+            self.leave_directory(id).await;
             Ok(DeleteResult {
                 success: true,
                 sandbox_id: id.to_string(),

@@ -48,11 +48,14 @@ impl Ops {
                     )),
                 });
             }
+            self.check_cluster_room(caller, count as usize).await?;
             let started = std::time::Instant::now();
             let forked = self
                 .sandboxes
                 .fork(owner, id, count, from, self.quota(caller), self.create_options(caller))
                 .await?;
+            let ids: Vec<_> = forked.forks.iter().map(|f| f.info.sandbox_id).collect();
+            self.enter_directory(caller, &ids).await?;
             Ok(ForkResult::new(id, from, forked, started.elapsed()))
         })
         .await

@@ -1,0 +1,157 @@
+//! The cluster's directory as the operations use it (only with a
+//! `[cluster]` section): a new sandbox enters it before its creation is
+//! acknowledged, within its tenant's and the cluster's quotas counted over
+//! every node; a deleted one leaves it; and [`keep_in_step`] brings it back
+//! in line with the sandboxes this node holds (those that expired or went
+//! idle leave it, and any this node holds that it lacks enter it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_actors::{SandboxError, Scope};
+use sandbox_cluster::{Cluster, ClusterError, Entry};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::access::caller::Caller;
+use crate::ops::error::OpsError;
+use crate::ops::Ops;
+
+/// How often the directory is checked against this node's sandboxes.
+const IN_STEP_EVERY: Duration = Duration::from_secs(5);
+
+impl Ops {
+    /// Refuses a creation of `asked` sandboxes this node may not make now:
+    /// it is cut off from the cluster, or the tenant or the cluster is at
+    /// its quota on every node together.
+    pub(super) async fn check_cluster_room(&self, caller: &Caller, asked: usize) -> Result<(), OpsError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        cluster.check_held()?;
+        let quota = self.quota(caller);
+        let have = cluster.directory.count_of_tenant(&caller.owner).await? as usize;
+        if have + asked > quota.per_owner {
+            return Err(SandboxError::TooMany {
+                have,
+                most: quota.per_owner,
+                asked,
+            }
+            .into());
+        }
+        let all = cluster.directory.count().await? as usize;
+        if all + asked > quota.total {
+            return Err(cluster_full(quota.total).into());
+        }
+        Ok(())
+    }
+
+    /// Enters new sandboxes in the directory. Past the quotas (creations on
+    /// other nodes at the same moment) or without etcd, they are deleted
+    /// and the creation is refused: nothing unacknowledged stays.
+    pub(super) async fn enter_directory(&self, caller: &Caller, ids: &[Uuid]) -> Result<(), OpsError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        let entered = self.claim_all(cluster, caller, ids).await;
+        if entered.is_err() {
+            for &id in ids {
+                if let Err(e) = cluster.directory.release(id, &cluster.config.node_name).await {
+                    warn!(sandbox = %id, error = %e, "could not take a refused sandbox out of the directory; it is retried");
+                }
+                if let Err(e) = self.sandboxes.delete(Scope::Everyone, id).await {
+                    warn!(sandbox = %id, error = %e, "could not delete a sandbox the directory refused");
+                }
+            }
+        }
+        entered
+    }
+
+    async fn claim_all(&self, cluster: &Cluster, caller: &Caller, ids: &[Uuid]) -> Result<(), OpsError> {
+        let entry = Entry {
+            node: cluster.config.node_name.clone(),
+            tenant: caller.owner.clone(),
+        };
+        for &id in ids {
+            cluster.directory.claim(id, &entry).await?;
+        }
+        // Counted after the claims: two nodes creating at once both see
+        // the other's, so neither passes the quota.
+        let quota = self.quota(caller);
+        let have = cluster.directory.count_of_tenant(&caller.owner).await? as usize;
+        if have > quota.per_owner {
+            return Err(SandboxError::TooMany {
+                have: have - ids.len(),
+                most: quota.per_owner,
+                asked: ids.len(),
+            }
+            .into());
+        }
+        if cluster.directory.count().await? as usize > quota.total {
+            return Err(cluster_full(quota.total).into());
+        }
+        Ok(())
+    }
+
+    /// Takes a deleted sandbox out of the directory; if etcd does not
+    /// answer now, [`keep_in_step`] does it later.
+    pub(super) async fn leave_directory(&self, id: Uuid) {
+        if let Some(cluster) = &self.cluster {
+            if let Err(e) = cluster.directory.release(id, &cluster.config.node_name).await {
+                warn!(sandbox = %id, error = %e, "could not take a deleted sandbox out of the directory; it is retried");
+            }
+        }
+    }
+}
+
+fn cluster_full(total: usize) -> SandboxError {
+    SandboxError::Quota(format!(
+        "the cluster holds the most sandboxes it may ({total}, limits.max_sandboxes_total); try again later"
+    ))
+}
+
+impl From<ClusterError> for OpsError {
+    fn from(e: ClusterError) -> Self {
+        OpsError::Cluster(e)
+    }
+}
+
+/// Keeps the directory's entries for this node in line with the sandboxes
+/// it holds, until `stop`.
+pub async fn keep_in_step(ops: Ops, cluster: Arc<Cluster>, stop: CancellationToken) {
+    let node = cluster.config.node_name.clone();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(IN_STEP_EVERY) => {}
+        }
+        if !cluster.membership.holds() {
+            continue;
+        }
+        let listed = match cluster.directory.held_by(&node).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                warn!(error = %e, "could not read this node's sandboxes from the directory");
+                continue;
+            }
+        };
+        let held = ops.sandboxes.owners();
+        for id in &listed {
+            if !held.iter().any(|(h, _)| h == id) {
+                info!(sandbox = %id, "a sandbox this node no longer holds leaves the directory");
+                ops.leave_directory(*id).await;
+            }
+        }
+        for (id, owner) in held.iter().filter(|(id, _)| !listed.contains(id)) {
+            let entry = Entry {
+                node: node.clone(),
+                tenant: owner.clone(),
+            };
+            match cluster.directory.claim(*id, &entry).await {
+                Ok(()) => info!(sandbox = %id, "a sandbox this node holds enters the directory"),
+                Err(e) => warn!(sandbox = %id, error = %e, "a sandbox this node holds is not in the directory"),
+            }
+        }
+    }
+}
