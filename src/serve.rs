@@ -78,6 +78,7 @@ pub(crate) fn ops(
         links: ArtifactLinks::new(&config.public_url(), signer),
         metrics: Arc::new(Metrics::default()),
         images: Inliner::new(config.results.inline_budgets()),
+        routing: cluster.is_some(),
         cluster,
     })
 }

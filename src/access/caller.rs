@@ -15,7 +15,7 @@ pub const LOCAL_OWNER: &str = "local";
 /// How a guest tenant's name starts (key names cannot contain ':').
 pub const GUEST_PREFIX: &str = "guest:";
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Caller {
     pub owner: String,
     /// An administrator's key (`[auth] admin_keys`) reaches every tenant's sandboxes.

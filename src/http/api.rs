@@ -124,13 +124,27 @@ impl IntoResponse for ApiError {
             ApiError::Body(status, message) => return error(status, &message),
         };
         let message = ops.to_string();
-        match &ops {
-            OpsError::Sandbox(e) => error(status_of(e), &message),
-            OpsError::InvalidArgument(_) => error(StatusCode::BAD_REQUEST, &message),
-            OpsError::RateLimited { retry_after, .. } => refusal(StatusCode::TOO_MANY_REQUESTS, *retry_after, &message),
-            OpsError::Refused(_) => error(StatusCode::TOO_MANY_REQUESTS, &message),
-            OpsError::Cluster(_) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+        match answer_of(&ops) {
+            (status, Some(seconds)) => refusal(status, seconds, &message),
+            (status, None) => error(status, &message),
         }
+    }
+}
+
+/// The REST status of an operation's failure, and for a refusal that
+/// passes with time, after how many seconds to retry.
+pub(crate) fn answer_of(ops: &OpsError) -> (StatusCode, Option<u64>) {
+    match ops {
+        OpsError::Sandbox(e) => (status_of(e), None),
+        OpsError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, None),
+        OpsError::RateLimited { retry_after, .. } => (StatusCode::TOO_MANY_REQUESTS, Some(*retry_after)),
+        OpsError::Refused(_) => (StatusCode::TOO_MANY_REQUESTS, None),
+        OpsError::Cluster(_) | OpsError::Unreachable { .. } => (StatusCode::SERVICE_UNAVAILABLE, None),
+        OpsError::Forwarded(remote) => (
+            StatusCode::from_u16(remote.status).unwrap_or(StatusCode::BAD_GATEWAY),
+            remote.retry_after,
+        ),
+        OpsError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
     }
 }
 

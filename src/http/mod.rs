@@ -9,8 +9,9 @@
 //! This folder: JSON error answers (`error`), request bodies under a cap
 //! and a deadline (`bodies`), the engine check (`health`), the legacy SSE
 //! transport's sessions (`sse_sessions`), what every route shares
-//! (`state`), the routes `sse`, `artifacts`, `api` and `ui`, and here the
-//! router and the request guard. May import `mcp`, `ops`, `access`,
+//! (`state`), the routes `sse`, `artifacts`, `api` and `ui`, calls other
+//! nodes of a cluster forward here (`node`), and here the router and the
+//! request guard. May import `mcp`, `ops`, `access`,
 //! `config` and `metrics`.
 
 pub(crate) mod api;
@@ -18,6 +19,7 @@ pub(crate) mod artifacts;
 pub(crate) mod bodies;
 pub(crate) mod error;
 pub(crate) mod health;
+pub(crate) mod node;
 pub(crate) mod sse;
 pub(crate) mod sse_sessions;
 pub(crate) mod state;
@@ -51,6 +53,7 @@ use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
 use bodies::{BodyRules, MAX_BODY_BYTES};
+use sandbox_cluster::channel::TOKEN_HEADER;
 use sse_sessions::SseSessions;
 
 const HOW_TO_AUTHENTICATE: &str =
@@ -146,6 +149,15 @@ async fn guard(
     // Probes are answered whoever sends them, however fast.
     if path == "/health" {
         return next.run(req).await;
+    }
+    // The other nodes of the cluster, with the cluster's token instead of
+    // a key, on the node channel only; they applied the caller's limits.
+    if path.starts_with(node::PREFIX) {
+        let token = req.headers().get(TOKEN_HEADER).and_then(|v| v.to_str().ok());
+        return match (&app.ops.cluster, token) {
+            (Some(cluster), Some(token)) if cluster.channel.accepts(token) => next.run(req).await,
+            _ => error(StatusCode::UNAUTHORIZED, "this route is for the nodes of the cluster"),
+        };
     }
     // Rates count an IPv6 client by its network (`client`); without keys
     // the tenant is the address itself (`address`): a network is many
@@ -327,6 +339,7 @@ pub fn router(
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route(GUEST_ROUTE, post(api::guest_key))
+        .route(node::ROUTE, post(node::call))
         .merge(api::routes())
         .merge(ui::routes())
         .layer(bodies(MAX_BODY_BYTES))

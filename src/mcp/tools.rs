@@ -147,13 +147,7 @@ impl SandboxServer {
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn list_sandboxes(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
-        let list: Vec<ListedSandbox> = self
-            .ops
-            .list_sandboxes(&self.caller(&ctx))
-            .await
-            .into_iter()
-            .map(Into::into)
-            .collect();
+        let list: Vec<ListedSandbox> = self.ops.listed_sandboxes(&self.caller(&ctx)).await;
         let text = serde_json::to_value(&list).expect("serialisable");
         success(&SandboxList { sandboxes: list }, Some(text), vec![])
     }

@@ -3,7 +3,7 @@
 //! routes alike), and the checks that turn raw arguments into typed values.
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::ops::error::OpsError;
@@ -11,14 +11,14 @@ use crate::ops::error::OpsError;
 type Result<T> = std::result::Result<T, OpsError>;
 
 /// A sandbox, by the id `create_sandbox` gave it.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SandboxRef {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
 }
 
 /// One of a sandbox's snapshots.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotRef {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
@@ -27,7 +27,7 @@ pub struct SnapshotRef {
 }
 
 /// A package of a sandbox: to install, or whose installation to check.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct PackageRef {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,

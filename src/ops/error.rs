@@ -28,6 +28,20 @@ pub enum OpsError {
     /// off): nothing was changed.
     #[error(transparent)]
     Cluster(sandbox_cluster::ClusterError),
+    /// The node that holds the sandbox does not answer.
+    #[error(
+        "sandbox {sandbox} is unreachable: node {node}, which holds it, does not answer (it is down, restarting or \
+         cut off from this node), so the call may not have run. Its files are on that node. Try again in a minute, \
+         or create a new sandbox with create_sandbox."
+    )]
+    Unreachable { sandbox: uuid::Uuid, node: String },
+    /// The node that holds the sandbox refused or failed the call; its
+    /// message and status are passed on.
+    #[error("{}", .0.message)]
+    Forwarded(crate::ops::route::RemoteError),
+    /// Something that should not happen (a node's answer out of protocol).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl From<SandboxError> for OpsError {
@@ -49,6 +63,9 @@ impl Outcome for OpsError {
             OpsError::InvalidArgument(_) => "invalid_argument",
             OpsError::RateLimited { .. } | OpsError::Refused(_) => "quota",
             OpsError::Cluster(_) => "cluster",
+            OpsError::Unreachable { .. } => "unreachable",
+            OpsError::Forwarded(_) => "forwarded",
+            OpsError::Internal(_) => "internal",
         }
     }
 }

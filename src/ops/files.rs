@@ -8,14 +8,14 @@ use std::time::SystemTime;
 use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
 use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::access::artifact_links::ArtifactLinks;
 use crate::ops::inline_images::ImageNote;
 use crate::ops::timestamps::rfc3339;
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct FileListing {
     /// The folder listed, absolute in the sandbox.
     pub path: String,
@@ -25,7 +25,7 @@ pub struct FileListing {
     pub truncated: bool,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ListedEntry {
     /// Absolute in the sandbox; pass it to read_file.
     pub path: String,
@@ -37,7 +37,7 @@ pub struct ListedEntry {
     /// RFC 3339, UTC.
     pub modified: String,
     /// Download link (files only).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<String>,
 }
 
@@ -71,7 +71,7 @@ impl FileListing {
     }
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ReadResult {
     /// Absolute in the sandbox.
     pub path: String,
@@ -86,23 +86,23 @@ pub struct ReadResult {
     /// Download link of the whole file.
     pub link: String,
     /// The text from `offset` (text files).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// Byte offset where `content` starts.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
     /// Pass as `offset` to read on; absent once the end is reached.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
     /// The file's last lines, on a first read of a file larger than one window.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<String>,
     /// How to see a file that is not text.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// An image: whether it follows as an `image` item (after the link), at
     /// what size, or why not.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageNote>,
 }
 
@@ -157,7 +157,7 @@ impl Read {
     }
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct WriteResult {
     pub success: bool,
     /// Absolute in the sandbox.

@@ -82,33 +82,79 @@ pub enum NotInlined {
 }
 
 /// An image ready to be sent inline.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct InlineImage {
     pub mime: &'static str,
+    #[serde(with = "base64_bytes")]
     pub data: Vec<u8>,
     pub width: u32,
     pub height: u32,
 }
 
+/// An inline image as another node's answer carries it.
+#[derive(serde::Deserialize)]
+struct WireImage {
+    mime: String,
+    #[serde(with = "base64_bytes")]
+    data: Vec<u8>,
+    width: u32,
+    height: u32,
+}
+
+/// The image types sent inline; another node's answer names one of them.
+const MIMES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+impl<'de> serde::Deserialize<'de> for InlineImage {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = WireImage::deserialize(d)?;
+        let mime = MIMES
+            .into_iter()
+            .find(|m| *m == w.mime)
+            .ok_or_else(|| serde::de::Error::custom(format!("not an inline image type: {}", w.mime)))?;
+        Ok(Self {
+            mime,
+            data: w.data,
+            width: w.width,
+            height: w.height,
+        })
+    }
+}
+
+/// Image bytes in another node's answer, as base64.
+mod base64_bytes {
+    use base64::Engine;
+
+    pub fn serialize<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// An image among a run's files, and how it is shown.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, JsonSchema)]
 pub struct ImageNote {
     /// Absolute path in the sandbox.
     pub path: String,
     /// Shown as an `image` item (these come after the links, in this order).
     pub inline: bool,
     /// Size of the image item in pixels (smaller than the file's when downscaled).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub width: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub height: Option<u32>,
     /// Why it is not shown inline; its link serves the file.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
 /// The images of one run: those to send, in order, and a note per image tried.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RunImages {
     pub images: Vec<InlineImage>,
     pub notes: Vec<ImageNote>,

@@ -7,8 +7,9 @@
 //! observed calls), the verbs one file each (`verbs/`) and the argument
 //! types and checks they share (`args`), the layer's error (`error`), the
 //! neutral result types (`results`, `files`, `timestamps`), images shown
-//! inline (`inline_images`), usage reports (`usage`), and the cluster's
-//! directory of sandboxes (`directory`).
+//! inline (`inline_images`), usage reports (`usage`), the cluster's
+//! directory of sandboxes (`directory`) and calls forwarded to the node
+//! that holds their sandbox (`route`).
 //! May import `access` and `metrics`; nothing of `config`, `mcp` or `http`,
 //! nor of the MCP library.
 
@@ -18,6 +19,7 @@ pub(crate) mod error;
 pub(crate) mod files;
 pub(crate) mod inline_images;
 pub(crate) mod results;
+pub(crate) mod route;
 pub(crate) mod timestamps;
 pub(crate) mod usage;
 pub(crate) mod verbs;
@@ -39,8 +41,16 @@ use crate::metrics::Metrics;
 use crate::ops::args::parse_id;
 use crate::ops::error::OpsError;
 use crate::ops::inline_images::{Inliner, RunImages};
+use crate::ops::route::Holder;
 
 type Result<T> = std::result::Result<T, OpsError>;
+
+/// A run's files, whose images another node shows (`run_images`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RunFiles {
+    pub sandbox_id: String,
+    pub files: Vec<String>,
+}
 
 /// Who runs what where, for one execution.
 struct Run<'a> {
@@ -59,6 +69,9 @@ pub struct Ops {
     pub images: Inliner,
     /// This node's part in a cluster (`[cluster]`); `None` on a single host.
     pub cluster: Option<Arc<Cluster>>,
+    /// Calls for sandboxes other nodes hold are forwarded to them (off for
+    /// calls forwarded here).
+    pub routing: bool,
 }
 
 impl Ops {
@@ -107,6 +120,16 @@ impl Ops {
     /// The images among a run's `files` as the caller's result shows them
     /// (none when the sandbox is gone or inline images are off).
     pub async fn run_images(&self, caller: &Caller, raw_id: &str, files: &[String]) -> RunImages {
+        if let Ok(Holder::Node { name, url }) = self.holder(caller, raw_id).await {
+            let args = RunFiles {
+                sandbox_id: raw_id.to_string(),
+                files: files.to_vec(),
+            };
+            return self
+                .forward((&name, &url), "run_images", caller, &args, None)
+                .await
+                .unwrap_or_default();
+        }
         let root = parse_id(raw_id).and_then(|id| Ok(self.sandboxes.results_dir(caller.scope(), id)?));
         match root {
             Ok(root) => {

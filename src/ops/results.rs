@@ -5,7 +5,7 @@
 use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
 use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::access::artifact_links::ArtifactLinks;
@@ -13,7 +13,7 @@ use crate::ops::files::FileListing;
 use crate::ops::inline_images::ImageNote;
 use crate::ops::timestamps::rfc3339;
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct CreatedSandbox {
     pub sandbox_id: String,
     pub name: String,
@@ -24,7 +24,7 @@ pub struct CreatedSandbox {
     pub expires_at: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ListedSandbox {
     pub sandbox_id: String,
     pub name: String,
@@ -33,32 +33,32 @@ pub struct ListedSandbox {
     pub expires_at: Option<String>,
     pub installed_packages: Vec<InstalledPackage>,
     /// Disk use against the sandbox's quotas (absent when disks are not capped).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskQuotas>,
     /// The snapshots the sandbox keeps (absent when it keeps none).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshots: Option<SnapshotUse>,
 }
 
 /// A sandbox's snapshots and the host disk they take.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotUse {
     pub count: usize,
     pub disk_mb: u64,
 }
 
 /// Use of each capped folder; a write past a quota fails with "No space left on device".
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct DiskQuotas {
     /// `/app/results`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<DiskQuota>,
     /// `/app/.venv`, the installed packages.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packages: Option<DiskQuota>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct DiskQuota {
     pub used_mb: u64,
     pub quota_mb: u64,
@@ -80,7 +80,7 @@ impl From<DiskUse> for DiskQuota {
     }
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct InstalledPackage {
     pub name: String,
     pub version: String,
@@ -88,12 +88,12 @@ pub struct InstalledPackage {
 
 /// `structuredContent` must be an object: the list goes under `sandboxes`
 /// (the text item is the bare array, as python-mcp-sandbox returns it).
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<ListedSandbox>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct PythonResult {
     pub stdout: String,
     pub stderr: String,
@@ -105,22 +105,22 @@ pub struct PythonResult {
     pub file_links: Vec<String>,
     /// The images among `files`, newest first: shown inline as image items
     /// (after the links, in this order), or why not.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageNote>,
     pub duration_ms: f64,
     pub timed_out: bool,
     /// stdout or stderr was cut to head and tail; the whole is at `output_links`.
     pub truncated: bool,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub output_links: Vec<String>,
     /// Variables and imports were lost (the worker was replaced).
     pub state_lost: bool,
     /// Something that happened to the sandbox since your last call.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct CommandResult {
     pub stdout: String,
     pub stderr: String,
@@ -130,29 +130,29 @@ pub struct CommandResult {
     /// Download links of `files`, in the same order.
     pub file_links: Vec<String>,
     /// The images among `files`, as for execute_python_code.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageNote>,
     pub timed_out: bool,
     pub truncated: bool,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub output_links: Vec<String>,
     pub duration_ms: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct InstallResult {
     pub package: String,
     /// installing, success, failed or not_found.
     pub status: String,
     pub message: String,
     /// The installer's output, when it failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct UploadResult {
     pub success: bool,
     pub message: String,
@@ -160,21 +160,21 @@ pub struct UploadResult {
     pub path: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ResetResult {
     pub success: bool,
     pub message: String,
     pub duration_ms: f64,
     /// Something that happened to the sandbox since your last call.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }
 
 /// A snapshot as `snapshot_sandbox` and `list_snapshots` show it.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotEntry {
     pub snapshot_id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     pub created_at: String,
     /// `saved`: Python variables and imports were saved; `fresh`: no Python
@@ -208,7 +208,7 @@ impl From<SnapshotInfo> for SnapshotEntry {
     }
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotResult {
     pub success: bool,
     pub sandbox_id: String,
@@ -217,11 +217,11 @@ pub struct SnapshotResult {
     pub message: String,
     pub duration_ms: f64,
     /// Something that happened to the sandbox since your last call.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotList {
     pub sandbox_id: String,
     /// Oldest first.
@@ -230,7 +230,7 @@ pub struct SnapshotList {
     pub limit: usize,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct RestoreResult {
     pub success: bool,
     pub sandbox_id: String,
@@ -242,12 +242,12 @@ pub struct RestoreResult {
     pub packages_restored: bool,
     pub message: String,
     pub duration_ms: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }
 
 /// One new sandbox of a fork.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ForkEntry {
     pub sandbox_id: String,
     pub name: String,
@@ -263,19 +263,19 @@ pub struct ForkEntry {
     pub not_carried: Vec<NotCarried>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct NotCarried {
     pub name: String,
     pub reason: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ForkResult {
     pub success: bool,
     /// The sandbox forked.
     pub sandbox_id: String,
     /// The snapshot forked, when the fork started from one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
     /// The new sandboxes, each the caller's own like any other.
     pub forks: Vec<ForkEntry>,
@@ -286,7 +286,7 @@ pub struct ForkResult {
     pub message: String,
     pub duration_ms: f64,
     /// Something that happened to the source sandbox since your last call.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
 }
 
@@ -344,14 +344,14 @@ impl ForkResult {
     }
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotDeleted {
     pub success: bool,
     pub snapshot_id: String,
     pub message: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct DeleteResult {
     pub success: bool,
     pub sandbox_id: String,
@@ -375,6 +375,23 @@ impl From<SandboxInfo> for CreatedSandbox {
             status: i.status.to_string(),
             created_at: rfc3339(i.created_at),
             expires_at: i.expires_at.map(rfc3339),
+        }
+    }
+}
+
+impl ListedSandbox {
+    /// A sandbox whose node does not answer: the directory knows its id and
+    /// node, nothing more.
+    pub(crate) fn unreachable(id: uuid::Uuid, node: &str) -> Self {
+        Self {
+            sandbox_id: id.to_string(),
+            name: format!("(on node {node}, which does not answer)"),
+            status: "unreachable".into(),
+            created_at: String::new(),
+            expires_at: None,
+            installed_packages: vec![],
+            disk: None,
+            snapshots: None,
         }
     }
 }

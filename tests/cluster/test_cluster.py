@@ -6,7 +6,9 @@ failures of a node, of an etcd member and of etcd's quorum.
 The tests run in file order: the failures come last, each restoring what
 it broke."""
 
+import asyncio
 import subprocess
+import threading
 import time
 
 from conftest import ALICE, BOB, LEASE, script
@@ -45,6 +47,70 @@ def test_a_tenant_s_quota_holds_over_every_node(cluster):
     cluster.delete("n1", BOB, bob)
 
 
+def test_a_sandbox_made_through_one_node_is_used_through_every_node_in_order(cluster):
+    sid = cluster.create("n1", ALICE)
+    path = f"/api/sandboxes/{sid}"
+    status, ran = cluster.api("n2", "POST", path + "/python", ALICE, {"code": "x = 41\nprint(x + 1)"})
+    assert status == 200 and ran["stdout"] == "42\n", ran
+    status, ran = cluster.api("n3", "POST", path + "/python", ALICE, {"code": "print(x)"})
+    assert status == 200 and ran["stdout"] == "41\n", "one namespace, whichever node: " + str(ran)
+    # A slow write through n2, and a read through n3 sent while it runs:
+    # one actor on n1 serialises them, so the read sees the write.
+    slow = {}
+    writer = threading.Thread(target=lambda: slow.update(r=cluster.api(
+        "n2", "POST", path + "/shell", ALICE, {"command": "sleep 2; echo written > order.txt"})))
+    writer.start()
+    time.sleep(0.5)
+    status, read = cluster.api("n3", "POST", path + "/shell", ALICE, {"command": "cat order.txt"})
+    writer.join()
+    assert slow["r"][0] == 200, slow
+    assert status == 200 and read["stdout"] == "written\n", read
+    # Another tenant sees nothing of it through any node.
+    for node in ("n1", "n2", "n3"):
+        status, body = cluster.api(node, "POST", path + "/python", BOB, {"code": "print(1)"})
+        assert status == 404, (node, body)
+        status, page = cluster.api(node, "GET", "/api/sandboxes", BOB)
+        assert sid not in str(page), (node, page)
+    # Its owner lists it through every node.
+    for node in ("n1", "n2", "n3"):
+        status, page = cluster.api(node, "GET", "/api/sandboxes", ALICE)
+        assert [s["sandbox_id"] for s in page["sandboxes"]] == [sid], (node, page)
+    cluster.delete("n3", ALICE, sid)
+    assert cluster.status()["n1"]["sandboxes"] == 0
+
+
+def test_mcp_tools_through_another_node_reach_the_holder_with_progress(cluster):
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    sid = cluster.create("n3", ALICE)
+    headers = {"Authorization": f"Bearer {ALICE}"}
+
+    async def go():
+        http = create_mcp_http_client(headers=headers)
+        async with Client(streamable_http_client(cluster.url("n1") + "/mcp", http_client=http)) as c:
+            listed = (await c.call_tool("list_sandboxes", {})).structured_content["sandboxes"]
+            assert [s["sandbox_id"] for s in listed] == [sid], listed
+            seen = []
+
+            async def progress(done, total, message):
+                seen.append(message)
+
+            code = "import time\nfor i in range(3):\n    print('step', i, flush=True)\n    time.sleep(0.6)"
+            r = await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": code},
+                                  progress_callback=progress)
+            assert not r.is_error, r.content[0].text
+            assert r.structured_content["stdout"] == "step 0\nstep 1\nstep 2\n"
+            assert any("step" in (m or "") for m in seen), f"progress relayed from n3: {seen}"
+            r = await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": "print(undefined)"})
+            assert "NameError" in r.structured_content["stderr"]
+            r = await c.call_tool("delete_sandbox", {"sandbox_id": sid})
+            assert not r.is_error, r.content[0].text
+
+    asyncio.run(go())
+    assert cluster.status()["n3"]["sandboxes"] == 0
+
+
 def test_a_drained_node_is_listed_as_draining_until_undone(cluster):
     script("ctl", "drain", "n2")
     assert cluster.status()["n2"]["draining"] is True
@@ -72,7 +138,12 @@ def test_a_node_cut_off_from_etcd_refuses_new_sandboxes_and_takes_them_again_onc
     finally:
         subprocess.run(["ip", "netns", "exec", "mcpsbx-n2", "iptables", "-D", "OUTPUT", *rule], check=True)
     cluster.until("n2 up again", lambda: cluster.status()["n2"]["state"] == "up", LEASE + 10)
-    sid = cluster.create("n2", ALICE)
+
+    def created():
+        status, body = cluster.api("n2", "POST", "/api/sandboxes", ALICE, {})
+        return body["sandbox_id"] if status in (200, 201) else None
+
+    sid = cluster.until("n2 takes sandboxes again", created, LEASE + 10)
     cluster.delete("n2", ALICE, sid)
 
 
@@ -87,6 +158,12 @@ def test_a_killed_node_is_down_within_its_lease_and_adopts_its_sandboxes_when_ba
     assert time.monotonic() - killed <= LEASE + 3
     status = cluster.status()
     assert status["n3"]["sandboxes"] == 1, "its sandboxes stay in the directory, unreachable"
+    # Through another node it is listed as unreachable, and a call to it
+    # says what happened and what to do.
+    status, page = cluster.api("n1", "GET", "/api/sandboxes", ALICE)
+    assert [(s["sandbox_id"], s["status"]) for s in page["sandboxes"]] == [(sid, "unreachable")], page
+    status, body = cluster.api("n2", "POST", f"/api/sandboxes/{sid}/shell", ALICE, {"command": "true"})
+    assert status == 503 and "unreachable" in body["error"] and "n3" in body["error"], body
     # Creations still succeed on the other nodes.
     other = cluster.create("n1", ALICE)
     script("start", "3")

@@ -417,6 +417,11 @@ impl Sandboxes {
         registry.iter().map(|(id, r)| (*id, r.owner.clone())).collect()
     }
 
+    /// Whether sandbox `id` is one of this server's (anyone's).
+    pub fn holds(&self, id: Uuid) -> bool {
+        self.registry.read().expect("registry lock").contains_key(&id)
+    }
+
     /// Pooled sandboxes ready to be claimed.
     pub fn pool_ready(&self) -> usize {
         self.pool.ready()

@@ -82,6 +82,16 @@ impl Directory {
         Ok(found.and_then(|kv| serde_json::from_slice(&kv.value).ok()))
     }
 
+    /// The sandboxes of `tenant` on every node.
+    pub async fn of_tenant(&self, tenant: &str) -> Result<Vec<Uuid>> {
+        let prefix = self.keys.tenant(tenant);
+        let listed = self.etcd.prefix(&prefix).await?;
+        Ok(listed
+            .iter()
+            .filter_map(|kv| Uuid::parse_str(kv.key.strip_prefix(&prefix)?).ok())
+            .collect())
+    }
+
     /// How many sandboxes `tenant` has on every node.
     pub async fn count_of_tenant(&self, tenant: &str) -> Result<u64> {
         Ok(self.etcd.count(&self.keys.tenant(tenant)).await?)

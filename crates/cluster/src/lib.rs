@@ -10,6 +10,7 @@
 //! server asks it before acknowledging a creation, tells it of deletions,
 //! and reads from it where a sandbox lives.
 
+pub mod channel;
 pub mod config;
 pub mod directory;
 mod error;
@@ -17,10 +18,13 @@ pub mod etcd;
 mod keys;
 pub mod membership;
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use uuid::Uuid;
+
+use channel::Channel;
 
 pub use config::ClusterConfig;
 pub use directory::{Directory, Entry};
@@ -34,9 +38,20 @@ pub struct Cluster {
     pub config: ClusterConfig,
     pub membership: Arc<Membership>,
     pub directory: Directory,
+    /// Calls to the other nodes.
+    pub channel: Channel,
     etcd: Arc<Etcd>,
     keys: Keys,
+    /// Where sandboxes were found: a sandbox never changes node, so a found
+    /// entry stays true while the sandbox lives (and a stale one only sends
+    /// a call to the node that answers "not found").
+    located: Mutex<HashMap<Uuid, Entry>>,
+    /// Each node's URL, as it joined.
+    urls: Mutex<HashMap<String, String>>,
 }
+
+/// The most sandbox locations kept; past it the cache starts again.
+const MOST_LOCATED: usize = 100_000;
 
 /// A node as `cluster status` shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -82,10 +97,60 @@ impl Cluster {
         Ok(Self {
             directory: Directory::new(etcd.clone(), keys.clone()),
             membership,
+            channel: Channel::new(&config.secret),
             etcd,
             keys,
             config,
+            located: Mutex::default(),
+            urls: Mutex::default(),
         })
+    }
+
+    /// Where sandbox `id` lives and whose it is, if the directory has it.
+    pub async fn locate(&self, id: Uuid) -> Result<Option<Entry>, ClusterError> {
+        if let Some(found) = self.located.lock().expect("never poisoned").get(&id) {
+            return Ok(Some(found.clone()));
+        }
+        let found = self.directory.lookup(id).await?;
+        if let Some(entry) = &found {
+            let mut located = self.located.lock().expect("never poisoned");
+            if located.len() >= MOST_LOCATED {
+                located.clear();
+            }
+            located.insert(id, entry.clone());
+        }
+        Ok(found)
+    }
+
+    /// The URL node `name` joined with (`None`: never joined, or
+    /// forgotten).
+    pub async fn url_of(&self, name: &str) -> Result<Option<String>, ClusterError> {
+        if let Some(url) = self.urls.lock().expect("never poisoned").get(name) {
+            return Ok(Some(url.clone()));
+        }
+        let found = self.etcd.get(&self.keys.known(name)).await?;
+        let url = found.and_then(|kv| String::from_utf8(kv.value).ok());
+        if let Some(url) = &url {
+            self.urls
+                .lock()
+                .expect("never poisoned")
+                .insert(name.to_string(), url.clone());
+        }
+        Ok(url)
+    }
+
+    /// Whether node `name` is up: its lease lives.
+    pub async fn is_up(&self, name: &str) -> Result<bool, ClusterError> {
+        Ok(self.etcd.get(&self.keys.node(name)).await?.is_some())
+    }
+
+    /// The nodes that are up, with their figures.
+    pub async fn nodes_up(&self) -> Result<Vec<NodeFigures>, ClusterError> {
+        let up = self.etcd.prefix(&self.keys.nodes()).await?;
+        Ok(up
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
     }
 
     /// The cluster's administration, for `mcp-sandbox cluster`: no

@@ -122,44 +122,42 @@ impl Membership {
         // arrival, which the send time already covers, and for timers.
         let margin = Duration::from_millis(200);
         loop {
-            let sent = Instant::now();
             let figures = NodeFigures {
                 name: self.name.clone(),
                 url: self.url.clone(),
                 capacity: capacity(),
             };
             let value = serde_json::to_vec(&figures).expect("serialisable");
-            let renewed = match lease {
-                Some(id) => match self.etcd.keep_alive(id).await {
-                    Ok(Some(_)) => self.etcd.put(&key, &value, Some(id)).await.map(|()| true),
+            // When the request that renewed the lease (or granted a new
+            // one) was sent: the lease lives a lease's time from no
+            // earlier than that.
+            let mut renewed: Option<Instant> = None;
+            if let Some(id) = lease {
+                let sent = Instant::now();
+                match self.etcd.keep_alive(id).await {
+                    Ok(Some(_)) => match self.etcd.put(&key, &value, Some(id)).await {
+                        Ok(()) => renewed = Some(sent),
+                        Err(e) => warn!(node = %self.name, error = %e, "could not write this node's figures"),
+                    },
                     Ok(None) => {
                         warn!(node = %self.name, "the membership lease expired; joining again");
                         lease = None;
-                        Ok(false)
                     }
-                    Err(e) => Err(e),
-                },
-                None => Ok(false),
-            };
-            let renewed = match renewed {
-                Ok(true) => true,
-                Ok(false) => match self.join(&key, &value).await {
+                    Err(e) => warn!(node = %self.name, error = %e, "could not renew the membership lease"),
+                }
+            }
+            if lease.is_none() {
+                let sent = Instant::now();
+                match self.join(&key, &value).await {
                     Ok(id) => {
                         info!(node = %self.name, lease = id, "joined the cluster");
                         lease = Some(id);
-                        true
+                        renewed = Some(sent);
                     }
-                    Err(e) => {
-                        warn!(node = %self.name, error = %e, "could not join the cluster; trying again");
-                        false
-                    }
-                },
-                Err(e) => {
-                    warn!(node = %self.name, error = %e, "could not renew the membership lease");
-                    false
+                    Err(e) => warn!(node = %self.name, error = %e, "could not join the cluster; trying again"),
                 }
-            };
-            if renewed {
+            }
+            if let Some(sent) = renewed {
                 *self.held_until.lock().expect("never poisoned") = Some(sent + self.ttl - margin);
             }
             tokio::select! {

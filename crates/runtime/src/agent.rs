@@ -326,7 +326,7 @@ pub struct Package {
 }
 
 /// Output seen so far by a running request, forwarded as it arrives.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Progress {
     #[serde(default)]
     pub stdout: String,

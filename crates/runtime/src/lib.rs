@@ -80,7 +80,7 @@ pub struct Installed {
 }
 
 /// What a container uses, as the engine reports it.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     /// CPU time used since the container started.
     pub cpu_seconds: f64,

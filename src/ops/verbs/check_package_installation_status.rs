@@ -7,6 +7,7 @@ use crate::access::caller::Caller;
 use crate::ops::args::PackageRef;
 use crate::ops::error::OpsError;
 use crate::ops::results::InstallResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 impl Ops {
@@ -15,6 +16,7 @@ impl Ops {
         caller: &Caller,
         args: PackageRef,
     ) -> Result<InstallResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "check_package_installation_status", args, None);
         self.on_sandbox("check_package_installation_status", &args.sandbox_id, |id| async move {
             let mut status = self
                 .sandboxes

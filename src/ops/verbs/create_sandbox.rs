@@ -3,14 +3,14 @@
 
 use sandbox_actors::{CreateOptions, Quota};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::results::CreatedSandbox;
 use crate::ops::Ops;
 
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct CreateSandbox {
     /// A name to recognise the sandbox by (optional).
     #[serde(default)]

@@ -2,19 +2,20 @@
 
 use sandbox_actors::{Progress, Work};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::access::caller::Caller;
 use crate::ops::args::check_len;
 use crate::ops::error::OpsError;
 use crate::ops::results::PythonResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::{Ops, Run};
 
 /// Largest `code` accepted.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ExecutePythonCode {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
@@ -34,6 +35,7 @@ impl Ops {
         args: ExecutePythonCode,
         progress: Option<mpsc::Sender<Progress>>,
     ) -> Result<PythonResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "execute_python_code", args, progress);
         let work = check_len("code", &args.code, MAX_CODE_BYTES).map(|()| Work::Python(args.code));
         let run = Run {
             caller,

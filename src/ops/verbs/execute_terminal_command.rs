@@ -2,19 +2,20 @@
 
 use sandbox_actors::{Progress, Work};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::access::caller::Caller;
 use crate::ops::args::check_len;
 use crate::ops::error::OpsError;
 use crate::ops::results::CommandResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::{Ops, Run};
 
 /// Largest `command` accepted.
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ExecuteTerminalCommand {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
@@ -35,6 +36,7 @@ impl Ops {
         args: ExecuteTerminalCommand,
         progress: Option<mpsc::Sender<Progress>>,
     ) -> Result<CommandResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "execute_terminal_command", args, progress);
         let argv = |command| vec!["sh".to_string(), "-c".to_string(), command];
         let work = check_len("command", &args.command, MAX_COMMAND_BYTES).map(|()| Work::Program(argv(args.command)));
         let run = Run {

@@ -3,15 +3,16 @@
 
 use sandbox_actors::MAX_FORKS;
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::args::{in_range, parse_snapshot_id};
 use crate::ops::error::OpsError;
 use crate::ops::results::ForkResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ForkSandbox {
     /// The sandbox_id of the sandbox to copy.
     pub sandbox_id: String,
@@ -29,6 +30,7 @@ pub struct ForkSandbox {
 
 impl Ops {
     pub async fn fork_sandbox(&self, caller: &Caller, args: ForkSandbox) -> Result<ForkResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "fork_sandbox", args, None);
         self.on_sandbox("fork_sandbox", &args.sandbox_id, |id| async move {
             let count = in_range("count", args.count, 1, MAX_FORKS)?;
             let from = args.snapshot_id.as_deref().map(parse_snapshot_id).transpose()?;

@@ -2,13 +2,14 @@
 
 use sandbox_actors::files::{ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::access::caller::Caller;
 use crate::ops::args::{default_dest, in_range};
 use crate::ops::error::OpsError;
 use crate::ops::files::FileListing;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 /// What `list_files` does unless asked otherwise: enough to see a folder's
@@ -16,7 +17,7 @@ use crate::ops::Ops;
 pub const DEFAULT_LIST_DEPTH: u64 = 2;
 pub const DEFAULT_LIST_ENTRIES: u64 = 200;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ListFiles {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
@@ -37,6 +38,7 @@ impl Ops {
     /// Lists a folder under `/app/results`, `depth` levels deep, at most
     /// `max_entries` entries.
     pub async fn list_files(&self, caller: &Caller, args: ListFiles) -> Result<FileListing, OpsError> {
+        forward_if_elsewhere!(self, caller, "list_files", args, None);
         self.on_sandbox("list_files", &args.sandbox_id, |id| {
             self.listing(caller, id, &args.path, args.depth, args.max_entries)
         })

@@ -2,15 +2,16 @@
 //! every regular file of `/app/results`, with its download link.
 
 use sandbox_actors::files::{ListOptions, ResultsPath, MAX_LIST_DEPTH, MAX_LIST_ENTRIES};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::args::{parse_id, SandboxRef};
 use crate::ops::error::OpsError;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 /// A file under `/app/results` with its download link.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct LinkedFile {
     /// Relative to `/app/results`, `/`-separated.
     path: String,
@@ -20,7 +21,7 @@ pub struct LinkedFile {
     url: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct FileList {
     files: Vec<LinkedFile>,
     /// More files exist than were listed.
@@ -37,6 +38,7 @@ const ALL_FILES: ListOptions = ListOptions {
 
 impl Ops {
     pub async fn list_result_files(&self, caller: &Caller, args: SandboxRef) -> Result<FileList, OpsError> {
+        forward_if_elsewhere!(self, caller, "list_result_files", args, None);
         let id = parse_id(&args.sandbox_id)?;
         let root = ResultsPath::parse("").expect("the folder itself");
         let listing = self.sandboxes.list_files(caller.scope(), id, root, ALL_FILES).await?;

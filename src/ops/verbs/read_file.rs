@@ -2,7 +2,7 @@
 
 use sandbox_actors::files::{ResultsPath, Window, MAX_READ_BYTES};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::args::in_range;
@@ -13,7 +13,7 @@ use crate::ops::Ops;
 /// What `read_file` returns unless asked otherwise: a screenful of text.
 pub const DEFAULT_READ_BYTES: u64 = 16 * 1024;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ReadFile {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,

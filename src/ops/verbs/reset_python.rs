@@ -5,10 +5,12 @@ use crate::access::caller::Caller;
 use crate::ops::args::SandboxRef;
 use crate::ops::error::OpsError;
 use crate::ops::results::ResetResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 impl Ops {
     pub async fn reset_python(&self, caller: &Caller, args: SandboxRef) -> Result<ResetResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "reset_python", args, None);
         self.on_sandbox("reset_python", &args.sandbox_id, |id| async move {
             let started = std::time::Instant::now();
             let notice = self.sandboxes.reset_python(caller.scope(), id).await?;

@@ -7,10 +7,12 @@ use crate::access::caller::Caller;
 use crate::ops::args::{parse_snapshot_id, SnapshotRef};
 use crate::ops::error::OpsError;
 use crate::ops::results::RestoreResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 impl Ops {
     pub async fn restore_snapshot(&self, caller: &Caller, args: SnapshotRef) -> Result<RestoreResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "restore_snapshot", args, None);
         self.on_sandbox("restore_snapshot", &args.sandbox_id, |id| async move {
             let snapshot = parse_snapshot_id(&args.snapshot_id)?;
             self.check_budget(caller)?;

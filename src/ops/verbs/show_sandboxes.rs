@@ -3,7 +3,7 @@
 //! administrators and what they use; one of them with its recent calls.
 
 use sandbox_actors::{CallRecord, SandboxInfo, Usage};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::args::{parse_id, SandboxRef};
@@ -14,11 +14,11 @@ use crate::ops::Ops;
 /// A sandbox as the API shows it: what `list_sandboxes` says, its owner for
 /// administrators, and its CPU and memory use (absent when Docker could
 /// not say).
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct ShownSandbox {
     #[serde(flatten)]
-    listed: ListedSandbox,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) listed: ListedSandbox,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     owner: Option<String>,
     usage: Option<Usage>,
 }
@@ -49,13 +49,30 @@ impl Ops {
         }
     }
 
+    /// The caller's sandboxes on every node of a cluster: those of the
+    /// nodes that are up as they show them, and those of the nodes that
+    /// are not, `unreachable`.
     pub async fn show_sandboxes(&self, caller: &Caller) -> SandboxPage {
-        let infos = self.list_sandboxes(caller).await;
-        let sandboxes = futures_util::future::join_all(infos.into_iter().map(|i| self.shown(caller, i))).await;
+        let mut sandboxes = self.show_sandboxes_here(caller).await;
+        let (theirs, unreachable) = self.on_other_nodes::<Vec<ShownSandbox>>("show_sandboxes", caller).await;
+        sandboxes.extend(theirs.into_iter().flatten());
+        let listed: Vec<&str> = sandboxes.iter().map(|s| s.listed.sandbox_id.as_str()).collect();
+        let missing = self.unreachable_of(caller, &listed, unreachable).await;
+        sandboxes.extend(missing.into_iter().map(|listed| ShownSandbox {
+            listed,
+            owner: None,
+            usage: None,
+        }));
         SandboxPage {
             admin: caller.admin,
             sandboxes,
         }
+    }
+
+    /// The caller's sandboxes on this node, as the API shows them.
+    pub(crate) async fn show_sandboxes_here(&self, caller: &Caller) -> Vec<ShownSandbox> {
+        let infos = self.list_sandboxes(caller).await;
+        futures_util::future::join_all(infos.into_iter().map(|i| self.shown(caller, i))).await
     }
 
     pub async fn show_sandbox(&self, caller: &Caller, args: SandboxRef) -> Result<SandboxDetail, OpsError> {

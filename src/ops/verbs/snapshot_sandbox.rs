@@ -3,14 +3,15 @@
 
 use sandbox_actors::snapshots::PythonState;
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::results::SnapshotResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SnapshotSandbox {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
@@ -22,6 +23,7 @@ pub struct SnapshotSandbox {
 
 impl Ops {
     pub async fn snapshot_sandbox(&self, caller: &Caller, args: SnapshotSandbox) -> Result<SnapshotResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "snapshot_sandbox", args, None);
         self.on_sandbox("snapshot_sandbox", &args.sandbox_id, |id| async move {
             self.check_budget(caller)?;
             let started = std::time::Instant::now();

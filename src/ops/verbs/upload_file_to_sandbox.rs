@@ -2,7 +2,7 @@
 //! (MCP), or the bytes a browser sent (REST), into a folder of the sandbox.
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::args::default_dest;
@@ -10,7 +10,7 @@ use crate::ops::error::OpsError;
 use crate::ops::results::UploadResult;
 use crate::ops::Ops;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct UploadFileToSandbox {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,

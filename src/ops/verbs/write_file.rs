@@ -3,14 +3,15 @@
 
 use sandbox_actors::files::ResultsPath;
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::files::WriteResult;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct WriteFile {
     /// The sandbox_id returned by create_sandbox.
     pub sandbox_id: String,
@@ -22,6 +23,7 @@ pub struct WriteFile {
 
 impl Ops {
     pub async fn write_file(&self, caller: &Caller, args: WriteFile) -> Result<WriteResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "write_file", args, None);
         self.on_sandbox("write_file", &args.sandbox_id, |id| async move {
             let target = ResultsPath::parse(&args.path)?;
             let size = args.content.len() as u64;

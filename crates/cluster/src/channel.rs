@@ -1,0 +1,127 @@
+//! The node-to-node channel: a call for a sandbox another node holds is
+//! posted to that node (`POST {url}/cluster/v1/ops/{verb}`) and answered
+//! as a stream of JSON lines: its progress as it comes, a heartbeat while
+//! it runs quietly, and last its outcome.
+//!
+//! Each request carries a token derived from the cluster's shared secret
+//! (the secret itself never travels); a node accepts only that token, and
+//! only on this route. Every call has bounds: a connection within
+//! [`CONNECT`], some line at least every [`IDLE`], lines of at most
+//! [`MAX_LINE`] bytes.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The header that carries the token.
+pub const TOKEN_HEADER: &str = "x-mcp-sandbox-node";
+/// The longest wait for a connection to a node.
+pub const CONNECT: Duration = Duration::from_secs(2);
+/// The longest silence of an answer: a node sends a heartbeat line every
+/// [`HEARTBEAT`] while a call runs.
+pub const IDLE: Duration = Duration::from_secs(45);
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+/// The longest line of an answer (a result with its inline images).
+pub const MAX_LINE: usize = 96 << 20;
+
+/// Why a call to another node failed before it had an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// No connection, or it broke before the outcome: the node is down,
+    /// cut off, or stopped.
+    #[error("node {node} does not answer ({detail})")]
+    Unreachable { node: String, detail: String },
+    /// The node answered something that is not the channel's protocol.
+    #[error("node {node} answered unexpectedly: {detail}")]
+    Protocol { node: String, detail: String },
+}
+
+/// This node's end of the channel.
+pub struct Channel {
+    http: reqwest::Client,
+    token: String,
+}
+
+impl Channel {
+    pub fn new(secret: &str) -> Self {
+        let digest = Sha256::digest(format!("mcp-sandbox node channel v1\0{secret}").as_bytes());
+        let token = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT)
+            .read_timeout(IDLE)
+            .no_proxy()
+            .build()
+            .expect("a client without TLS settings builds");
+        Self { http, token }
+    }
+
+    /// Whether `presented` is this cluster's token (compared in constant
+    /// time).
+    pub fn accepts(&self, presented: &str) -> bool {
+        let (a, b) = (presented.as_bytes(), self.token.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// Posts `body` as `verb` to the node `node` at `url` and hands each
+    /// line of the answer to `line`, until the answer ends.
+    pub async fn call(
+        &self,
+        node: &str,
+        url: &str,
+        verb: &str,
+        body: &Value,
+        mut line: impl FnMut(Value),
+    ) -> Result<(), ChannelError> {
+        let unreachable = |e: reqwest::Error| ChannelError::Unreachable {
+            node: node.into(),
+            detail: e.to_string(),
+        };
+        let protocol = |detail: String| ChannelError::Protocol {
+            node: node.into(),
+            detail,
+        };
+        let mut answer = self
+            .http
+            .post(format!("{}/cluster/v1/ops/{verb}", url.trim_end_matches('/')))
+            .header(TOKEN_HEADER, &self.token)
+            .json(body)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        if !answer.status().is_success() {
+            return Err(protocol(format!("status {}", answer.status())));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(chunk) = answer.chunk().await.map_err(unreachable)? {
+            pending.extend_from_slice(&chunk);
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let text: Vec<u8> = pending.drain(..=end).collect();
+                let value = serde_json::from_slice(&text).map_err(|e| protocol(e.to_string()))?;
+                line(value);
+            }
+            if pending.len() > MAX_LINE {
+                return Err(protocol(format!("a line over {MAX_LINE} bytes")));
+            }
+        }
+        match pending.iter().all(u8::is_ascii_whitespace) {
+            true => Ok(()),
+            false => Err(protocol("an answer cut in a line".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_cluster_s_token_is_accepted() {
+        let a = Channel::new("0123456789abcdef0123456789abcdef");
+        let b = Channel::new("another secret of thirty-two chars!!");
+        assert!(a.accepts(&a.token));
+        assert!(!a.accepts(&b.token));
+        assert!(!a.accepts(""));
+        assert!(!a.token.contains("0123456789abcdef"), "the secret itself never travels");
+    }
+}

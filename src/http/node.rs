@@ -1,0 +1,155 @@
+//! `/cluster/v1/ops/{verb}`: calls another node of the cluster forwarded
+//! here because this node holds their sandbox (see `ops::route`). Only a
+//! request with the cluster's token reaches it (the guard checks it in place
+//! of an API key); the caller is the one the entry node authenticated. The
+//! answer is a stream of JSON lines: the run's progress, a heartbeat while
+//! it runs quietly, and last its outcome. A call whose entry node goes away
+//! is dropped, which interrupts it as a cancelled request is.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+use sandbox_actors::Progress;
+use sandbox_cluster::channel::HEARTBEAT;
+
+use crate::http::api::answer_of;
+use crate::http::error::error;
+use crate::http::state::AppState;
+use crate::ops::error::OpsError;
+use crate::ops::results::ListedSandbox;
+use crate::ops::route::{Forwarded, Line, RemoteError};
+use crate::ops::verbs::install_package_in_sandbox::ForwardedInstall;
+use crate::ops::RunFiles;
+
+/// The route's path.
+pub(crate) const ROUTE: &str = "/cluster/v1/ops/{verb}";
+/// What every path of the channel starts with.
+pub(crate) const PREFIX: &str = "/cluster/";
+
+pub(crate) async fn call(State(app): State<AppState>, Path(verb): Path<String>, body: Bytes) -> Response {
+    let Ok(Forwarded { caller, args }) = serde_json::from_slice::<Forwarded>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "not a forwarded call");
+    };
+    let (ops, c) = (app.ops.serving_forwarded(), caller);
+    match verb.as_str() {
+        "execute_python_code" => run(args, move |a, p| async move { ops.execute_python_code(&c, a, p).await }),
+        "execute_terminal_command" => run(
+            args,
+            move |a, p| async move { ops.execute_terminal_command(&c, a, p).await },
+        ),
+        "install_package_in_sandbox" => run(args, move |a: ForwardedInstall, _| async move {
+            let wait = Duration::from_millis(a.wait_ms);
+            ops.install_package_in_sandbox(&c, a.args, wait).await
+        }),
+        "check_package_installation_status" => run(args, move |a, _| async move {
+            ops.check_package_installation_status(&c, a).await
+        }),
+        "delete_sandbox" => run(args, move |a, _| async move { ops.delete_sandbox(&c, a).await }),
+        "reset_python" => run(args, move |a, _| async move { ops.reset_python(&c, a).await }),
+        "list_files" => run(args, move |a, _| async move { ops.list_files(&c, a).await }),
+        "write_file" => run(args, move |a, _| async move { ops.write_file(&c, a).await }),
+        "snapshot_sandbox" => run(args, move |a, _| async move { ops.snapshot_sandbox(&c, a).await }),
+        "restore_snapshot" => run(args, move |a, _| async move { ops.restore_snapshot(&c, a).await }),
+        "list_snapshots" => run(args, move |a, _| async move { ops.list_snapshots(&c, a).await }),
+        "delete_snapshot" => run(args, move |a, _| async move { ops.delete_snapshot(&c, a).await }),
+        "fork_sandbox" => run(args, move |a, _| async move { ops.fork_sandbox(&c, a).await }),
+        "list_result_files" => run(args, move |a, _| async move { ops.list_result_files(&c, a).await }),
+        "run_images" => run(args, move |a: RunFiles, _| async move {
+            Ok::<_, OpsError>(ops.run_images(&c, &a.sandbox_id, &a.files).await)
+        }),
+        // This node's own, for a listing over every node.
+        "list_sandboxes" => run(args, move |(), _| async move {
+            let listed: Vec<ListedSandbox> = ops.list_sandboxes(&c).await.into_iter().map(Into::into).collect();
+            Ok::<_, OpsError>(listed)
+        }),
+        "show_sandboxes" => run(args, move |(), _| async move {
+            Ok::<_, OpsError>(ops.show_sandboxes_here(&c).await)
+        }),
+        _ => error(StatusCode::NOT_FOUND, &format!("no verb {verb} on this channel")),
+    }
+}
+
+/// A verb's arguments read from `args`, and its answer.
+fn run<A, T, F>(args: Value, work: impl FnOnce(A, Option<mpsc::Sender<Progress>>) -> F + Send + 'static) -> Response
+where
+    A: DeserializeOwned + Send + 'static,
+    T: Serialize + Send + 'static,
+    F: Future<Output = Result<T, OpsError>> + Send + 'static,
+{
+    match serde_json::from_value::<A>(args) {
+        Ok(args) => answer(move |progress| work(args, progress)),
+        Err(e) => error(StatusCode::BAD_REQUEST, &format!("arguments: {e}")),
+    }
+}
+
+/// Runs `work` and streams its progress, heartbeats and outcome as JSON
+/// lines; stops it as soon as the entry node stops reading.
+fn answer<T, F>(work: impl FnOnce(Option<mpsc::Sender<Progress>>) -> F + Send + 'static) -> Response
+where
+    T: Serialize + Send + 'static,
+    F: Future<Output = Result<T, OpsError>> + Send + 'static,
+{
+    let (lines, out) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let (progress, mut seen) = mpsc::channel::<Progress>(16);
+        let running = work(Some(progress));
+        tokio::pin!(running);
+        let mut beat = tokio::time::interval(HEARTBEAT);
+        beat.tick().await;
+        let last = loop {
+            tokio::select! {
+                done = &mut running => break outcome(done),
+                Some(p) = seen.recv() => {
+                    if lines.send(encode(&Line::Progress(p))).await.is_err() {
+                        return;
+                    }
+                }
+                _ = beat.tick() => {
+                    if lines.send(encode(&Line::Alive)).await.is_err() {
+                        return;
+                    }
+                }
+                // The entry node went away: dropping the call interrupts it.
+                () = lines.closed() => return,
+            }
+        };
+        // Output sent before the end still goes first.
+        while let Ok(p) = seen.try_recv() {
+            let _ = lines.send(encode(&Line::Progress(p))).await;
+        }
+        let _ = lines.send(encode(&last)).await;
+    });
+    let body = Body::from_stream(ReceiverStream::new(out).map(Ok::<_, std::io::Error>));
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+fn outcome<T: Serialize>(done: Result<T, OpsError>) -> Line {
+    match done {
+        Ok(value) => Line::Ok(serde_json::to_value(value).expect("results serialise")),
+        Err(e) => {
+            let (status, retry_after) = answer_of(&e);
+            Line::Err(RemoteError {
+                message: e.to_string(),
+                status: status.as_u16(),
+                retry_after,
+            })
+        }
+    }
+}
+
+fn encode(line: &Line) -> Bytes {
+    let mut text = serde_json::to_vec(line).expect("lines serialise");
+    text.push(b'\n');
+    Bytes::from(text)
+}

@@ -1,0 +1,248 @@
+//! Calls for sandboxes another node holds (only with a `[cluster]`
+//! section): a verb on a sandbox first asks [`Ops::holder`] where it lives,
+//! and when that is another node, [`Ops::forward`]s its arguments there over
+//! the node-to-node channel and answers what the holder answered, with the
+//! run's progress as it comes. One actor on the holder serialises each
+//! sandbox's calls, so ordering holds whichever node a client reaches.
+//!
+//! The holder runs the call as the entry node's caller (authenticated
+//! there), with routing off ([`Ops::serving_forwarded`]), so a call is
+//! forwarded at most once.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use sandbox_actors::Progress;
+use sandbox_cluster::channel::ChannelError;
+
+use crate::access::caller::Caller;
+use crate::ops::args::parse_id;
+use crate::ops::error::OpsError;
+use crate::ops::results::ListedSandbox;
+use crate::ops::Ops;
+
+/// Returns from a verb with the holder's answer when another node holds
+/// the sandbox that `$args.sandbox_id` names.
+macro_rules! forward_if_elsewhere {
+    ($ops:expr, $caller:expr, $verb:literal, $args:expr, $progress:expr) => {
+        if let $crate::ops::route::Holder::Node { name, url } = $ops.holder($caller, &$args.sandbox_id).await? {
+            return $ops.forward((&name, &url), $verb, $caller, &$args, $progress).await;
+        }
+    };
+}
+pub(crate) use forward_if_elsewhere;
+
+/// Where a sandbox is served.
+pub(crate) enum Holder {
+    /// Here: this node holds it, or nobody does (the local call answers
+    /// "not found"), or there is no cluster.
+    Here,
+    /// Another node, up or not.
+    Node { name: String, url: String },
+}
+
+/// A forwarded call, as the entry node posts it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Forwarded {
+    pub caller: Caller,
+    pub args: Value,
+}
+
+/// One line of a forwarded call's answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Line {
+    Progress(Progress),
+    /// Nothing new: the call still runs.
+    Alive,
+    Ok(Value),
+    Err(RemoteError),
+}
+
+/// A failure on the holder, as its caller would have heard it there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RemoteError {
+    pub message: String,
+    /// The REST API's status for it.
+    pub status: u16,
+    pub retry_after: Option<u64>,
+}
+
+impl Ops {
+    /// Where `raw_id`'s sandbox is served for `caller`. Another tenant's
+    /// sandbox elsewhere is "here", whose local lookup answers "not found"
+    /// as it would for an id that does not exist.
+    pub(crate) async fn holder(&self, caller: &Caller, raw_id: &str) -> Result<Holder, OpsError> {
+        let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
+            return Ok(Holder::Here);
+        };
+        let Ok(id) = parse_id(raw_id) else {
+            return Ok(Holder::Here);
+        };
+        if self.sandboxes.holds(id) {
+            return Ok(Holder::Here);
+        }
+        let entry = match cluster.locate(id).await? {
+            Some(entry) if entry.node != cluster.config.node_name && (entry.tenant == caller.owner || caller.admin) => {
+                entry
+            }
+            _ => return Ok(Holder::Here),
+        };
+        match cluster.url_of(&entry.node).await? {
+            Some(url) => Ok(Holder::Node { name: entry.node, url }),
+            None => Err(unreachable(id, &entry.node)),
+        }
+    }
+
+    /// `verb` with `args` on the node holding the sandbox, as `caller`;
+    /// its progress goes to `progress` as it comes.
+    pub(crate) async fn forward<A: Serialize, T: DeserializeOwned>(
+        &self,
+        (name, url): (&str, &str),
+        verb: &str,
+        caller: &Caller,
+        args: &A,
+        progress: Option<mpsc::Sender<Progress>>,
+    ) -> Result<T, OpsError> {
+        let cluster = self.cluster.as_ref().expect("forwarded only in a cluster");
+        let body = serde_json::to_value(Forwarded {
+            caller: caller.clone(),
+            args: serde_json::to_value(args).expect("arguments serialise"),
+        })
+        .expect("serialisable");
+        let mut outcome: Option<Result<Value, RemoteError>> = None;
+        let mut strange: Option<String> = None;
+        let called = cluster
+            .channel
+            .call(name, url, verb, &body, |line| match serde_json::from_value(line) {
+                Ok(Line::Progress(p)) => {
+                    // Progress is a courtesy: the result carries all output.
+                    if let Some(tx) = &progress {
+                        let _ = tx.try_send(p);
+                    }
+                }
+                Ok(Line::Alive) => {}
+                Ok(Line::Ok(v)) => outcome = Some(Ok(v)),
+                Ok(Line::Err(e)) => outcome = Some(Err(e)),
+                Err(e) => strange = Some(e.to_string()),
+            })
+            .await;
+        let id = args_sandbox(&body);
+        match (called, outcome, strange) {
+            (_, _, Some(why)) => Err(OpsError::Internal(format!("node {name} answered unexpectedly: {why}"))),
+            (Ok(()), Some(Ok(value)), None) => serde_json::from_value(value)
+                .map_err(|e| OpsError::Internal(format!("node {name} answered unexpectedly: {e}"))),
+            (Ok(()), Some(Err(remote)), None) => Err(OpsError::Forwarded(remote)),
+            (Err(ChannelError::Protocol { detail, .. }), _, None) => Err(OpsError::Internal(format!(
+                "node {name} answered unexpectedly: {detail}"
+            ))),
+            (Err(ChannelError::Unreachable { .. }), _, None) | (Ok(()), None, None) => {
+                Err(unreachable(id.unwrap_or_default(), name))
+            }
+        }
+    }
+
+    /// `verb` (without arguments) on every other node that is up, as
+    /// `caller`: the answers, and the names of the nodes that gave none.
+    pub(crate) async fn on_other_nodes<T: DeserializeOwned>(
+        &self,
+        verb: &str,
+        caller: &Caller,
+    ) -> (Vec<T>, Vec<String>) {
+        let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
+            return (vec![], vec![]);
+        };
+        let nodes = match cluster.nodes_up().await {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read which nodes are up; listing this node's sandboxes only");
+                return (vec![], vec![]);
+            }
+        };
+        let others = nodes.iter().filter(|n| n.name != cluster.config.node_name);
+        let asked = others.map(|n| async move {
+            let answer = self.forward::<_, T>((&n.name, &n.url), verb, caller, &(), None).await;
+            (n.name.clone(), answer)
+        });
+        let (mut answers, mut silent) = (vec![], vec![]);
+        for (node, answer) in futures_util::future::join_all(asked).await {
+            match answer {
+                Ok(value) => answers.push(value),
+                Err(e) => {
+                    tracing::warn!(node = %node, error = %e, "a node did not list its sandboxes");
+                    silent.push(node);
+                }
+            }
+        }
+        // Nodes that are not up give no answer either.
+        let up: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        if let Ok(status) = cluster.directory.all().await {
+            for (_, entry) in status {
+                if !up.contains(&entry.node.as_str()) && !silent.contains(&entry.node) {
+                    silent.push(entry.node);
+                }
+            }
+        }
+        (answers, silent)
+    }
+
+    /// The caller's sandboxes that the directory places on `silent` nodes
+    /// and that no node listed (`listed`), as `unreachable`.
+    pub(crate) async fn unreachable_of(
+        &self,
+        caller: &Caller,
+        listed: &[&str],
+        silent: Vec<String>,
+    ) -> Vec<ListedSandbox> {
+        let Some(cluster) = self.cluster.as_ref().filter(|_| !silent.is_empty()) else {
+            return vec![];
+        };
+        let entries = match caller.admin {
+            true => cluster.directory.all().await,
+            false => match cluster.directory.of_tenant(&caller.owner).await {
+                Ok(ids) => {
+                    let mut found = vec![];
+                    for id in ids {
+                        if let Ok(Some(entry)) = cluster.locate(id).await {
+                            found.push((id, entry));
+                        }
+                    }
+                    Ok(found)
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let Ok(entries) = entries else {
+            return vec![];
+        };
+        entries
+            .into_iter()
+            .filter(|(id, entry)| silent.contains(&entry.node) && !listed.contains(&id.to_string().as_str()))
+            .map(|(id, entry)| ListedSandbox::unreachable(id, &entry.node))
+            .collect()
+    }
+
+    /// These operations with routing off, for calls another node forwarded.
+    pub(crate) fn serving_forwarded(&self) -> Ops {
+        Ops {
+            routing: false,
+            ..self.clone()
+        }
+    }
+}
+
+fn args_sandbox(body: &Value) -> Option<Uuid> {
+    body["args"]["sandbox_id"]
+        .as_str()
+        .and_then(|s| Uuid::parse_str(s).ok())
+}
+
+fn unreachable(id: Uuid, node: &str) -> OpsError {
+    OpsError::Unreachable {
+        sandbox: id,
+        node: node.to_string(),
+    }
+}
