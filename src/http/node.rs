@@ -43,6 +43,7 @@ pub(crate) async fn call(State(app): State<AppState>, Path(verb): Path<String>, 
     };
     let (ops, c) = (app.ops.serving_forwarded(), caller);
     match verb.as_str() {
+        "create_sandbox" => run(args, move |a, _| async move { ops.create_here(&c, a).await }),
         "execute_python_code" => run(args, move |a, p| async move { ops.execute_python_code(&c, a, p).await }),
         "execute_terminal_command" => run(
             args,

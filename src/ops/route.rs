@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use sandbox_actors::Progress;
 use sandbox_cluster::channel::ChannelError;
+use sandbox_cluster::{placement, ClusterError};
 
 use crate::access::caller::Caller;
 use crate::ops::args::parse_id;
@@ -223,6 +224,26 @@ impl Ops {
             .filter(|(id, entry)| silent.contains(&entry.node) && !listed.contains(&id.to_string().as_str()))
             .map(|(id, entry)| ListedSandbox::unreachable(id, &entry.node))
             .collect()
+    }
+
+    /// Where a new sandbox goes ([`sandbox_cluster::placement`]):
+    /// here without a cluster; refused while this node cannot renew its
+    /// membership, or when every node drains.
+    pub(crate) async fn place(&self) -> Result<Holder, OpsError> {
+        let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
+            return Ok(Holder::Here);
+        };
+        cluster.check_held()?;
+        let (up, draining) = tokio::try_join!(cluster.nodes_up(), cluster.draining_nodes())?;
+        let here = &cluster.config.node_name;
+        match placement::choose(here, &up, &draining) {
+            Some(node) if &node.name == here => Ok(Holder::Here),
+            Some(node) => Ok(Holder::Node {
+                name: node.name.clone(),
+                url: node.url.clone(),
+            }),
+            None => Err(ClusterError::AllDraining.into()),
+        }
     }
 
     /// These operations with routing off, for calls another node forwarded.

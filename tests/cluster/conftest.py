@@ -48,9 +48,28 @@ class Cluster:
             return e.code, json.loads(e.read() or b"null")
 
     def create(self, node, key):
+        """A sandbox created through `node`, wherever it is placed."""
         status, body = self.api(node, "POST", "/api/sandboxes", key, {})
         assert status in (200, 201), body
         return body["sandbox_id"]
+
+    def create_on(self, target, via, key):
+        """A sandbox created through `via` and placed on `target`, the only
+        node that does not drain meanwhile."""
+        others = [n for n in self.nodes if n != target]
+        for n in others:
+            script("ctl", "drain", n)
+        try:
+            before = self.status()[target]["sandboxes"]
+            sid = self.create(via, key)
+            assert self.status()[target]["sandboxes"] == before + 1, f"placed on {target}"
+            return sid
+        finally:
+            for n in others:
+                script("ctl", "drain", n, "--undo")
+
+    def total(self):
+        return sum(n["sandboxes"] for n in self.status().values())
 
     def delete(self, node, key, sid):
         status, body = self.api(node, "DELETE", f"/api/sandboxes/{sid}", key)

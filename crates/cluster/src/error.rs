@@ -21,6 +21,9 @@ pub enum ClusterError {
          without quorum), so it takes no new sandboxes until it can; try again shortly, or through another node"
     )]
     Detached { seconds: u64 },
+    /// Every node that is up drains.
+    #[error("no node of the cluster takes new sandboxes now (every node that is up drains); try again later")]
+    AllDraining,
     #[error(transparent)]
     Invalid(#[from] crate::config::InvalidCluster),
 }

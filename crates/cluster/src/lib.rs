@@ -17,6 +17,7 @@ mod error;
 pub mod etcd;
 mod keys;
 pub mod membership;
+pub mod placement;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -142,6 +143,16 @@ impl Cluster {
     /// Whether node `name` is up: its lease lives.
     pub async fn is_up(&self, name: &str) -> Result<bool, ClusterError> {
         Ok(self.etcd.get(&self.keys.node(name)).await?.is_some())
+    }
+
+    /// The nodes that drain: they take no new sandboxes.
+    pub async fn draining_nodes(&self) -> Result<HashSet<String>, ClusterError> {
+        let prefix = self.keys.drains();
+        let drains = self.etcd.prefix(&prefix).await?;
+        Ok(drains
+            .into_iter()
+            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(String::from))
+            .collect())
     }
 
     /// The nodes that are up, with their figures.

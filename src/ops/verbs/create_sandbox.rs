@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::results::CreatedSandbox;
+use crate::ops::route::Holder;
 use crate::ops::Ops;
 
 #[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
@@ -33,16 +34,34 @@ impl Ops {
                         retry_after: wait.seconds(),
                     });
                 }
-                self.check_cluster_room(caller, 1).await?;
-                let info = self
-                    .sandboxes
-                    .create(owner, args.name, self.quota(caller), self.create_options(caller))
-                    .await?;
-                self.enter_directory(caller, &[info.sandbox_id]).await?;
-                tracing::Span::current().record("sandbox_id", tracing::field::display(info.sandbox_id));
-                Ok(CreatedSandbox::from(info))
+                let created = match self.place().await? {
+                    Holder::Here => self.create_here(caller, args).await?,
+                    Holder::Node { name, url } => {
+                        self.forward((&name, &url), "create_sandbox", caller, &args, None)
+                            .await?
+                    }
+                };
+                tracing::Span::current().record("sandbox_id", tracing::field::display(&created.sandbox_id));
+                Ok(created)
             })
             .await
+    }
+
+    /// Creates the sandbox on this node (the one placement chose), within
+    /// the quotas counted over the cluster, and enters it in the directory.
+    pub(crate) async fn create_here(&self, caller: &Caller, args: CreateSandbox) -> Result<CreatedSandbox, OpsError> {
+        self.check_cluster_room(caller, 1).await?;
+        let info = self
+            .sandboxes
+            .create(
+                &caller.owner,
+                args.name,
+                self.quota(caller),
+                self.create_options(caller),
+            )
+            .await?;
+        self.enter_directory(caller, &[info.sandbox_id]).await?;
+        Ok(CreatedSandbox::from(info))
     }
 
     /// How many sandboxes the caller may hold, and the server in all.
