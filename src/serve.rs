@@ -138,11 +138,14 @@ async fn stop_signal() {
     }
 }
 
-/// The signer of links and guest keys, when API keys are on.
+/// The signer of links and guest keys, when API keys are on. In a cluster
+/// every node signs with the same secret (`auth.link_secret`, or one
+/// derived from the cluster's), so that any node takes what another signed.
 pub(crate) fn signer(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Option<LinkSigner>> {
+    let derived = config.cluster.as_ref().map(|c| c.derived_secret("links v1"));
     Ok(match config.auth.enabled {
         true => Some(LinkSigner::load(
-            config.auth.link_secret.as_deref(),
+            config.auth.link_secret.as_deref().or(derived.as_deref()),
             config.auth.link_ttl_seconds,
             &config.settings(config_path)?.state_dir,
         )?),

@@ -5,6 +5,10 @@
 //! files: the path is opened one component at a time without following
 //! links beneath the sandbox's folder ([`sandbox_actors::files`]), and
 //! anything but a regular file is refused.
+//!
+//! In a cluster a link may reach a node that does not hold its sandbox
+//! (behind a load balancer, say): that node checks the link, then relays
+//! the file from the holder (`/cluster/v1/results/...`, the node channel).
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -50,6 +54,7 @@ pub async fn get(
     // With authentication, a valid link token grants this one file (the
     // owner's API key does too); without, the tenant's own sandboxes.
     let caller = caller.map(|Extension(c)| c).unwrap_or_else(Caller::local);
+    let by_link = q.token.is_some();
     let scope = match (&app.signer, q.token) {
         (Some(signer), Some(token)) => match signer.verify(&id.to_string(), &path, &token, unix_now()) {
             Ok(()) => Scope::Everyone,
@@ -65,7 +70,80 @@ pub async fn get(
         }
         _ => caller.scope(),
     };
-    let Ok(target) = ResultsPath::parse(&path) else {
+    if let Some(relayed) = from_holder(&app, &caller, by_link, id, &path).await {
+        return relayed;
+    }
+    serve(&app, scope, id, &path).await
+}
+
+/// `/cluster/v1/results/{sandbox_id}/{path}`: a file of a sandbox this node
+/// holds, for the node a link reached (which checked the link or the key).
+pub async fn for_node(State(app): State<AppState>, UrlPath((sandbox, path)): UrlPath<(String, String)>) -> Response {
+    match Uuid::parse_str(&sandbox) {
+        Ok(id) if is_clean(&path) => serve(&app, Scope::Everyone, id, &path).await,
+        _ => refuse(StatusCode::NOT_FOUND, "no such file"),
+    }
+}
+
+/// The file from the node that holds the sandbox, when another node does
+/// and the link (or the caller's key) admits it; `None`: served here.
+async fn from_holder(app: &AppState, caller: &Caller, by_link: bool, id: Uuid, path: &str) -> Option<Response> {
+    let cluster = app.ops.cluster.as_ref()?;
+    if app.ops.sandboxes.holds(id) {
+        return None;
+    }
+    let entry = cluster.locate(id).await.ok()??;
+    let admitted = by_link || caller.admin || caller.owner == entry.tenant;
+    if entry.node == cluster.config.node_name || !admitted {
+        return None;
+    }
+    let url = cluster.url_of(&entry.node).await.ok()??;
+    let encoded: Vec<String> = path
+        .split('/')
+        .map(|s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())
+        .collect();
+    let route = format!("/cluster/v1/results/{id}/{}", encoded.join("/"));
+    let answer = match cluster.channel.get(&entry.node, &url, &route).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            return Some(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "node {}, which holds this sandbox, does not answer; try again later",
+                    entry.node
+                ),
+            ))
+        }
+    };
+    let mut relayed = Response::builder().status(answer.status().as_u16());
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::CONTENT_DISPOSITION,
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::CONTENT_SECURITY_POLICY,
+        header::CACHE_CONTROL,
+    ] {
+        if let Some(value) = answer
+            .headers()
+            .get(name.as_str())
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+        {
+            relayed = relayed.header(name, value);
+        }
+    }
+    let body = Body::from_stream(answer.bytes_stream());
+    Some(
+        relayed
+            .body(body)
+            .unwrap_or_else(|_| refuse(StatusCode::BAD_GATEWAY, "a node's answer could not be relayed")),
+    )
+}
+
+/// The file at `path` of sandbox `id`, as `scope` may see it.
+async fn serve(app: &AppState, scope: Scope<'_>, id: Uuid, path: &str) -> Response {
+    let not_found = || refuse(StatusCode::NOT_FOUND, "no such file");
+    let Ok(target) = ResultsPath::parse(path) else {
         return not_found();
     };
     let (file, len) = match app.ops.sandboxes.open_file(scope, id, target).await {

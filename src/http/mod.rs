@@ -340,6 +340,7 @@ pub fn router(
         .route("/metrics", get(metrics))
         .route(GUEST_ROUTE, post(api::guest_key))
         .route(node::ROUTE, post(node::call))
+        .route("/cluster/v1/results/{sandbox_id}/{*path}", get(artifacts::for_node))
         .merge(api::routes())
         .merge(ui::routes())
         .layer(bodies(MAX_BODY_BYTES))

@@ -47,6 +47,17 @@ class Cluster:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
 
+    def get(self, url, key=None):
+        """(status, body) of a GET, with `key` if given."""
+        req = urllib.request.Request(url)
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
     def create(self, node, key):
         """A sandbox created through `node`, wherever it is placed."""
         status, body = self.api(node, "POST", "/api/sandboxes", key, {})

@@ -81,6 +81,19 @@ def test_a_sandbox_made_through_one_node_is_used_through_every_node_in_order(clu
     writer.join()
     assert slow["r"][0] == 200, slow
     assert status == 200 and read["stdout"] == "written\n", read
+    # Its files' links are served by every node (as behind a load
+    # balancer): the node a link reaches relays the file from the holder.
+    status, ran = cluster.api("n2", "POST", path + "/shell", ALICE, {"command": "echo artifact > out.txt"})
+    link = ran["file_links"][0]
+    route = "/" + link.split("/", 3)[3]
+    for node in ("n1", "n2", "n3"):
+        assert cluster.get(cluster.url(node) + route) == (200, b"artifact\n"), node
+        assert "token=" in route.split("?")[1], route
+        forged = cluster.url(node) + route[:-1] + ("1" if route[-1] != "1" else "2")
+        assert cluster.get(forged)[0] == 403, node
+        bare = cluster.url(node) + route.split("?")[0]
+        assert cluster.get(bare, BOB)[0] == 404, node
+        assert cluster.get(bare, ALICE) == (200, b"artifact\n"), node
     # Another tenant sees nothing of it through any node.
     for node in ("n1", "n2", "n3"):
         status, body = cluster.api(node, "POST", path + "/python", BOB, {"code": "print(1)"})

@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+
+use crate::config::ClusterConfig;
 
 /// The header that carries the token.
 pub const TOKEN_HEADER: &str = "x-mcp-sandbox-node";
@@ -44,9 +45,9 @@ pub struct Channel {
 }
 
 impl Channel {
-    pub fn new(secret: &str) -> Self {
-        let digest = Sha256::digest(format!("mcp-sandbox node channel v1\0{secret}").as_bytes());
-        let token = digest.iter().map(|b| format!("{b:02x}")).collect();
+    /// The channel of the cluster `config` names.
+    pub fn new(config: &ClusterConfig) -> Self {
+        let token = config.derived_secret("node channel v1");
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT)
             .read_timeout(IDLE)
@@ -61,6 +62,20 @@ impl Channel {
     pub fn accepts(&self, presented: &str) -> bool {
         let (a, b) = (presented.as_bytes(), self.token.as_bytes());
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// `GET {url}{path}` on node `node`, for a body streamed back as it
+    /// comes (a sandbox's file); the caller bounds what it reads.
+    pub async fn get(&self, node: &str, url: &str, path: &str) -> Result<reqwest::Response, ChannelError> {
+        self.http
+            .get(format!("{}{path}", url.trim_end_matches('/')))
+            .header(TOKEN_HEADER, &self.token)
+            .send()
+            .await
+            .map_err(|e| ChannelError::Unreachable {
+                node: node.into(),
+                detail: e.to_string(),
+            })
     }
 
     /// Posts `body` as `verb` to the node `node` at `url` and hands each
@@ -115,10 +130,18 @@ impl Channel {
 mod tests {
     use super::*;
 
+    fn config(secret: &str) -> ClusterConfig {
+        serde_json::from_value(serde_json::json!({
+            "etcd_endpoints": ["http://127.0.0.1:2379"], "node_name": "n1",
+            "advertise_url": "http://10.0.0.1:8080", "secret": secret
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn only_the_cluster_s_token_is_accepted() {
-        let a = Channel::new("0123456789abcdef0123456789abcdef");
-        let b = Channel::new("another secret of thirty-two chars!!");
+        let a = Channel::new(&config("0123456789abcdef0123456789abcdef"));
+        let b = Channel::new(&config("another secret of thirty-two chars!!"));
         assert!(a.accepts(&a.token));
         assert!(!a.accepts(&b.token));
         assert!(!a.accepts(""));

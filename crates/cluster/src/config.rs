@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 /// `[cluster]`. Without it the server is a single host.
 #[derive(Debug, Clone, Deserialize)]
@@ -65,6 +66,14 @@ pub fn valid_node_name(name: &str) -> bool {
 }
 
 impl ClusterConfig {
+    /// A secret for one `purpose`, derived from the shared secret: every
+    /// node derives the same, and one purpose's secret says nothing of
+    /// another's or of the shared secret.
+    pub fn derived_secret(&self, purpose: &str) -> String {
+        let digest = Sha256::digest(format!("mcp-sandbox {purpose}\0{}", self.secret).as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.lease_seconds)
     }

@@ -98,7 +98,7 @@ impl Cluster {
         Ok(Self {
             directory: Directory::new(etcd.clone(), keys.clone()),
             membership,
-            channel: Channel::new(&config.secret),
+            channel: Channel::new(&config),
             etcd,
             keys,
             config,
