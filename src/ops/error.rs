@@ -34,7 +34,12 @@ pub enum OpsError {
          cut off from this node), so the call may not have run. Its files are on that node. Try again in a minute, \
          or create a new sandbox with create_sandbox."
     )]
-    Unreachable { sandbox: uuid::Uuid, node: String },
+    Unreachable {
+        sandbox: uuid::Uuid,
+        node: String,
+        /// Whether the call reached the node (it may have run there).
+        sent: bool,
+    },
     /// The node that holds the sandbox refused or failed the call; its
     /// message and status are passed on.
     #[error("{}", .0.message)]

@@ -140,6 +140,11 @@ impl Ops {
             (Err(ChannelError::Protocol { detail, .. }), _, None) => Err(OpsError::Internal(format!(
                 "node {name} answered unexpectedly: {detail}"
             ))),
+            (Err(ChannelError::NotConnected { .. }), _, None) => Err(OpsError::Unreachable {
+                sandbox: id.unwrap_or_default(),
+                node: name.to_string(),
+                sent: false,
+            }),
             (Err(ChannelError::Unreachable { .. }), _, None) | (Ok(()), None, None) => {
                 Err(unreachable(id.unwrap_or_default(), name))
             }
@@ -229,12 +234,14 @@ impl Ops {
     /// Where a new sandbox goes ([`sandbox_cluster::placement`]):
     /// here without a cluster; refused while this node cannot renew its
     /// membership, or when every node drains.
-    pub(crate) async fn place(&self) -> Result<Holder, OpsError> {
+    /// Nodes in `avoid` (which did not answer) take none.
+    pub(crate) async fn place(&self, avoid: &[String]) -> Result<Holder, OpsError> {
         let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
             return Ok(Holder::Here);
         };
         cluster.check_held()?;
-        let (up, draining) = tokio::try_join!(cluster.nodes_up(), cluster.draining_nodes())?;
+        let (mut up, draining) = tokio::try_join!(cluster.nodes_up(), cluster.draining_nodes())?;
+        up.retain(|n| !avoid.contains(&n.name));
         let here = &cluster.config.node_name;
         match placement::choose(here, &up, &draining) {
             Some(node) if &node.name == here => Ok(Holder::Here),
@@ -265,5 +272,6 @@ fn unreachable(id: Uuid, node: &str) -> OpsError {
     OpsError::Unreachable {
         sandbox: id,
         node: node.to_string(),
+        sent: true,
     }
 }

@@ -29,9 +29,12 @@ pub const MAX_LINE: usize = 96 << 20;
 /// Why a call to another node failed before it had an outcome.
 #[derive(Debug, thiserror::Error)]
 pub enum ChannelError {
-    /// No connection, or it broke before the outcome: the node is down,
-    /// cut off, or stopped.
+    /// No connection could be made: the node is down or cut off, and the
+    /// call was not sent.
     #[error("node {node} does not answer ({detail})")]
+    NotConnected { node: String, detail: String },
+    /// The connection broke before the outcome: the call may have run.
+    #[error("node {node} stopped answering ({detail})")]
     Unreachable { node: String, detail: String },
     /// The node answered something that is not the channel's protocol.
     #[error("node {node} answered unexpectedly: {detail}")]
@@ -103,7 +106,13 @@ impl Channel {
             .json(body)
             .send()
             .await
-            .map_err(unreachable)?;
+            .map_err(|e| match e.is_connect() {
+                true => ChannelError::NotConnected {
+                    node: node.into(),
+                    detail: e.to_string(),
+                },
+                false => unreachable(e),
+            })?;
         if !answer.status().is_success() {
             return Err(protocol(format!("status {}", answer.status())));
         }

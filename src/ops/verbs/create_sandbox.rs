@@ -34,11 +34,18 @@ impl Ops {
                         retry_after: wait.seconds(),
                     });
                 }
-                let created = match self.place().await? {
-                    Holder::Here => self.create_here(caller, args).await?,
-                    Holder::Node { name, url } => {
-                        self.forward((&name, &url), "create_sandbox", caller, &args, None)
-                            .await?
+                // A node that takes no connection (killed, within its
+                // lease's time) made nothing: the creation goes elsewhere.
+                let mut silent = vec![];
+                let created = loop {
+                    match self.place(&silent).await? {
+                        Holder::Here => break self.create_here(caller, args).await?,
+                        Holder::Node { name, url } => {
+                            match self.forward((&name, &url), "create_sandbox", caller, &args, None).await {
+                                Err(OpsError::Unreachable { sent: false, .. }) => silent.push(name),
+                                created => break created?,
+                            }
+                        }
                     }
                 };
                 tracing::Span::current().record("sandbox_id", tracing::field::display(&created.sandbox_id));
