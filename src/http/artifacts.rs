@@ -12,7 +12,7 @@
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::access::caller::Caller;
 use crate::access::signer::unix_now;
+use crate::http::node;
 use crate::http::state::AppState;
 
 fn refuse(status: StatusCode, message: &str) -> Response {
@@ -78,7 +79,15 @@ pub async fn get(
 
 /// `/cluster/v1/results/{sandbox_id}/{path}`: a file of a sandbox this node
 /// holds, for the node a link reached (which checked the link or the key).
-pub async fn for_node(State(app): State<AppState>, UrlPath((sandbox, path)): UrlPath<(String, String)>) -> Response {
+pub async fn for_node(
+    State(app): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    UrlPath((sandbox, path)): UrlPath<(String, String)>,
+) -> Response {
+    if !node::signed(&app, &headers, "GET", uri.path(), b"") {
+        return refuse(StatusCode::UNAUTHORIZED, node::FOR_NODES);
+    }
     match Uuid::parse_str(&sandbox) {
         Ok(id) if is_clean(&path) => serve(&app, Scope::Everyone, id, &path).await,
         _ => refuse(StatusCode::NOT_FOUND, "no such file"),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 use sandbox_actors::Progress;
-use sandbox_cluster::channel::HEARTBEAT;
+use sandbox_cluster::channel::{HEARTBEAT, TOKEN_HEADER};
 
 use crate::http::api::answer_of;
 use crate::http::error::error;
@@ -34,10 +34,30 @@ use crate::ops::RunFiles;
 
 /// The route's path.
 pub(crate) const ROUTE: &str = "/cluster/v1/ops/{verb}";
+/// What a request without the cluster's signature hears.
+pub(crate) const FOR_NODES: &str = "this route is for the nodes of the cluster";
+
+/// Whether the request is signed with the cluster's key.
+pub(crate) fn signed(app: &AppState, headers: &HeaderMap, method: &str, path: &str, body: &[u8]) -> bool {
+    let header = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok());
+    match (&app.ops.cluster, header) {
+        (Some(cluster), Some(header)) => cluster.channel.accepts(header, method, path, body),
+        _ => false,
+    }
+}
 /// What every path of the channel starts with.
 pub(crate) const PREFIX: &str = "/cluster/";
 
-pub(crate) async fn call(State(app): State<AppState>, Path(verb): Path<String>, body: Bytes) -> Response {
+pub(crate) async fn call(
+    State(app): State<AppState>,
+    Path(verb): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !signed(&app, &headers, "POST", uri.path(), &body) {
+        return error(StatusCode::UNAUTHORIZED, FOR_NODES);
+    }
     let Ok(Forwarded { caller, args }) = serde_json::from_slice::<Forwarded>(&body) else {
         return error(StatusCode::BAD_REQUEST, "not a forwarded call");
     };

@@ -132,20 +132,36 @@ impl Ops {
             })
             .await;
         let id = args_sandbox(&body);
+        if matches!(
+            called,
+            Err(ChannelError::NotConnected { .. } | ChannelError::Unreachable { .. })
+        ) {
+            // It may have come back at another address.
+            cluster.forget_url(name);
+        }
         match (called, outcome, strange) {
             (_, _, Some(why)) => Err(OpsError::Internal(format!("node {name} answered unexpectedly: {why}"))),
-            (Ok(()), Some(Ok(value)), None) => serde_json::from_value(value)
+            // An outcome that arrived stands, whatever happened after it.
+            (_, Some(Ok(value)), None) => serde_json::from_value(value)
                 .map_err(|e| OpsError::Internal(format!("node {name} answered unexpectedly: {e}"))),
-            (Ok(()), Some(Err(remote)), None) => Err(OpsError::Forwarded(remote)),
-            (Err(ChannelError::Protocol { detail, .. }), _, None) => Err(OpsError::Internal(format!(
+            (_, Some(Err(remote)), None) => Err(OpsError::Forwarded(remote)),
+            (Err(ChannelError::Refused { status, .. }), None, None) => Err(OpsError::Forwarded(RemoteError {
+                message: format!(
+                    "node {name}, which holds this sandbox, refused the forwarded call (HTTP {status}): the nodes \
+                     may run different versions or configurations; the operator must check them"
+                ),
+                status: 502,
+                retry_after: None,
+            })),
+            (Err(ChannelError::Protocol { detail, .. }), None, None) => Err(OpsError::Internal(format!(
                 "node {name} answered unexpectedly: {detail}"
             ))),
-            (Err(ChannelError::NotConnected { .. }), _, None) => Err(OpsError::Unreachable {
+            (Err(ChannelError::NotConnected { .. }), None, None) => Err(OpsError::Unreachable {
                 sandbox: id.unwrap_or_default(),
                 node: name.to_string(),
                 sent: false,
             }),
-            (Err(ChannelError::Unreachable { .. }), _, None) | (Ok(()), None, None) => {
+            (Err(ChannelError::Unreachable { .. }), None, None) | (Ok(()), None, None) => {
                 Err(unreachable(id.unwrap_or_default(), name))
             }
         }
@@ -185,12 +201,8 @@ impl Ops {
         }
         // Nodes that are not up give no answer either.
         let up: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-        if let Ok(status) = cluster.directory.all().await {
-            for (_, entry) in status {
-                if !up.contains(&entry.node.as_str()) && !silent.contains(&entry.node) {
-                    silent.push(entry.node);
-                }
-            }
+        if let Ok(known) = cluster.known_nodes().await {
+            silent.extend(known.into_iter().filter(|k| !up.contains(&k.as_str())));
         }
         (answers, silent)
     }
@@ -206,29 +218,28 @@ impl Ops {
         let Some(cluster) = self.cluster.as_ref().filter(|_| !silent.is_empty()) else {
             return vec![];
         };
-        let entries = match caller.admin {
-            true => cluster.directory.all().await,
+        // The caller's sandboxes (one read of its index), unless it is an
+        // administrator, who sees every tenant's.
+        let mine = match caller.admin {
+            true => None,
             false => match cluster.directory.of_tenant(&caller.owner).await {
-                Ok(ids) => {
-                    let mut found = vec![];
-                    for id in ids {
-                        if let Ok(Some(entry)) = cluster.locate(id).await {
-                            found.push((id, entry));
-                        }
-                    }
-                    Ok(found)
-                }
-                Err(e) => Err(e),
+                Ok(ids) => Some(ids),
+                Err(_) => return vec![],
             },
         };
-        let Ok(entries) = entries else {
-            return vec![];
-        };
-        entries
-            .into_iter()
-            .filter(|(id, entry)| silent.contains(&entry.node) && !listed.contains(&id.to_string().as_str()))
-            .map(|(id, entry)| ListedSandbox::unreachable(id, &entry.node))
-            .collect()
+        let mut found = vec![];
+        for node in &silent {
+            let Ok(held) = cluster.directory.held_by(node).await else {
+                continue;
+            };
+            found.extend(
+                held.into_iter()
+                    .filter(|id| mine.as_ref().is_none_or(|m| m.contains(id)))
+                    .filter(|id| !listed.contains(&id.to_string().as_str()))
+                    .map(|id| ListedSandbox::unreachable(id, node)),
+            );
+        }
+        found
     }
 
     /// Where a new sandbox goes ([`sandbox_cluster::placement`]):

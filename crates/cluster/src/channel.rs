@@ -3,20 +3,35 @@
 //! as a stream of JSON lines: its progress as it comes, a heartbeat while
 //! it runs quietly, and last its outcome.
 //!
-//! Each request carries a token derived from the cluster's shared secret
-//! (the secret itself never travels); a node accepts only that token, and
-//! only on this route. Every call has bounds: a connection within
-//! [`CONNECT`], some line at least every [`IDLE`], lines of at most
-//! [`MAX_LINE`] bytes.
+//! Each request is signed with a key derived from the cluster's shared
+//! secret (which never travels): an HMAC over its method, path, a
+//! timestamp and its body's digest, accepted within [`WINDOW`] of the
+//! receiver's clock. A captured request opens nothing else, and is stale a
+//! minute later. Every call has bounds: a connection within [`CONNECT`],
+//! some line at least every [`IDLE`], lines of at most [`MAX_LINE`] bytes.
 
 use std::time::Duration;
 
+use hmac::{Hmac, KeyInit, Mac};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::config::ClusterConfig;
 
-/// The header that carries the token.
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The header that carries a request's signature: `<unix seconds>.<hex>`.
 pub const TOKEN_HEADER: &str = "x-mcp-sandbox-node";
+/// How far a signature's time may be from the receiver's clock.
+pub const WINDOW: Duration = Duration::from_secs(60);
 /// The longest wait for a connection to a node.
 pub const CONNECT: Duration = Duration::from_secs(2);
 /// The longest silence of an answer: a node sends a heartbeat line every
@@ -24,7 +39,7 @@ pub const CONNECT: Duration = Duration::from_secs(2);
 pub const IDLE: Duration = Duration::from_secs(45);
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 /// The longest line of an answer (a result with its inline images).
-pub const MAX_LINE: usize = 96 << 20;
+pub const MAX_LINE: usize = 32 << 20;
 
 /// Why a call to another node failed before it had an outcome.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +51,9 @@ pub enum ChannelError {
     /// The connection broke before the outcome: the call may have run.
     #[error("node {node} stopped answering ({detail})")]
     Unreachable { node: String, detail: String },
+    /// The node refused the call (a status that is not success).
+    #[error("node {node} refused the call (HTTP {status})")]
+    Refused { node: String, status: u16 },
     /// The node answered something that is not the channel's protocol.
     #[error("node {node} answered unexpectedly: {detail}")]
     Protocol { node: String, detail: String },
@@ -44,27 +62,62 @@ pub enum ChannelError {
 /// This node's end of the channel.
 pub struct Channel {
     http: reqwest::Client,
-    token: String,
+    /// The signing key, derived from the cluster's secret.
+    key: Vec<u8>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Channel {
     /// The channel of the cluster `config` names.
     pub fn new(config: &ClusterConfig) -> Self {
-        let token = config.derived_secret("node channel v1");
+        let key = config.derived_secret("node channel v1").into_bytes();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT)
             .read_timeout(IDLE)
             .no_proxy()
             .build()
             .expect("a client without TLS settings builds");
-        Self { http, token }
+        Self { http, key }
     }
 
-    /// Whether `presented` is this cluster's token (compared in constant
-    /// time).
-    pub fn accepts(&self, presented: &str) -> bool {
-        let (a, b) = (presented.as_bytes(), self.token.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    fn mac(&self, method: &str, path: &str, at: u64, body: &[u8]) -> Hmac<Sha256> {
+        let digest: String = Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect();
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key length");
+        mac.update(format!("{method}\n{path}\n{at}\n{digest}").as_bytes());
+        mac
+    }
+
+    /// The signature header of a request.
+    pub fn sign(&self, method: &str, path: &str, body: &[u8]) -> String {
+        let at = unix_now();
+        let tag: String = self
+            .mac(method, path, at, body)
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{at}.{tag}")
+    }
+
+    /// Whether `header` signs this request, within [`WINDOW`] of now
+    /// (compared in constant time).
+    pub fn accepts(&self, header: &str, method: &str, path: &str, body: &[u8]) -> bool {
+        let Some((at, tag)) = header.split_once('.') else {
+            return false;
+        };
+        let (Ok(at), Some(tag)) = (at.parse::<u64>(), decode_hex(tag)) else {
+            return false;
+        };
+        if unix_now().abs_diff(at) > WINDOW.as_secs() {
+            return false;
+        }
+        self.mac(method, path, at, body).verify_slice(&tag).is_ok()
     }
 
     /// `GET {url}{path}` on node `node`, for a body streamed back as it
@@ -72,7 +125,7 @@ impl Channel {
     pub async fn get(&self, node: &str, url: &str, path: &str) -> Result<reqwest::Response, ChannelError> {
         self.http
             .get(format!("{}{path}", url.trim_end_matches('/')))
-            .header(TOKEN_HEADER, &self.token)
+            .header(TOKEN_HEADER, self.sign("GET", path, b""))
             .send()
             .await
             .map_err(|e| ChannelError::Unreachable {
@@ -99,11 +152,14 @@ impl Channel {
             node: node.into(),
             detail,
         };
+        let path = format!("/cluster/v1/ops/{verb}");
+        let body = serde_json::to_vec(body).expect("JSON values serialise");
         let mut answer = self
             .http
-            .post(format!("{}/cluster/v1/ops/{verb}", url.trim_end_matches('/')))
-            .header(TOKEN_HEADER, &self.token)
-            .json(body)
+            .post(format!("{}{path}", url.trim_end_matches('/')))
+            .header(TOKEN_HEADER, self.sign("POST", &path, &body))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
             .send()
             .await
             .map_err(|e| match e.is_connect() {
@@ -114,15 +170,21 @@ impl Channel {
                 false => unreachable(e),
             })?;
         if !answer.status().is_success() {
-            return Err(protocol(format!("status {}", answer.status())));
+            return Err(ChannelError::Refused {
+                node: node.into(),
+                status: answer.status().as_u16(),
+            });
         }
         let mut pending: Vec<u8> = Vec::new();
         while let Some(chunk) = answer.chunk().await.map_err(unreachable)? {
+            // Only the new bytes are searched for the line's end.
+            let mut from = pending.len();
             pending.extend_from_slice(&chunk);
-            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-                let text: Vec<u8> = pending.drain(..=end).collect();
+            while let Some(at) = pending[from..].iter().position(|&b| b == b'\n') {
+                let text: Vec<u8> = pending.drain(..=from + at).collect();
                 let value = serde_json::from_slice(&text).map_err(|e| protocol(e.to_string()))?;
                 line(value);
+                from = 0;
             }
             if pending.len() > MAX_LINE {
                 return Err(protocol(format!("a line over {MAX_LINE} bytes")));
@@ -148,12 +210,37 @@ mod tests {
     }
 
     #[test]
-    fn only_the_cluster_s_token_is_accepted() {
-        let a = Channel::new(&config("0123456789abcdef0123456789abcdef"));
+    fn only_a_request_signed_with_the_cluster_s_key_is_accepted() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let a = Channel::new(&config(secret));
         let b = Channel::new(&config("another secret of thirty-two chars!!"));
-        assert!(a.accepts(&a.token));
-        assert!(!a.accepts(&b.token));
-        assert!(!a.accepts(""));
-        assert!(!a.token.contains("0123456789abcdef"), "the secret itself never travels");
+        let signed = a.sign("POST", "/cluster/v1/ops/list_sandboxes", b"{}");
+        assert!(a.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{}"));
+        assert!(
+            !b.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{}"),
+            "another cluster's key"
+        );
+        assert!(
+            !a.accepts(&signed, "POST", "/cluster/v1/ops/delete_sandbox", b"{}"),
+            "another verb"
+        );
+        assert!(
+            !a.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{\"x\":1}"),
+            "another body"
+        );
+        assert!(!a.accepts("", "POST", "/", b""));
+        assert!(!signed.contains(secret), "the secret itself never travels");
+        let signed_at = |at: u64| {
+            let tag = a.mac("POST", "/p", at, b"").finalize().into_bytes();
+            format!("{at}.{}", tag.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        };
+        assert!(
+            a.accepts(&signed_at(unix_now() - 30), "POST", "/p", b""),
+            "within the window"
+        );
+        assert!(
+            !a.accepts(&signed_at(unix_now() - 120), "POST", "/p", b""),
+            "two minutes late"
+        );
     }
 }

@@ -4,13 +4,21 @@ use uuid::Uuid;
 
 use crate::etcd::EtcdError;
 
+impl From<EtcdError> for ClusterError {
+    fn from(e: EtcdError) -> Self {
+        tracing::warn!(error = %e, "etcd did not answer");
+        ClusterError::Etcd(e)
+    }
+}
+
 /// Why the cluster could not do what was asked. Messages are written for
 /// the caller and say what to do next.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// etcd did not answer or has no quorum: nothing was changed.
-    #[error("the cluster's directory (etcd) is unavailable, so nothing was changed: {0}. Try again in a few seconds.")]
-    Etcd(#[from] EtcdError),
+    /// etcd did not answer or has no quorum: nothing was changed. (Which
+    /// members failed, and how, is the server's log's to say.)
+    #[error("the cluster's directory (etcd) is unavailable, so nothing was changed. Try again in a few seconds.")]
+    Etcd(#[source] EtcdError),
     /// Another sandbox already has this id (never for a new one).
     #[error("sandbox {0} is already in the cluster's directory")]
     Taken(Uuid),

@@ -97,6 +97,14 @@ impl Txn {
         self
     }
 
+    /// Puts `value` at `key`, bound to `lease`.
+    pub fn put_leased(mut self, key: &str, value: &[u8], lease: i64) -> Self {
+        self.success.push(json!({
+            "request_put": { "key": B64.encode(key), "value": B64.encode(value), "lease": lease.to_string() }
+        }));
+        self
+    }
+
     pub fn delete(mut self, key: &str) -> Self {
         self.success
             .push(json!({ "request_delete_range": { "key": B64.encode(key) } }));

@@ -145,6 +145,22 @@ impl Cluster {
         Ok(self.etcd.get(&self.keys.node(name)).await?.is_some())
     }
 
+    /// Every node that joined and was not forgotten.
+    pub async fn known_nodes(&self) -> Result<Vec<String>, ClusterError> {
+        let prefix = self.keys.known_nodes();
+        let known = self.etcd.prefix(&prefix).await?;
+        Ok(known
+            .into_iter()
+            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(String::from))
+            .collect())
+    }
+
+    /// Forgets the URL kept for node `name` (it did not answer there; it
+    /// may have come back elsewhere).
+    pub fn forget_url(&self, name: &str) {
+        self.urls.lock().expect("never poisoned").remove(name);
+    }
+
     /// The nodes that drain: they take no new sandboxes.
     pub async fn draining_nodes(&self) -> Result<HashSet<String>, ClusterError> {
         let prefix = self.keys.drains();

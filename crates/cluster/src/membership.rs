@@ -17,7 +17,19 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::etcd::Etcd;
+use crate::etcd::{Etcd, EtcdError, Txn};
+
+/// Why a join did not happen this time.
+#[derive(Debug, thiserror::Error)]
+enum JoinError {
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    #[error(
+        "another process holds this node's name (or this node's previous lease has not expired yet); \
+         every node needs a name of its own"
+    )]
+    NameHeld,
+}
 use crate::keys::Keys;
 
 /// What a node can take, as it says in its membership.
@@ -172,9 +184,16 @@ impl Membership {
         }
     }
 
-    async fn join(&self, key: &str, value: &[u8]) -> Result<i64, crate::etcd::EtcdError> {
+    /// A new lease, under which this node's key is written only if no
+    /// other process holds the name (or this node's previous lease, after
+    /// a crash, has not expired yet): two processes never serve one name.
+    async fn join(&self, key: &str, value: &[u8]) -> Result<i64, JoinError> {
         let id = self.etcd.grant(self.ttl.as_secs()).await?;
-        self.etcd.put(key, value, Some(id)).await?;
+        let txn = Txn::new().if_absent(key).put_leased(key, value, id);
+        if !self.etcd.txn(txn).await? {
+            let _ = self.etcd.revoke(id).await;
+            return Err(JoinError::NameHeld);
+        }
         self.etcd
             .put(&self.keys.known(&self.name), self.url.as_bytes(), None)
             .await?;

@@ -132,7 +132,7 @@ impl EtcdCluster {
             node_name: name.into(),
             advertise_url: format!("http://{name}.test:8080"),
             secret: "0123456789abcdef0123456789abcdef".into(),
-            lease_seconds: 2,
+            lease_seconds: 3,
             prefix: prefix.into(),
         }
     }
