@@ -1,7 +1,7 @@
 //! What the sandbox actors answer with: a sandbox as listed, an install's
 //! status, an upload's outcome.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -53,13 +53,13 @@ pub struct Uploaded {
 }
 
 /// A sandbox as the front end lists it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxInfo {
     pub sandbox_id: Uuid,
     pub name: String,
-    #[serde(skip)]
+    #[serde(skip, default)]
     pub owner: String,
-    #[serde(skip)]
+    #[serde(skip, default)]
     pub container_id: String,
     pub status: SandboxStatus,
     #[serde(with = "time::serde::rfc3339")]
@@ -68,7 +68,7 @@ pub struct SandboxInfo {
     pub expires_at: Option<OffsetDateTime>,
     pub installed_packages: Vec<Package>,
     /// Use of the sandbox's capped folders (absent when disks are not capped).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskUsage>,
     /// The snapshots the sandbox keeps and the host disk they take.
     pub snapshots: SnapshotTotals,

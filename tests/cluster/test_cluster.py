@@ -104,6 +104,11 @@ def test_a_sandbox_made_through_one_node_is_used_through_every_node_in_order(clu
     for node in ("n1", "n2", "n3"):
         status, page = cluster.api(node, "GET", "/api/sandboxes", ALICE)
         assert [s["sandbox_id"] for s in page["sandboxes"]] == [sid], (node, page)
+    # A restart through another node restarts it where it lives: files kept.
+    status, info = cluster.api("n3", "POST", path + "/restart", ALICE)
+    assert status == 200 and info["sandbox_id"] == sid and info["status"] == "running", info
+    status, ran = cluster.api("n2", "POST", path + "/shell", ALICE, {"command": "cat order.txt"})
+    assert status == 200 and ran["stdout"] == "written\n", ran
     cluster.delete("n3", ALICE, sid)
     assert cluster.total() == 0
 

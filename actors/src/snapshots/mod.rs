@@ -161,7 +161,7 @@ pub struct Restored {
 }
 
 /// A sandbox's snapshots, counted for its listing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotTotals {
     pub count: usize,
     pub bytes: u64,

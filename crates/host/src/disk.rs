@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tracing::warn;
 use uuid::Uuid;
@@ -90,7 +90,7 @@ pub struct Layout {
 }
 
 /// A capped folder's use against its cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskUse {
     pub used_bytes: u64,
     pub limit_bytes: u64,
@@ -117,14 +117,14 @@ impl DiskUse {
 }
 
 /// A sandbox's disk use, per capped folder (absent: not capped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskUsage {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<DiskUse>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packages: Option<DiskUse>,
     /// The snapshot store, once the sandbox's first snapshot made it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshots: Option<DiskUse>,
 }
 
