@@ -23,6 +23,7 @@ use crate::mcp::tools::SandboxServer;
 use crate::metrics::Metrics;
 use crate::ops::directory::keep_in_step;
 use crate::ops::inline_images::Inliner;
+use crate::ops::shared_usage::share_usage;
 use crate::ops::Ops;
 use sandbox_cluster::{Capacity, Cluster};
 
@@ -80,6 +81,7 @@ pub(crate) fn ops(
         images: Inliner::new(config.results.inline_budgets()),
         routing: cluster.is_some(),
         cluster,
+        others_usage: Default::default(),
     })
 }
 
@@ -167,6 +169,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let ops = ops(&config, sandboxes.clone(), signer.clone(), cluster.clone())?;
     if let Some(cluster) = &cluster {
         tokio::spawn(keep_in_step(ops.clone(), cluster.clone(), shutdown.clone()));
+        tokio::spawn(share_usage(ops.clone(), cluster.clone(), shutdown.clone()));
     }
     let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
     let tasks = Tasks::new(config.tasks.clone());

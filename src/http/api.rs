@@ -393,7 +393,7 @@ async fn upload(
 
 /// A fresh guest key for `client`, or the response refusing one.
 /// The refusal is boxed: a response is large and the key the common case.
-pub fn guest_key_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Box<Response>> {
+pub async fn guest_key_for(app: &AppState, client: ClientIp) -> Result<(String, Guest), Box<Response>> {
     let Some(guests) = app.ops.limits.keys().guests() else {
         return Err(Box::new(error(
             StatusCode::NOT_FOUND,
@@ -409,6 +409,20 @@ pub fn guest_key_for(app: &AppState, client: ClientIp) -> Result<(String, Guest)
                 wait.seconds()
             ),
         )));
+    }
+    // In a cluster the hour's keys are counted over every node.
+    if let Some(cluster) = &app.ops.cluster {
+        let most = app.ops.limits.guest().keys_per_ip_per_hour;
+        match cluster.take_guest_issue(&client.0.to_string(), most).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Box::new(error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "this address has had its guest keys for this hour from the cluster's nodes; retry later",
+                )))
+            }
+            Err(e) => return Err(Box::new(error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()))),
+        }
     }
     app.ops.metrics.guest_key_issued();
     Ok(guests.issue(unix_now()))
@@ -450,7 +464,7 @@ async fn usage(
 
 /// `POST /api/guest`: `{key, expires_at, tenant}`.
 pub async fn guest_key(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
-    match guest_key_for(&app, client) {
+    match guest_key_for(&app, client).await {
         Ok((key, guest)) => {
             let expires = time::OffsetDateTime::from_unix_timestamp(guest.expires_at as i64)
                 .ok()

@@ -386,7 +386,7 @@ fn guest_session_seconds(expires_at: u64) -> u64 {
 
 /// "Try without a key": a fresh guest key, kept in the session cookie.
 async fn try_as_guest(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {
-    match guest_key_for(&app, client) {
+    match guest_key_for(&app, client).await {
         Ok((key, guest)) => signed_in(&app, &key, guest_session_seconds(guest.expires_at)),
         Err(refused) if refused.status() == StatusCode::TOO_MANY_REQUESTS => sign_in_page(
             &app,

@@ -8,8 +8,9 @@
 //! types and checks they share (`args`), the layer's error (`error`), the
 //! neutral result types (`results`, `files`, `timestamps`), images shown
 //! inline (`inline_images`), usage reports (`usage`), the cluster's
-//! directory of sandboxes (`directory`) and calls forwarded to the node
-//! that holds their sandbox (`route`).
+//! directory of sandboxes (`directory`), calls forwarded to the node that
+//! holds their sandbox (`route`) and usage shared for budgets
+//! (`shared_usage`).
 //! May import `access` and `metrics`; nothing of `config`, `mcp` or `http`,
 //! nor of the MCP library.
 
@@ -20,6 +21,7 @@ pub(crate) mod files;
 pub(crate) mod inline_images;
 pub(crate) mod results;
 pub(crate) mod route;
+pub(crate) mod shared_usage;
 pub(crate) mod timestamps;
 pub(crate) mod usage;
 pub(crate) mod verbs;
@@ -72,6 +74,8 @@ pub struct Ops {
     /// Calls for sandboxes other nodes hold are forwarded to them (off for
     /// calls forwarded here).
     pub routing: bool,
+    /// In a cluster, what tenants used this month on the other nodes.
+    pub others_usage: Arc<std::sync::Mutex<shared_usage::OthersUsage>>,
 }
 
 impl Ops {
@@ -82,7 +86,10 @@ impl Ops {
         if budget == Budget::default() {
             return Ok(());
         }
-        let (used, renews) = self.sandboxes.usage_this_month(&caller.owner);
+        let (mut used, renews) = self.sandboxes.usage_this_month(&caller.owner);
+        if let Some(elsewhere) = self.used_elsewhere(&caller.owner) {
+            used.add(&elsewhere);
+        }
         budget.check(&used, renews).map_err(OpsError::Refused)
     }
 

@@ -17,6 +17,7 @@ SCRIPT = REPO / "scripts" / "cluster"
 # The keys whose hashes tests/cluster/node.toml holds.
 ALICE = "msk_2zg03SdJQg8PDZaqHHiXAjLCeaFDZN_fMRPASdgHGGg"
 BOB = "msk_dVo-lAkibRfRIYgQZCKhu_J4lH__sALdW2LJWUhph2s"
+CAROL = "msk_LWgWU1Av7GGGjxSQ3pv8UDydLGpbt20ZD4yhaNTGrII"
 LEASE = 5  # seconds: the [cluster] default
 
 
@@ -35,12 +36,15 @@ class Cluster:
         out = script("status", "--json").stdout
         return {n["name"]: n for n in json.loads(out)}
 
-    def api(self, node, method, path, key, body=None):
+    def api(self, node, method, path, key, body=None, headers=None):
         """(status, parsed JSON) of a REST call to `node` with `key`."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.nodes[node] + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {key}")
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
         req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, json.loads(r.read() or b"null")

@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from conftest import ALICE, BOB, LEASE, script
+from conftest import ALICE, BOB, CAROL, LEASE, script
 
 
 def test_every_node_is_up_with_its_figures(cluster):
@@ -143,6 +143,52 @@ def test_mcp_tools_through_another_node_reach_the_holder_with_progress(cluster):
 
     asyncio.run(go())
     assert cluster.status()["n3"]["sandboxes"] == 0
+
+
+def test_guest_keys_per_address_are_counted_over_every_node(cluster):
+    # Two keys an hour for one address: one through n1, one through n2,
+    # and the third refused through n3, though n3 issued none.
+    address = {"X-Forwarded-For": "203.0.113.7"}
+    for node in ("n1", "n2"):
+        status, body = cluster.api(node, "POST", "/api/guest", None, headers=address)
+        assert status == 201 and body["key"].startswith("msg_"), body
+    status, body = cluster.api("n3", "POST", "/api/guest", None, headers=address)
+    assert status == 429, body
+    # A key issued by one node works on another (one signing secret).
+    status, body = cluster.api("n1", "POST", "/api/guest", None, headers={"X-Forwarded-For": "203.0.113.8"})
+    status, page = cluster.api("n3", "GET", "/api/sandboxes", body["key"])
+    assert status == 200, page
+
+
+def test_a_monthly_budget_holds_over_every_node(cluster):
+    # Carol's sandbox time is spent on n1; n2, which holds none of hers,
+    # refuses her a new sandbox once the nodes have shared their usage.
+    sid = cluster.create_on("n1", "n1", CAROL)
+
+    def spent_on_n1():
+        status, report = cluster.api("n1", "GET", "/api/usage", CAROL)
+        found = []
+
+        def walk(v):
+            if isinstance(v, dict):
+                found.extend(v.get(k, 0) for k in ("running_seconds", "paused_seconds"))
+                for w in v.values():
+                    walk(w)
+            elif isinstance(v, list):
+                for w in v:
+                    walk(w)
+
+        walk(report)
+        return sum(found) >= 8
+
+    cluster.until("carol's budget spent on n1", spent_on_n1, 60)
+    # n1 publishes within 10 s of a sample, and n2 reads within 10 s of that.
+    time.sleep(28)
+    status, body = cluster.api("n2", "POST", "/api/sandboxes", CAROL, {})
+    if status in (200, 201):
+        cluster.delete("n2", CAROL, body["sandbox_id"])
+    assert status == 429 and "sandbox_hours_per_month" in body["error"], body
+    cluster.delete("n1", CAROL, sid)
 
 
 def test_a_drained_node_is_listed_as_draining_until_undone(cluster):

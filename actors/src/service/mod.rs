@@ -391,6 +391,12 @@ impl Sandboxes {
         self.ctx.meter.this_month(tenant)
     }
 
+    /// This month's totals of the `most` tenants that used the most CPU
+    /// here.
+    pub fn month_by_tenant(&self, most: usize) -> Vec<(String, Totals)> {
+        self.ctx.meter.top_this_month(most)
+    }
+
     /// Figures for the server's metrics.
     pub async fn stats(&self) -> Stats {
         let mut by_status = BTreeMap::new();

@@ -7,7 +7,10 @@
 //! - `sandboxes/<id>`: which node holds a sandbox and whose it is;
 //! - `tenants/<tenant digest>/<id>` and `held/<node>/<id>`: the same,
 //!   indexed, so that a tenant's sandboxes are counted and a node's listed
-//!   without reading every sandbox's entry.
+//!   without reading every sandbox's entry;
+//! - `guests/<address digest>/<key>`: a guest key issued to an address,
+//!   bound to an hour's lease;
+//! - `usage/<node>`: the node's tenants' usage this month, for budgets.
 
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -60,6 +63,22 @@ impl Keys {
         let digest = Sha256::digest(tenant.as_bytes());
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         format!("{}tenants/{hex}/", self.prefix)
+    }
+
+    /// The guest keys issued to one client address in the last hour (the
+    /// address hashed, as a tenant's name is).
+    pub(crate) fn guests(&self, address: &str) -> String {
+        let digest = Sha256::digest(address.as_bytes());
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}guests/{hex}/", self.prefix)
+    }
+
+    pub(crate) fn usages(&self) -> String {
+        format!("{}usage/", self.prefix)
+    }
+
+    pub(crate) fn usage(&self, node: &str) -> String {
+        format!("{}{node}", self.usages())
     }
 
     pub(crate) fn held(&self, node: &str) -> String {

@@ -155,6 +155,38 @@ impl Cluster {
             .collect())
     }
 
+    /// Records a guest key issued to `address` if fewer than `most` were
+    /// in the last hour over the whole cluster; false (nothing recorded)
+    /// otherwise. Recorded first and counted after, so that nodes issuing
+    /// at once never pass `most` together.
+    pub async fn take_guest_issue(&self, address: &str, most: u32) -> Result<bool, ClusterError> {
+        let prefix = self.keys.guests(address);
+        let key = format!("{prefix}{}", Uuid::new_v4().simple());
+        let lease = self.etcd.grant(3600).await?;
+        self.etcd.put(&key, b"", Some(lease)).await?;
+        if self.etcd.count(&prefix).await? <= u64::from(most) {
+            return Ok(true);
+        }
+        let _ = self.etcd.revoke(lease).await;
+        Ok(false)
+    }
+
+    /// Publishes this node's tenants' usage this month (the server's own
+    /// encoding), which the other nodes add to theirs for budgets.
+    pub async fn publish_usage(&self, value: &[u8]) -> Result<(), ClusterError> {
+        Ok(self
+            .etcd
+            .put(&self.keys.usage(&self.config.node_name), value, None)
+            .await?)
+    }
+
+    /// What the other nodes published of their tenants' usage.
+    pub async fn others_usage(&self) -> Result<Vec<Vec<u8>>, ClusterError> {
+        let own = self.keys.usage(&self.config.node_name);
+        let all = self.etcd.prefix(&self.keys.usages()).await?;
+        Ok(all.into_iter().filter(|kv| kv.key != own).map(|kv| kv.value).collect())
+    }
+
     /// Forgets the URL kept for node `name` (it did not answer there; it
     /// may have come back elsewhere).
     pub fn forget_url(&self, name: &str) {
