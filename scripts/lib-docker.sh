@@ -95,7 +95,9 @@ install_package() {
 # runtime "runsc" (ptrace platform, no network, host unix sockets allowed so
 # the agent's socket on a bind mount works). Idempotent.
 ensure_runsc() {
-  runtime_registered runsc && return 0
+  # Registered and present: a daemon.json kept from an earlier install may
+  # name a program that is gone.
+  runtime_registered runsc && [ -x /usr/bin/runsc ] && return 0
   install_package runsc runsc || return 1
   register_runtime runsc /usr/bin/runsc --platform=ptrace --network=none --host-uds=all
 }
@@ -104,7 +106,7 @@ ensure_runsc() {
 # register it with dockerd as the runtime "crun", for
 # `sandbox.runtime = "crun"`, with the cgroup layout it needs. Idempotent.
 ensure_crun() {
-  if ! runtime_registered crun; then
+  if ! runtime_registered crun || [ ! -x /usr/bin/crun ]; then
     install_package crun crun || return 1
     register_runtime crun /usr/bin/crun || return 1
   fi

@@ -255,6 +255,34 @@ def test_a_killed_node_is_down_within_its_lease_and_adopts_its_sandboxes_when_ba
     cluster.delete("n1", ALICE, other)
 
 
+def test_a_node_partitioned_by_its_link_is_unreachable_for_the_others_and_loses_nothing(cluster):
+    sid = cluster.create_on("n2", "n2", ALICE)
+    status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/shell", ALICE,
+                              {"command": "echo acknowledged > kept.txt"})
+    assert status == 200 and ran["exit_code"] == 0, ran
+    subprocess.run(["ip", "link", "set", "mcpsbx-h2", "down"], check=True)
+    try:
+        cluster.until("n2 down for the others", lambda: cluster.status()["n2"]["state"] == "down", LEASE + 5)
+        status, body = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/shell", ALICE, {"command": "true"})
+        assert status == 503 and "unreachable" in body["error"], body
+        status, page = cluster.api("n3", "GET", "/api/sandboxes", ALICE)
+        assert [(s["sandbox_id"], s["status"]) for s in page["sandboxes"]] == [(sid, "unreachable")], page
+        # The others go on taking sandboxes meanwhile.
+        other = cluster.create("n1", ALICE)
+        cluster.delete("n1", ALICE, other)
+    finally:
+        subprocess.run(["ip", "link", "set", "mcpsbx-h2", "up"], check=True)
+    cluster.until("n2 back", lambda: cluster.status()["n2"]["state"] == "up", LEASE + 15)
+
+    def read_back():
+        status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/shell", ALICE, {"command": "cat kept.txt"})
+        return ran if status == 200 else None
+
+    ran = cluster.until("the sandbox answers through n1 again", read_back, 30)
+    assert ran["stdout"] == "acknowledged\n", ran
+    cluster.delete("n1", ALICE, sid)
+
+
 def test_one_etcd_member_lost_changes_nothing(cluster):
     script("kill-etcd", "1")
     try:
