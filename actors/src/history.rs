@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 /// Calls kept per sandbox.
@@ -14,7 +14,7 @@ const SUMMARY_CHARS: usize = 120;
 /// the sandbox's own program, and every one of the kept calls holds one.
 const OUTCOME_CHARS: usize = 240;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
     Python,
@@ -27,7 +27,7 @@ pub enum CallKind {
 }
 
 /// One call, as the history shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallRecord {
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,

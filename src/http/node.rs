@@ -85,6 +85,8 @@ pub(crate) async fn call(
         "list_snapshots" => run(args, move |a, _| async move { ops.list_snapshots(&c, a).await }),
         "delete_snapshot" => run(args, move |a, _| async move { ops.delete_snapshot(&c, a).await }),
         "fork_sandbox" => run(args, move |a, _| async move { ops.fork_sandbox(&c, a).await }),
+        "view_sandbox" => run(args, move |a, _| async move { ops.view_sandbox(&c, a).await }),
+        "show_sandbox" => run(args, move |a, _| async move { ops.show_sandbox(&c, a).await }),
         "restart_sandbox" => run(args, move |a, _| async move { ops.restart_sandbox(&c, a).await }),
         "list_result_files" => run(args, move |a, _| async move { ops.list_result_files(&c, a).await }),
         "run_images" => run(args, move |a: RunFiles, _| async move {

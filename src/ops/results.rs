@@ -486,7 +486,7 @@ impl CommandResult {
 /// What the sandbox view (the MCP App) shows of one sandbox: it as
 /// `list_sandboxes` lists it, its files under `/app/results` with their
 /// links, and its most recent calls, oldest first.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SandboxView {
     pub sandbox: ListedSandbox,
     pub files: FileListing,

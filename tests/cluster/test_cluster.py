@@ -100,10 +100,15 @@ def test_a_sandbox_made_through_one_node_is_used_through_every_node_in_order(clu
         assert status == 404, (node, body)
         status, page = cluster.api(node, "GET", "/api/sandboxes", BOB)
         assert sid not in str(page), (node, page)
-    # Its owner lists it through every node.
+    # Its owner lists it, and sees it with its recent calls, through every
+    # node; the other tenant gets "not found".
     for node in ("n1", "n2", "n3"):
         status, page = cluster.api(node, "GET", "/api/sandboxes", ALICE)
         assert [s["sandbox_id"] for s in page["sandboxes"]] == [sid], (node, page)
+        status, detail = cluster.api(node, "GET", path, ALICE)
+        assert status == 200 and detail["sandbox_id"] == sid, (node, detail)
+        assert any("order.txt" in c["summary"] for c in detail["history"]), (node, detail)
+        assert cluster.api(node, "GET", path, BOB)[0] == 404, node
     # A restart through another node restarts it where it lives: files kept.
     status, info = cluster.api("n3", "POST", path + "/restart", ALICE)
     assert status == 200 and info["sandbox_id"] == sid and info["status"] == "running", info

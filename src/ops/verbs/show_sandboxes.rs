@@ -9,6 +9,7 @@ use crate::access::caller::Caller;
 use crate::ops::args::{parse_id, SandboxRef};
 use crate::ops::error::OpsError;
 use crate::ops::results::ListedSandbox;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 /// A sandbox as the API shows it: what `list_sandboxes` says, its owner for
@@ -30,7 +31,7 @@ pub struct SandboxPage {
     sandboxes: Vec<ShownSandbox>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct SandboxDetail {
     #[serde(flatten)]
     sandbox: ShownSandbox,
@@ -76,6 +77,7 @@ impl Ops {
     }
 
     pub async fn show_sandbox(&self, caller: &Caller, args: SandboxRef) -> Result<SandboxDetail, OpsError> {
+        forward_if_elsewhere!(self, caller, "show_sandbox", args, None);
         let id = parse_id(&args.sandbox_id)?;
         let info = self.sandboxes.info(caller.scope(), id).await?;
         let history = self.sandboxes.history(caller.scope(), id).await?;
