@@ -26,9 +26,9 @@ use sandbox_cluster::channel::{HEARTBEAT, TOKEN_HEADER};
 use crate::http::api::answer_of;
 use crate::http::error::error;
 use crate::http::state::AppState;
-use crate::ops::error::OpsError;
+use crate::ops::error::{OpsError, RemoteError};
 use crate::ops::results::ListedSandbox;
-use crate::ops::route::{Forwarded, Line, RemoteError};
+use crate::ops::route::{Forwarded, Line};
 use crate::ops::verbs::install_package_in_sandbox::ForwardedInstall;
 use crate::ops::RunFiles;
 

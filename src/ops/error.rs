@@ -43,10 +43,20 @@ pub enum OpsError {
     /// The node that holds the sandbox refused or failed the call; its
     /// message and status are passed on.
     #[error("{}", .0.message)]
-    Forwarded(crate::ops::route::RemoteError),
+    Forwarded(RemoteError),
     /// Something that should not happen (a node's answer out of protocol).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// A failure on the node that holds the sandbox, as its caller would have
+/// heard it there.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RemoteError {
+    pub message: String,
+    /// The REST API's status for it.
+    pub status: u16,
+    pub retry_after: Option<u64>,
 }
 
 impl From<SandboxError> for OpsError {

@@ -21,7 +21,7 @@ use sandbox_cluster::{placement, ClusterError};
 
 use crate::access::caller::Caller;
 use crate::ops::args::parse_id;
-use crate::ops::error::OpsError;
+use crate::ops::error::{OpsError, RemoteError};
 use crate::ops::results::ListedSandbox;
 use crate::ops::Ops;
 
@@ -61,15 +61,6 @@ pub(crate) enum Line {
     Alive,
     Ok(Value),
     Err(RemoteError),
-}
-
-/// A failure on the holder, as its caller would have heard it there.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct RemoteError {
-    pub message: String,
-    /// The REST API's status for it.
-    pub status: u16,
-    pub retry_after: Option<u64>,
 }
 
 impl Ops {
