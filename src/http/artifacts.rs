@@ -25,6 +25,7 @@ use crate::access::caller::Caller;
 use crate::access::signer::unix_now;
 use crate::http::node;
 use crate::http::state::AppState;
+use crate::ops::route::Holder;
 
 fn refuse(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
@@ -97,29 +98,25 @@ pub async fn for_node(
 /// The file from the node that holds the sandbox, when another node does
 /// and the link (or the caller's key) admits it; `None`: served here.
 async fn from_holder(app: &AppState, caller: &Caller, by_link: bool, id: Uuid, path: &str) -> Option<Response> {
+    // A valid link admits any tenant's file; a key, its own tenant's.
+    let admits = |tenant: &str| by_link || caller.admin || caller.owner == tenant;
+    let Ok(Holder::Node { name: node, url }) = app.ops.holder_of(id, admits).await else {
+        return None;
+    };
     let cluster = app.ops.cluster.as_ref()?;
-    if app.ops.sandboxes.holds(id) {
-        return None;
-    }
-    let entry = cluster.locate(id).await.ok()??;
-    let admitted = by_link || caller.admin || caller.owner == entry.tenant;
-    if entry.node == cluster.config.node_name || !admitted {
-        return None;
-    }
-    let url = cluster.url_of(&entry.node).await.ok()??;
     let encoded: Vec<String> = path
         .split('/')
         .map(|s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())
         .collect();
     let route = format!("/cluster/v1/results/{id}/{}", encoded.join("/"));
-    let answer = match cluster.channel.get(&entry.node, &url, &route).await {
+    let answer = match cluster.channel.get(&node, &url, &route).await {
         Ok(answer) => answer,
         Err(_) => {
             return Some(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!(
                     "node {}, which holds this sandbox, does not answer; try again later",
-                    entry.node
+                    node
                 ),
             ))
         }

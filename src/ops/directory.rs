@@ -30,8 +30,21 @@ impl Ops {
             return Ok(());
         };
         cluster.check_held()?;
+        self.check_counts(cluster, caller, asked, 0).await
+    }
+
+    /// Refuses `asked` sandboxes of `caller`'s past its quota or the
+    /// cluster's, counted in the directory, which holds `claimed` of them
+    /// already.
+    async fn check_counts(
+        &self,
+        cluster: &Cluster,
+        caller: &Caller,
+        asked: usize,
+        claimed: usize,
+    ) -> Result<(), OpsError> {
         let quota = self.quota(caller);
-        let have = cluster.directory.count_of_tenant(&caller.owner).await? as usize;
+        let have = (cluster.directory.count_of_tenant(&caller.owner).await? as usize).saturating_sub(claimed);
         if have + asked > quota.per_owner {
             return Err(SandboxError::TooMany {
                 have,
@@ -40,9 +53,13 @@ impl Ops {
             }
             .into());
         }
-        let all = cluster.directory.count().await? as usize;
+        let all = (cluster.directory.count().await? as usize).saturating_sub(claimed);
         if all + asked > quota.total {
-            return Err(cluster_full(quota.total).into());
+            return Err(SandboxError::Quota(format!(
+                "the cluster holds the most sandboxes it may ({}, limits.max_sandboxes_total); try again later",
+                quota.total
+            ))
+            .into());
         }
         Ok(())
     }
@@ -76,22 +93,9 @@ impl Ops {
         for &id in ids {
             cluster.directory.claim(id, &entry).await?;
         }
-        // Counted after the claims: two nodes creating at once both see
-        // the other's, so neither passes the quota.
-        let quota = self.quota(caller);
-        let have = cluster.directory.count_of_tenant(&caller.owner).await? as usize;
-        if have > quota.per_owner {
-            return Err(SandboxError::TooMany {
-                have: have - ids.len(),
-                most: quota.per_owner,
-                asked: ids.len(),
-            }
-            .into());
-        }
-        if cluster.directory.count().await? as usize > quota.total {
-            return Err(cluster_full(quota.total).into());
-        }
-        Ok(())
+        // Counted again after the claims: two nodes creating at once both
+        // see the other's, so neither passes the quota.
+        self.check_counts(cluster, caller, ids.len(), ids.len()).await
     }
 
     /// Takes a deleted sandbox out of the directory; if etcd does not
@@ -103,12 +107,6 @@ impl Ops {
             }
         }
     }
-}
-
-fn cluster_full(total: usize) -> SandboxError {
-    SandboxError::Quota(format!(
-        "the cluster holds the most sandboxes it may ({total}, limits.max_sandboxes_total); try again later"
-    ))
 }
 
 impl From<ClusterError> for OpsError {

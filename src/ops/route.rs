@@ -68,19 +68,26 @@ impl Ops {
     /// sandbox elsewhere is "here", whose local lookup answers "not found"
     /// as it would for an id that does not exist.
     pub(crate) async fn holder(&self, caller: &Caller, raw_id: &str) -> Result<Holder, OpsError> {
+        match parse_id(raw_id) {
+            Ok(id) => {
+                self.holder_of(id, |tenant| tenant == caller.owner || caller.admin)
+                    .await
+            }
+            Err(_) => Ok(Holder::Here),
+        }
+    }
+
+    /// Where sandbox `id` is served, when its tenant is one `admits`
+    /// (otherwise "here").
+    pub(crate) async fn holder_of(&self, id: Uuid, admits: impl Fn(&str) -> bool) -> Result<Holder, OpsError> {
         let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
-            return Ok(Holder::Here);
-        };
-        let Ok(id) = parse_id(raw_id) else {
             return Ok(Holder::Here);
         };
         if self.sandboxes.holds(id) {
             return Ok(Holder::Here);
         }
         let entry = match cluster.locate(id).await? {
-            Some(entry) if entry.node != cluster.config.node_name && (entry.tenant == caller.owner || caller.admin) => {
-                entry
-            }
+            Some(entry) if entry.node != cluster.config.node_name && admits(&entry.tenant) => entry,
             _ => return Ok(Holder::Here),
         };
         match cluster.url_of(&entry.node).await? {

@@ -40,6 +40,7 @@ pub struct OthersUsage {
 impl Ops {
     /// What `tenant` used this month on the other nodes, as last shared.
     pub(crate) fn used_elsewhere(&self, tenant: &str) -> Option<Totals> {
+        self.cluster.as_ref()?;
         let others = self.others_usage.lock().expect("never poisoned");
         let (month, _) = month_of(time::OffsetDateTime::now_utc());
         (others.month == month.unix_timestamp())

@@ -84,12 +84,13 @@ impl Directory {
 
     /// The sandboxes of `tenant` on every node.
     pub async fn of_tenant(&self, tenant: &str) -> Result<Vec<Uuid>> {
-        let prefix = self.keys.tenant(tenant);
-        let listed = self.etcd.prefix(&prefix).await?;
-        Ok(listed
-            .iter()
-            .filter_map(|kv| Uuid::parse_str(kv.key.strip_prefix(&prefix)?).ok())
-            .collect())
+        self.ids(&self.keys.tenant(tenant)).await
+    }
+
+    /// The sandboxes an index under `prefix` lists.
+    async fn ids(&self, prefix: &str) -> Result<Vec<Uuid>> {
+        let names = self.etcd.names(prefix).await?;
+        Ok(names.iter().filter_map(|n| Uuid::parse_str(n).ok()).collect())
     }
 
     /// How many sandboxes `tenant` has on every node.
@@ -104,12 +105,7 @@ impl Directory {
 
     /// The sandboxes `node` holds.
     pub async fn held_by(&self, node: &str) -> Result<Vec<Uuid>> {
-        let prefix = self.keys.held(node);
-        let held = self.etcd.prefix(&prefix).await?;
-        Ok(held
-            .iter()
-            .filter_map(|kv| Uuid::parse_str(kv.key.strip_prefix(&prefix)?).ok())
-            .collect())
+        self.ids(&self.keys.held(node)).await
     }
 
     /// Every entry, by id.

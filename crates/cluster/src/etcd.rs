@@ -197,6 +197,15 @@ impl Etcd {
         range.kvs.into_iter().map(RawKv::decode).collect()
     }
 
+    /// The keys under `prefix`, the prefix taken off each.
+    pub async fn names(&self, prefix: &str) -> Result<Vec<String>> {
+        let kvs = self.prefix(prefix).await?;
+        Ok(kvs
+            .into_iter()
+            .filter_map(|kv| kv.key.strip_prefix(prefix).map(String::from))
+            .collect())
+    }
+
     /// How many keys are under `prefix`.
     pub async fn count(&self, prefix: &str) -> Result<u64> {
         let body = json!({

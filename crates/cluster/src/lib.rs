@@ -68,6 +68,15 @@ pub struct NodeStatus {
     pub figures: Option<NodeFigures>,
 }
 
+/// The nodes that are up (their leases live), with their figures.
+async fn nodes_up(etcd: &Etcd, keys: &Keys) -> Result<Vec<NodeFigures>, ClusterError> {
+    let up = etcd.prefix(&keys.nodes()).await?;
+    Ok(up
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect())
+}
+
 /// etcd as a `[cluster]` section names it.
 fn connect(config: &ClusterConfig) -> Result<Etcd, ClusterError> {
     config.validate()?;
@@ -147,12 +156,7 @@ impl Cluster {
 
     /// Every node that joined and was not forgotten.
     pub async fn known_nodes(&self) -> Result<Vec<String>, ClusterError> {
-        let prefix = self.keys.known_nodes();
-        let known = self.etcd.prefix(&prefix).await?;
-        Ok(known
-            .into_iter()
-            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(String::from))
-            .collect())
+        Ok(self.etcd.names(&self.keys.known_nodes()).await?)
     }
 
     /// Records a guest key issued to `address` if fewer than `most` were
@@ -195,21 +199,12 @@ impl Cluster {
 
     /// The nodes that drain: they take no new sandboxes.
     pub async fn draining_nodes(&self) -> Result<HashSet<String>, ClusterError> {
-        let prefix = self.keys.drains();
-        let drains = self.etcd.prefix(&prefix).await?;
-        Ok(drains
-            .into_iter()
-            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(String::from))
-            .collect())
+        Ok(self.etcd.names(&self.keys.drains()).await?.into_iter().collect())
     }
 
     /// The nodes that are up, with their figures.
     pub async fn nodes_up(&self) -> Result<Vec<NodeFigures>, ClusterError> {
-        let up = self.etcd.prefix(&self.keys.nodes()).await?;
-        Ok(up
-            .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-            .collect())
+        nodes_up(&self.etcd, &self.keys).await
     }
 
     /// The cluster's administration, for `mcp-sandbox cluster`: no
@@ -234,11 +229,6 @@ impl Cluster {
         }
     }
 
-    /// Whether new sandboxes should go elsewhere.
-    pub async fn draining(&self) -> Result<bool, ClusterError> {
-        Ok(self.etcd.get(&self.keys.drain(&self.config.node_name)).await?.is_some())
-    }
-
     /// Leaves the cluster: the lease is given back, so the others see this
     /// node gone at once. The directory keeps its sandboxes.
     pub async fn leave(&self) {
@@ -256,23 +246,9 @@ pub struct Admin {
 impl Admin {
     /// Every node that joined and was not forgotten, by name.
     pub async fn status(&self) -> Result<Vec<NodeStatus>, ClusterError> {
-        let up: Vec<NodeFigures> = self
-            .etcd
-            .prefix(&self.keys.nodes())
-            .await?
-            .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-            .collect();
-        let names_under = |prefix: String| async move {
-            let kvs = self.etcd.prefix(&prefix).await?;
-            Ok::<HashSet<String>, ClusterError>(
-                kvs.into_iter()
-                    .filter_map(|kv| kv.key.strip_prefix(&prefix).map(String::from))
-                    .collect(),
-            )
-        };
-        let drains = names_under(self.keys.drains()).await?;
-        let known = names_under(self.keys.known_nodes()).await?;
+        let up = nodes_up(&self.etcd, &self.keys).await?;
+        let drains: HashSet<String> = self.etcd.names(&self.keys.drains()).await?.into_iter().collect();
+        let known = self.etcd.names(&self.keys.known_nodes()).await?;
         let entries = self.directory.all().await?;
         let mut names: Vec<String> = up.iter().map(|n| n.name.clone()).collect();
         names.extend(entries.iter().map(|(_, e)| e.node.clone()));

@@ -112,10 +112,6 @@ impl Membership {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Stops renewing and gives the lease back, so that the others see
     /// this node gone at once.
     pub async fn leave(&self) {
