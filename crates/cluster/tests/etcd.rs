@@ -201,3 +201,30 @@ async fn a_node_name_is_held_by_one_process_at_a_time() {
     );
     second.leave().await;
 }
+
+/// etcd over TLS with client certificates: a node with the CA and its
+/// certificate joins and claims; one without its certificate, or without
+/// the CA that signed the members', is refused and says it is etcd.
+#[tokio::test]
+async fn etcd_over_tls_takes_a_node_with_its_certificate_and_refuses_one_without() {
+    let etcd = EtcdCluster::start_tls(1);
+    let prefix = prefix();
+    let a = Cluster::join(etcd.config("a", &prefix), capacity(0)).unwrap();
+    until("a up over TLS", Duration::from_secs(10), async || a.membership.holds()).await;
+    let entry = Entry {
+        node: "a".into(),
+        tenant: "t".into(),
+    };
+    a.directory.claim(Uuid::new_v4(), &entry).await.unwrap();
+    assert_eq!(a.directory.count().await.unwrap(), 1);
+    let mut no_cert = etcd.config("admin", &prefix);
+    (no_cert.etcd_cert_file, no_cert.etcd_key_file) = (None, None);
+    let mut no_ca = etcd.config("admin", &prefix);
+    no_ca.etcd_ca_file = None;
+    for config in [no_cert, no_ca] {
+        let admin = Cluster::admin(&config).unwrap();
+        let err = admin.status().await.unwrap_err();
+        assert!(matches!(err, ClusterError::Etcd(_)), "{err}");
+    }
+    a.leave().await;
+}
