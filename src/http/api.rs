@@ -452,15 +452,25 @@ async fn usage(
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/csv"));
-    Ok(match csv {
+    // CSV has no room for the nodes whose figures are missing: a header
+    // names them (node names are lower-case letters, digits and `-`).
+    let missing = report.missing_nodes.join(",");
+    let mut response = match csv {
         true => (
             [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
             report.csv(),
         )
             .into_response(),
         false => Json(report).into_response(),
-    })
+    };
+    if let (false, Ok(value)) = (missing.is_empty(), axum::http::HeaderValue::from_str(&missing)) {
+        response.headers_mut().insert(MISSING_NODES, value);
+    }
+    Ok(response)
 }
+
+/// The header of a usage report that lacks some nodes' figures.
+const MISSING_NODES: &str = "x-mcp-sandbox-missing-nodes";
 
 /// `POST /api/guest`: `{key, expires_at, tenant}`.
 pub async fn guest_key(State(app): State<AppState>, Extension(client): Extension<ClientIp>) -> Response {

@@ -353,6 +353,12 @@ pub fn router(
                 .layer(bodies(upload_bytes))
                 .layer(DefaultBodyLimit::max(upload_bytes)),
         )
+        .merge(
+            Router::new()
+                .route(node::BYTES_ROUTE, post(node::call))
+                .layer(bodies(upload_bytes + node::ARGS_ROOM))
+                .layer(DefaultBodyLimit::max(upload_bytes + node::ARGS_ROOM)),
+        )
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }

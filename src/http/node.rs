@@ -1,5 +1,6 @@
-//! `/cluster/v1/ops/{verb}`: calls another node of the cluster forwarded
-//! here because this node holds their sandbox (see `ops::route`). Only a
+//! `/cluster/v1/ops/{verb}` (and `/cluster/v1/bytes/{verb}` for a call that
+//! carries a file): calls another node of the cluster forwarded here
+//! because this node holds their sandbox (see `ops::route`). Only a
 //! request with the cluster's token reaches it (the guard checks it in place
 //! of an API key); the caller is the one the entry node authenticated. The
 //! answer is a stream of JSON lines: the run's progress, a heartbeat while
@@ -21,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 use sandbox_actors::Progress;
-use sandbox_cluster::channel::{HEARTBEAT, TOKEN_HEADER};
+use sandbox_cluster::channel::{BYTES_PATH, HEARTBEAT, TOKEN_HEADER};
 
 use crate::http::api::answer_of;
 use crate::http::error::error;
@@ -29,11 +30,17 @@ use crate::http::state::AppState;
 use crate::ops::error::{OpsError, RemoteError};
 use crate::ops::results::ListedSandbox;
 use crate::ops::route::{Forwarded, Line};
+use crate::ops::usage::UsageAsked;
 use crate::ops::verbs::install_package_in_sandbox::ForwardedInstall;
+use crate::ops::verbs::upload_file_to_sandbox::ForwardedUpload;
 use crate::ops::RunFiles;
 
-/// The route's path.
+/// The route's path (`channel::OPS_PATH`).
 pub(crate) const ROUTE: &str = "/cluster/v1/ops/{verb}";
+/// The route of calls that carry a file (`channel::BYTES_PATH`).
+pub(crate) const BYTES_ROUTE: &str = "/cluster/v1/bytes/{verb}";
+/// Room for a file's call's arguments, above the file's own cap.
+pub(crate) const ARGS_ROOM: usize = 64 * 1024;
 /// What a request without the cluster's signature hears.
 pub(crate) const FOR_NODES: &str = "this route is for the nodes of the cluster";
 
@@ -55,13 +62,27 @@ pub(crate) async fn call(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if !signed(&app, &headers, "POST", uri.path(), &body) {
-        return error(StatusCode::UNAUTHORIZED, FOR_NODES);
-    }
-    let Ok(Forwarded { caller, args }) = serde_json::from_slice::<Forwarded>(&body) else {
-        return error(StatusCode::BAD_REQUEST, "not a forwarded call");
+    // A call that carries a file has its arguments on the body's first
+    // line, the file's bytes after it.
+    let with_bytes = uri.path().starts_with(BYTES_PATH);
+    let end = match with_bytes {
+        true => body.iter().position(|&b| b == b'\n').unwrap_or(body.len()),
+        false => body.len(),
+    };
+    let Forwarded { caller, args } = match opened(&app, &headers, &uri, &body, &body[..end]) {
+        Ok(call) => call,
+        Err(refused) => return *refused,
     };
     let (ops, c) = (app.ops.serving_forwarded(), caller);
+    if with_bytes {
+        let data = body.slice((end + 1).min(body.len())..);
+        return match verb.as_str() {
+            "upload_bytes" => run(args, move |a: ForwardedUpload, _| async move {
+                ops.upload_bytes(&c, &a.sandbox_id, a.upload, data.to_vec()).await
+            }),
+            _ => error(StatusCode::NOT_FOUND, &format!("no verb {verb} on this channel")),
+        };
+    }
     match verb.as_str() {
         "create_sandbox" => run(args, move |a, _| async move { ops.create_here(&c, a).await }),
         "execute_python_code" => run(args, move |a, p| async move { ops.execute_python_code(&c, a, p).await }),
@@ -79,6 +100,8 @@ pub(crate) async fn call(
         "delete_sandbox" => run(args, move |a, _| async move { ops.delete_sandbox(&c, a).await }),
         "reset_python" => run(args, move |a, _| async move { ops.reset_python(&c, a).await }),
         "list_files" => run(args, move |a, _| async move { ops.list_files(&c, a).await }),
+        "upload_file_to_sandbox" => run(args, move |a, _| async move { ops.upload_file_to_sandbox(&c, a).await }),
+        "read_file" => run(args, move |a, _| async move { ops.read_file(&c, a).await }),
         "write_file" => run(args, move |a, _| async move { ops.write_file(&c, a).await }),
         "snapshot_sandbox" => run(args, move |a, _| async move { ops.snapshot_sandbox(&c, a).await }),
         "restore_snapshot" => run(args, move |a, _| async move { ops.restore_snapshot(&c, a).await }),
@@ -97,11 +120,30 @@ pub(crate) async fn call(
             let listed: Vec<ListedSandbox> = ops.list_sandboxes(&c).await.into_iter().map(Into::into).collect();
             Ok::<_, OpsError>(listed)
         }),
+        "usage" => run(args, move |a: UsageAsked, _| async move {
+            ops.usage_here(&c, a.tenant.as_deref(), a.period).await
+        }),
         "show_sandboxes" => run(args, move |(), _| async move {
             Ok::<_, OpsError>(ops.show_sandboxes_here(&c).await)
         }),
         _ => error(StatusCode::NOT_FOUND, &format!("no verb {verb} on this channel")),
     }
+}
+
+/// The forwarded call `head` holds, if the request (whose body is `body`)
+/// carries the cluster's signature; otherwise the refusal (boxed: a
+/// response is large and the call the common case).
+fn opened(
+    app: &AppState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    body: &[u8],
+    head: &[u8],
+) -> Result<Forwarded, Box<Response>> {
+    if !signed(app, headers, "POST", uri.path(), body) {
+        return Err(Box::new(error(StatusCode::UNAUTHORIZED, FOR_NODES)));
+    }
+    serde_json::from_slice(head).map_err(|_| Box::new(error(StatusCode::BAD_REQUEST, "not a forwarded call")))
 }
 
 /// A verb's arguments read from `args`, and its answer.
@@ -129,8 +171,10 @@ where
         let (progress, mut seen) = mpsc::channel::<Progress>(16);
         let running = work(Some(progress));
         tokio::pin!(running);
-        let mut beat = tokio::time::interval(HEARTBEAT);
-        beat.tick().await;
+        // The first beat is one period away: an interval's immediate first
+        // tick waits for the timer's next millisecond, which every call
+        // would pay.
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
         let last = loop {
             tokio::select! {
                 done = &mut running => break outcome(done),

@@ -8,13 +8,10 @@ use base64::Engine;
 use rmcp::model::{CallToolResult, ContentBlock, Resource};
 use serde::Serialize;
 
-use std::fs::File;
-use std::time::Instant;
-
 use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::files::{Read, ReadResult};
-use crate::ops::inline_images::{self, ImageNote, InlineImage, Inliner, NotInlined};
+use crate::ops::inline_images::{ImageNote, InlineImage};
 use crate::ops::results::{CommandResult, PythonResult};
 use crate::ops::Ops;
 
@@ -113,58 +110,15 @@ fn file_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_string()
 }
 
-/// A read's result; an image is shown inline by `images`, on the budget of
-/// a run's single image.
-pub async fn read_reply(read: Read, images: &Inliner) -> CallToolResult {
-    match read.image {
-        Some(file) => image_result(read.result, file, images).await,
-        None if read.result.kind == "text" => success(&read.result, None, vec![]),
-        None => {
-            let link = resource_link(&read.result);
-            success(&read.result, None, vec![link])
-        }
+/// A read's result: a text's window alone; any other file's link, then
+/// an image's picture when it was fitted for inline display.
+pub fn read_reply(read: Read) -> CallToolResult {
+    if read.result.kind == "text" {
+        return success(&read.result, None, vec![]);
     }
-}
-
-/// The one place an image read becomes a tool result: its link, size and
-/// type, then the image itself as an `image` item when it fits
-/// `results.inline_image_max_bytes` in time (`file` is opened safely
-/// beneath the sandbox's folder); otherwise the link alone, with the reason.
-async fn image_result(mut result: ReadResult, file: File, images: &Inliner) -> CallToolResult {
-    let deadline = Instant::now() + inline_images::DEADLINE;
-    let shown = match result.mime_type.as_str() {
-        "image/svg+xml" => Err(NotInlined::Svg),
-        _ => images.image_file(file, images.max_bytes(), deadline).await,
-    };
-    let link = resource_link(&result);
-    let (note, item) = match shown {
-        Ok(image) => {
-            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
-            let note = ImageNote {
-                path: result.path.clone(),
-                inline: true,
-                width: Some(image.width),
-                height: Some(image.height),
-                reason: None,
-            };
-            (note, Some(image_item(image)))
-        }
-        Err(why) => {
-            tracing::debug!(path = result.path, reason = %why, "image not inlined");
-            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
-            let note = ImageNote {
-                path: result.path.clone(),
-                inline: false,
-                width: None,
-                height: None,
-                reason: Some(why.to_string()),
-            };
-            (note, None)
-        }
-    };
-    result.image = Some(note);
-    let mut reply = success(&result, None, vec![link]);
-    reply.content.extend(item);
+    let link = resource_link(&read.result);
+    let mut reply = success(&read.result, None, vec![link]);
+    reply.content.extend(read.image.map(image_item));
     reply
 }
 

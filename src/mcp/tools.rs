@@ -295,7 +295,7 @@ impl SandboxServer {
     ) -> CallToolResult {
         let read = self.ops.read_file(&self.caller(&ctx), args).await;
         match read {
-            Ok(read) => read_reply(read, &self.ops.images).await,
+            Ok(read) => read_reply(read),
             Err(e) => failure(&e),
         }
     }

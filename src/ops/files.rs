@@ -3,7 +3,7 @@
 //! its download link.
 
 use std::fs::File;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
 use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::access::artifact_links::ArtifactLinks;
-use crate::ops::inline_images::ImageNote;
+use crate::ops::inline_images::{self, ImageNote, InlineImage, Inliner, NotInlined};
 use crate::ops::timestamps::rfc3339;
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -106,14 +106,19 @@ pub struct ReadResult {
     pub image: Option<ImageNote>,
 }
 
-/// A read, ready to present: an image keeps its opened file.
+/// A read, ready to present (and to travel from the node holding the
+/// sandbox): an image is already fitted for inline display, or its note
+/// says why not.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Read {
     pub result: ReadResult,
-    pub image: Option<File>,
+    pub image: Option<InlineImage>,
 }
 
 impl Read {
-    pub fn new(read: FileRead, links: &ArtifactLinks, sandbox: Uuid) -> Self {
+    /// The tool's answer to `read`; an image is shown inline by `images`,
+    /// on the budget of a run's single image.
+    pub async fn new(read: FileRead, links: &ArtifactLinks, images: &Inliner, sandbox: Uuid) -> Self {
         let path = read.path.absolute();
         let by_name = mime_guess::from_path(&path).first().map(|m| m.to_string());
         let mut result = ReadResult {
@@ -143,7 +148,7 @@ impl Read {
             Content::Image { mime, file } => {
                 result.kind = "image".into();
                 result.mime_type = mime.into();
-                Some(file)
+                fit_image(&mut result, file, images).await
             }
             Content::Binary => {
                 result.kind = "binary".into();
@@ -155,6 +160,45 @@ impl Read {
         };
         Self { result, image }
     }
+}
+
+/// The one place an image read is fitted for inline display (`file` is
+/// opened safely beneath the sandbox's folder): the image when it fits
+/// `results.inline_image_max_bytes` in time, otherwise `None`, and the
+/// result's note and message say which.
+async fn fit_image(result: &mut ReadResult, file: File, images: &Inliner) -> Option<InlineImage> {
+    let deadline = Instant::now() + inline_images::DEADLINE;
+    let shown = match result.mime_type.as_str() {
+        "image/svg+xml" => Err(NotInlined::Svg),
+        _ => images.image_file(file, images.max_bytes(), deadline).await,
+    };
+    let (note, image) = match shown {
+        Ok(image) => {
+            result.message = Some("An image, shown below (downscaled to fit when large); link serves the file.".into());
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: true,
+                width: Some(image.width),
+                height: Some(image.height),
+                reason: None,
+            };
+            (note, Some(image))
+        }
+        Err(why) => {
+            tracing::debug!(path = result.path, reason = %why, "image not inlined");
+            result.message = Some(format!("An image, not shown inline ({why}): open link to see it."));
+            let note = ImageNote {
+                path: result.path.clone(),
+                inline: false,
+                width: None,
+                height: None,
+                reason: Some(why.to_string()),
+            };
+            (note, None)
+        }
+    };
+    result.image = Some(note);
+    image
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]

@@ -232,6 +232,12 @@ impl Inliner {
         self.decode(max_bytes, deadline, move || Ok(file)).await
     }
 
+    /// Whether any of a run's `files` may be shown inline: otherwise there
+    /// is nothing to look at (nor to ask the node holding the sandbox).
+    pub fn may_show_any(&self, files: &[String]) -> bool {
+        self.enabled && files.iter().any(|f| kind(f).is_some())
+    }
+
     /// The budget of a single image, `results.inline_image_max_bytes`.
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
@@ -274,14 +280,11 @@ impl Inliner {
     /// tried; the others are only linked, without a note.
     pub async fn run(&self, root: &Path, files: &[String]) -> RunImages {
         let mut out = RunImages::default();
-        if !self.enabled {
+        if !self.may_show_any(files) {
             return out;
         }
         let deadline = Instant::now() + DEADLINE;
         let candidates: Vec<String> = files.iter().filter(|f| kind(f).is_some()).cloned().collect();
-        if candidates.is_empty() {
-            return out;
-        }
         let dir = root.to_path_buf();
         let newest = tokio::task::spawn_blocking(move || newest_first(&dir, candidates))
             .await

@@ -127,6 +127,9 @@ impl Ops {
     /// The images among a run's `files` as the caller's result shows them
     /// (none when the sandbox is gone or inline images are off).
     pub async fn run_images(&self, caller: &Caller, raw_id: &str, files: &[String]) -> RunImages {
+        if !self.images.may_show_any(files) {
+            return RunImages::default();
+        }
         if let Ok(Holder::Node { name, url }) = self.holder(caller, raw_id).await {
             let args = RunFiles {
                 sandbox_id: raw_id.to_string(),

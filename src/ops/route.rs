@@ -100,10 +100,34 @@ impl Ops {
     /// its progress goes to `progress` as it comes.
     pub(crate) async fn forward<A: Serialize, T: DeserializeOwned>(
         &self,
+        to: (&str, &str),
+        verb: &str,
+        caller: &Caller,
+        args: &A,
+        progress: Option<mpsc::Sender<Progress>>,
+    ) -> Result<T, OpsError> {
+        self.forward_body(to, verb, caller, args, None, progress).await
+    }
+
+    /// As [`Ops::forward`], for a call that carries a file (`data`).
+    pub(crate) async fn forward_with_bytes<A: Serialize, T: DeserializeOwned>(
+        &self,
+        to: (&str, &str),
+        verb: &str,
+        caller: &Caller,
+        args: &A,
+        data: Vec<u8>,
+    ) -> Result<T, OpsError> {
+        self.forward_body(to, verb, caller, args, Some(data), None).await
+    }
+
+    async fn forward_body<A: Serialize, T: DeserializeOwned>(
+        &self,
         (name, url): (&str, &str),
         verb: &str,
         caller: &Caller,
         args: &A,
+        data: Option<Vec<u8>>,
         progress: Option<mpsc::Sender<Progress>>,
     ) -> Result<T, OpsError> {
         let cluster = self.cluster.as_ref().expect("forwarded only in a cluster");
@@ -114,21 +138,27 @@ impl Ops {
         .expect("serialisable");
         let mut outcome: Option<Result<Value, RemoteError>> = None;
         let mut strange: Option<String> = None;
-        let called = cluster
-            .channel
-            .call(name, url, verb, &body, |line| match serde_json::from_value(line) {
-                Ok(Line::Progress(p)) => {
-                    // Progress is a courtesy: the result carries all output.
-                    if let Some(tx) = &progress {
-                        let _ = tx.try_send(p);
-                    }
+        let on_line = |line| match serde_json::from_value(line) {
+            Ok(Line::Progress(p)) => {
+                // Progress is a courtesy: the result carries all output.
+                if let Some(tx) = &progress {
+                    let _ = tx.try_send(p);
                 }
-                Ok(Line::Alive) => {}
-                Ok(Line::Ok(v)) => outcome = Some(Ok(v)),
-                Ok(Line::Err(e)) => outcome = Some(Err(e)),
-                Err(e) => strange = Some(e.to_string()),
-            })
-            .await;
+            }
+            Ok(Line::Alive) => {}
+            Ok(Line::Ok(v)) => outcome = Some(Ok(v)),
+            Ok(Line::Err(e)) => outcome = Some(Err(e)),
+            Err(e) => strange = Some(e.to_string()),
+        };
+        let called = match data {
+            None => cluster.channel.call(name, url, verb, &body, on_line).await,
+            Some(data) => {
+                cluster
+                    .channel
+                    .call_with_bytes(name, url, verb, &body, data, on_line)
+                    .await
+            }
+        };
         let id = args_sandbox(&body);
         if matches!(
             called,
@@ -165,12 +195,13 @@ impl Ops {
         }
     }
 
-    /// `verb` (without arguments) on every other node that is up, as
-    /// `caller`: the answers, and the names of the nodes that gave none.
-    pub(crate) async fn on_other_nodes<T: DeserializeOwned>(
+    /// `verb` with `args` on every other node that is up, as `caller`: the
+    /// answers, and the names of the nodes that gave none.
+    pub(crate) async fn on_other_nodes<A: Serialize, T: DeserializeOwned>(
         &self,
         verb: &str,
         caller: &Caller,
+        args: &A,
     ) -> (Vec<T>, Vec<String>) {
         let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
             return (vec![], vec![]);
@@ -178,13 +209,13 @@ impl Ops {
         let nodes = match cluster.nodes_up().await {
             Ok(nodes) => nodes,
             Err(e) => {
-                tracing::warn!(error = %e, "could not read which nodes are up; listing this node's sandboxes only");
+                tracing::warn!(error = %e, verb, "could not read which nodes are up; answering for this node only");
                 return (vec![], vec![]);
             }
         };
         let others = nodes.iter().filter(|n| n.name != cluster.config.node_name);
         let asked = others.map(|n| async move {
-            let answer = self.forward::<_, T>((&n.name, &n.url), verb, caller, &(), None).await;
+            let answer = self.forward::<_, T>((&n.name, &n.url), verb, caller, args, None).await;
             (n.name.clone(), answer)
         });
         let (mut answers, mut silent) = (vec![], vec![]);
@@ -192,7 +223,7 @@ impl Ops {
             match answer {
                 Ok(value) => answers.push(value),
                 Err(e) => {
-                    tracing::warn!(node = %node, error = %e, "a node did not list its sandboxes");
+                    tracing::warn!(node = %node, error = %e, verb, "a node did not answer");
                     silent.push(node);
                 }
             }
@@ -240,8 +271,8 @@ impl Ops {
         found
     }
 
-    /// Where a new sandbox goes ([`sandbox_cluster::placement`]):
-    /// here without a cluster; refused while this node cannot renew its
+    /// Where a new sandbox goes ([`sandbox_cluster::placement`], the
+    /// figures less this node's recent placements): here without a cluster; refused while this node cannot renew its
     /// membership, or when every node drains.
     /// Nodes in `avoid` (which did not answer) take none.
     pub(crate) async fn place(&self, avoid: &[String]) -> Result<Holder, OpsError> {
@@ -251,14 +282,16 @@ impl Ops {
         cluster.check_held()?;
         let (mut up, draining) = tokio::try_join!(cluster.nodes_up(), cluster.draining_nodes())?;
         up.retain(|n| !avoid.contains(&n.name));
+        cluster.recent.discount(&mut up, self.sandboxes.sandbox_memory_mb());
         let here = &cluster.config.node_name;
-        match placement::choose(here, &up, &draining) {
-            Some(node) if &node.name == here => Ok(Holder::Here),
-            Some(node) => Ok(Holder::Node {
+        let node = placement::choose(here, &up, &draining).ok_or(ClusterError::AllDraining)?;
+        cluster.recent.note(&node.name);
+        match &node.name == here {
+            true => Ok(Holder::Here),
+            false => Ok(Holder::Node {
                 name: node.name.clone(),
                 url: node.url.clone(),
             }),
-            None => Err(ClusterError::AllDraining.into()),
         }
     }
 

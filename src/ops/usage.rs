@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use sandbox_actors::usage::{month_of, Row, Totals};
 use sandbox_actors::Scope;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
 use time::{Date, OffsetDateTime, Time};
 
@@ -20,7 +20,7 @@ type Result<T> = std::result::Result<T, OpsError>;
 /// The figures' columns, in the CSV's order.
 const COLUMNS: &str = "period,tenant,running_seconds,paused_seconds,cpu_seconds,memory_gb_seconds,disk_gb_hours,egress_bytes,calls,exec_seconds,installs";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Granularity {
     Hour,
@@ -28,11 +28,20 @@ pub enum Granularity {
 }
 
 /// What a report covers: from `from` up to `to`, in periods of `granularity`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Period {
+    #[serde(with = "time::serde::timestamp")]
     pub from: OffsetDateTime,
+    #[serde(with = "time::serde::timestamp")]
     pub to: OffsetDateTime,
     pub granularity: Granularity,
+}
+
+/// A usage report's question, as another node hears it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct UsageAsked {
+    pub tenant: Option<String>,
+    pub period: Period,
 }
 
 fn instant(what: &str, raw: &str) -> Result<OffsetDateTime> {
@@ -89,21 +98,33 @@ pub struct UsageReport {
     pub granularity: Granularity,
     /// Oldest first, then by tenant.
     pub rows: Vec<UsageRow>,
+    /// Nodes of the cluster that did not answer: the figures of the
+    /// sandboxes they held are missing (ask again once they are back).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing_nodes: Vec<String>,
+}
+
+/// `rows` added up by tenant and period of `granularity`, oldest first.
+fn bucketed(granularity: Granularity, rows: Vec<Row>) -> BTreeMap<(u64, String), Totals> {
+    let bucket = |hour: u64| match granularity {
+        Granularity::Hour => hour,
+        Granularity::Day => hour - hour % 86_400,
+    };
+    let mut merged: BTreeMap<(u64, String), Totals> = BTreeMap::new();
+    for row in rows {
+        merged
+            .entry((bucket(row.hour), row.tenant))
+            .or_default()
+            .add(&row.totals);
+    }
+    merged
 }
 
 impl UsageReport {
-    fn new(period: Period, rows: Vec<Row>) -> Self {
-        let bucket = |hour: u64| match period.granularity {
-            Granularity::Hour => hour,
-            Granularity::Day => hour - hour % 86_400,
-        };
-        let mut merged: BTreeMap<(u64, String), Totals> = BTreeMap::new();
-        for row in rows {
-            merged
-                .entry((bucket(row.hour), row.tenant))
-                .or_default()
-                .add(&row.totals);
-        }
+    /// The report of `rows` (of any nodes; rows already added up by period
+    /// add up again to the same).
+    fn new(period: Period, rows: Vec<Row>, missing_nodes: Vec<String>) -> Self {
+        let merged = bucketed(period.granularity, rows);
         let at = |secs: u64| {
             OffsetDateTime::from_unix_timestamp(secs as i64)
                 .map(rfc3339)
@@ -121,6 +142,7 @@ impl UsageReport {
                     totals,
                 })
                 .collect(),
+            missing_nodes,
         }
     }
 
@@ -154,9 +176,22 @@ impl UsageReport {
 }
 
 impl Ops {
-    /// The caller's usage over `period`; an administrator's covers every
-    /// tenant, or `tenant` alone. Anyone else may name only itself.
+    /// The caller's usage over `period`, on every node of a cluster; an
+    /// administrator's covers every tenant, or `tenant` alone. Anyone else
+    /// may name only itself.
     pub async fn usage(&self, caller: &Caller, tenant: Option<&str>, period: Period) -> Result<UsageReport> {
+        let mut rows = self.usage_here(caller, tenant, period).await?;
+        let asked = UsageAsked {
+            tenant: tenant.map(str::to_string),
+            period,
+        };
+        let (theirs, missing) = self.on_other_nodes::<_, Vec<Row>>("usage", caller, &asked).await;
+        rows.extend(theirs.into_iter().flatten());
+        Ok(UsageReport::new(period, rows, missing))
+    }
+
+    /// This node's part of a usage report: its rows, added up by period.
+    pub(crate) async fn usage_here(&self, caller: &Caller, tenant: Option<&str>, period: Period) -> Result<Vec<Row>> {
         let scope = match tenant {
             Some(t) if caller.admin => Scope::Owner(t),
             Some(t) if t == caller.owner => Scope::Owner(t),
@@ -169,6 +204,10 @@ impl Ops {
         };
         let (from, to) = (period.from.unix_timestamp() as u64, period.to.unix_timestamp() as u64);
         let rows = self.sandboxes.usage_report(scope, from, to).await?;
-        Ok(UsageReport::new(period, rows))
+        let merged = bucketed(period.granularity, rows);
+        Ok(merged
+            .into_iter()
+            .map(|((hour, tenant), totals)| Row { hour, tenant, totals })
+            .collect())
     }
 }

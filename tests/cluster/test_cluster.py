@@ -7,15 +7,23 @@ The tests run in file order: the failures come last, each restoring what
 it broke."""
 
 import asyncio
+import hashlib
+import hmac
+import json
+import re
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 from conftest import ALICE, BOB, CAROL, LEASE, script
 
 
 def test_every_node_is_up_with_its_figures(cluster):
-    status = cluster.until("three nodes up", lambda: (s := cluster.status()) and len(s) == 3 and s, 30)
+    status = cluster.until("three nodes up",
+                           lambda: (s := cluster.status()) and [n["state"] for n in s.values()] == ["up"] * 3 and s, 30)
     for name, node in status.items():
         assert node["state"] == "up", status
         assert node["figures"]["url"] == cluster.url(name)
@@ -150,6 +158,142 @@ def test_mcp_tools_through_another_node_reach_the_holder_with_progress(cluster):
     assert cluster.status()["n3"]["sandboxes"] == 0
 
 
+def test_files_are_read_and_uploaded_through_a_node_that_does_not_hold_them(cluster):
+    from mcp import Client
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    sid = cluster.create_on("n3", "n1", ALICE)
+    # A small PNG, made by the sandbox's own Python.
+    png = ("import struct, zlib\n"
+           "def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))\n"
+           "raw = b''.join(b'\\x00' + b'\\xff\\x00\\x00' * 8 for _ in range(8))\n"
+           "open('/app/results/red.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 8, 8, 8, 2, 0, 0, 0))"
+           " + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))\n"
+           "open('/app/results/notes.txt', 'w').write('line one\\nline two\\n')")
+    status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/python", ALICE, {"code": png})
+    assert status == 200 and not ran["stderr"], ran
+    # A browser upload through n2: the bytes travel to n3.
+    upload = Path("/var/lib/mcp-sandbox-cluster/uploads")
+    upload.mkdir(parents=True, exist_ok=True)
+    (upload / "from-host.csv").write_text("a,b\n1,2\n")
+    data = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    req = urllib.request.Request(cluster.url("n2") + f"/api/sandboxes/{sid}/files?name=blob.bin&dest=/app/results",
+                                 data=data, method="POST", headers={"Authorization": f"Bearer {ALICE}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200, r.read()
+    req = urllib.request.Request(cluster.url("n2") + f"/api/sandboxes/{sid}/files?name=x.bin",
+                                 data=b"x", method="POST", headers={"Authorization": f"Bearer {BOB}"})
+    try:
+        urllib.request.urlopen(req, timeout=60)
+        raise AssertionError("another tenant uploaded into alice's sandbox")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404, e.read()
+    status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/shell", ALICE,
+                              {"command": "sha256sum /app/results/blob.bin | cut -c1-64"})
+    assert ran["stdout"].strip() == hashlib.sha256(data).hexdigest(), ran
+    headers = {"Authorization": f"Bearer {ALICE}"}
+
+    async def go():
+        http = create_mcp_http_client(headers=headers)
+        async with Client(streamable_http_client(cluster.url("n2") + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("read_file", {"sandbox_id": sid, "path": "notes.txt", "max_lines": 1})
+            assert not r.is_error, r.content[0].text
+            assert r.structured_content["content"] == "line one\n", r.structured_content
+            r = await c.call_tool("read_file", {"sandbox_id": sid, "path": "red.png"})
+            assert not r.is_error, r.content[0].text
+            assert r.structured_content["image"]["inline"] is True, r.structured_content
+            assert [b.type for b in r.content] == ["text", "resource_link", "image"], r.content
+            r = await c.call_tool("upload_file_to_sandbox",
+                                  {"sandbox_id": sid, "local_file_path": str(upload / "from-host.csv")})
+            assert not r.is_error, r.content[0].text
+            r = await c.call_tool("read_file", {"sandbox_id": sid, "path": "from-host.csv"})
+            assert r.structured_content["content"] == "a,b\n1,2\n", r.structured_content
+
+    asyncio.run(go())
+
+    async def bob():
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {BOB}"})
+        async with Client(streamable_http_client(cluster.url("n2") + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("read_file", {"sandbox_id": sid, "path": "notes.txt"})
+            assert r.is_error and "not found" in r.content[0].text.lower(), r.content
+
+    asyncio.run(bob())
+    cluster.delete("n2", ALICE, sid)
+
+
+def test_a_usage_report_through_any_node_covers_every_node(cluster):
+    # Bob's calls on n1 and on n2; n3, which holds none of his sandboxes,
+    # reports them all, as the nodes that hold them do.
+    made = [cluster.create_on(node, node, BOB) for node in ("n1", "n2")]
+    for sid in made:
+        status, ran = cluster.api("n3", "POST", f"/api/sandboxes/{sid}/shell", BOB, {"command": "true"})
+        assert status == 200, ran
+
+    def calls(node):
+        status, report = cluster.api(node, "GET", "/api/usage?granularity=hour", BOB)
+        assert status == 200 and "missing_nodes" not in report, report
+        return sum(r["calls"] for r in report["rows"])
+
+    counted = cluster.until("bob's calls counted on both nodes",
+                            lambda: (c := calls("n3")) >= 2 and calls("n1") == c and calls("n2") == c and c, 30)
+    # Rows of one tenant only: alice's report through n3 has none of bob's.
+    status, report = cluster.api("n3", "GET", "/api/usage", ALICE)
+    assert all(r["tenant"] == "alice" for r in report["rows"]), report
+    assert counted >= 2
+    for node, sid in zip(("n1", "n2"), made):
+        cluster.delete(node, BOB, sid)
+
+
+def test_the_node_channel_takes_only_calls_signed_with_the_cluster_s_key(cluster):
+    # A client that reaches a node's channel routes (a sandbox, a tenant)
+    # cannot call them as another node would: without the signature, with
+    # another key's, with a signed body changed, or replayed past its
+    # window, the call is refused and runs nothing.
+    sid = cluster.create("n1", ALICE)
+    secret = re.search(r'secret = "([^"]+)"', Path("/var/lib/mcp-sandbox-cluster/admin.toml").read_text()).group(1)
+
+    def signature(path, body, key_secret=secret, at=None):
+        key = hashlib.sha256(f"mcp-sandbox node channel v1\0{key_secret}".encode()).hexdigest().encode()
+        at = int(time.time()) if at is None else at
+        text = f"POST\n{path}\n{at}\n{hashlib.sha256(body).hexdigest()}"
+        return f"{at}.{hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}"
+
+    def post(path, body, header):
+        req = urllib.request.Request(cluster.url("n2") + path, data=body, method="POST")
+        if header:
+            req.add_header("x-mcp-sandbox-node", header)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    call = {"caller": {"owner": "bob", "admin": True, "expires_at": None}, "args": {"sandbox_id": sid}}
+    body = json.dumps(call).encode()
+    ops = "/cluster/v1/ops/delete_sandbox"
+    upload = "/cluster/v1/bytes/upload_bytes"
+    head = json.dumps({**call, "args": {"sandbox_id": sid, "upload": {"name": "x", "dest": "/app/results"}}}).encode()
+    attempts = [
+        (ops, body, None),
+        (ops, body, signature(ops, body, key_secret="another cluster's secret, 32 chars long")),
+        (ops, body, signature(ops, b"{}")),
+        (ops, body, signature(ops, body, at=int(time.time()) - 120)),
+        (ops, body, signature("/cluster/v1/ops/list_files", body)),
+        (upload, head + b"\nx", signature(upload, head + b"\ny")),
+    ]
+    for path, sent, header in attempts:
+        status, answer = post(path, sent, header)
+        assert status == 401, (path, header, status, answer)
+    status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/shell", ALICE, {"command": "ls /app/results"})
+    assert status == 200 and "x" not in ran["stdout"].split(), ran
+    # Signed with the cluster's key, the same call is taken (as the nodes
+    # make it), which shows that the refusals above were the signature's.
+    status, answer = post("/cluster/v1/ops/list_sandboxes", b'{"caller": {"owner": "alice", "admin": false, "expires_at": null}, "args": null}',
+                          signature("/cluster/v1/ops/list_sandboxes", b'{"caller": {"owner": "alice", "admin": false, "expires_at": null}, "args": null}'))
+    assert status == 200 and b'"ok"' in answer, answer
+    cluster.delete("n3", ALICE, sid)
+
+
 def test_guest_keys_per_address_are_counted_over_every_node(cluster):
     # Two keys an hour for one address: one through n1, one through n2,
     # and the third refused through n3, though n3 issued none.
@@ -250,6 +394,9 @@ def test_a_killed_node_is_down_within_its_lease_and_adopts_its_sandboxes_when_ba
     assert [(s["sandbox_id"], s["status"]) for s in page["sandboxes"]] == [(sid, "unreachable")], page
     status, body = cluster.api("n2", "POST", f"/api/sandboxes/{sid}/shell", ALICE, {"command": "true"})
     assert status == 503 and "unreachable" in body["error"] and "n3" in body["error"], body
+    # A usage report says whose figures it lacks.
+    status, report = cluster.api("n1", "GET", "/api/usage", ALICE)
+    assert status == 200 and report["missing_nodes"] == ["n3"], report
     # Creations still succeed on the other nodes.
     other = cluster.create("n1", ALICE)
     script("start", "3")

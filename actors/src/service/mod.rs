@@ -433,6 +433,11 @@ impl Sandboxes {
         self.pool.ready()
     }
 
+    /// The memory one sandbox may take (`sandbox.memory_mb`).
+    pub fn sandbox_memory_mb(&self) -> u64 {
+        self.ctx.settings.sandbox.memory_mb
+    }
+
     /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
     pub fn resources(&self) -> Resources {
         let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();

@@ -64,7 +64,7 @@ impl Totals {
 }
 
 /// One tenant's figures for one hour.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Start of the hour, in Unix seconds.
     pub hour: u64,

@@ -28,6 +28,10 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Where calls are posted: `{OPS_PATH}{verb}`.
+pub const OPS_PATH: &str = "/cluster/v1/ops/";
+/// Where calls that carry a file are posted ([`Channel::call_with_bytes`]).
+pub const BYTES_PATH: &str = "/cluster/v1/bytes/";
 /// The header that carries a request's signature: `<unix seconds>.<hex>`.
 pub const TOKEN_HEADER: &str = "x-mcp-sandbox-node";
 /// How far a signature's time may be from the receiver's clock.
@@ -85,18 +89,24 @@ impl Channel {
         Self { http, key }
     }
 
-    fn mac(&self, method: &str, path: &str, at: u64, body: &[u8]) -> Hmac<Sha256> {
-        let digest: String = Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect();
+    /// The MAC of a request whose body is `parts`, one after the other.
+    fn mac(&self, method: &str, path: &str, at: u64, parts: &[&[u8]]) -> Hmac<Sha256> {
+        let mut body = Sha256::new();
+        for part in parts {
+            body.update(part);
+        }
+        let digest: String = body.finalize().iter().map(|b| format!("{b:02x}")).collect();
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key length");
         mac.update(format!("{method}\n{path}\n{at}\n{digest}").as_bytes());
         mac
     }
 
-    /// The signature header of a request.
-    pub fn sign(&self, method: &str, path: &str, body: &[u8]) -> String {
+    /// The signature header of a request whose body is `parts`, one after
+    /// the other.
+    pub fn sign(&self, method: &str, path: &str, parts: &[&[u8]]) -> String {
         let at = unix_now();
         let tag: String = self
-            .mac(method, path, at, body)
+            .mac(method, path, at, parts)
             .finalize()
             .into_bytes()
             .iter()
@@ -117,7 +127,7 @@ impl Channel {
         if unix_now().abs_diff(at) > WINDOW.as_secs() {
             return false;
         }
-        self.mac(method, path, at, body).verify_slice(&tag).is_ok()
+        self.mac(method, path, at, &[body]).verify_slice(&tag).is_ok()
     }
 
     /// `GET {url}{path}` on node `node`, for a body streamed back as it
@@ -125,7 +135,7 @@ impl Channel {
     pub async fn get(&self, node: &str, url: &str, path: &str) -> Result<reqwest::Response, ChannelError> {
         self.http
             .get(format!("{}{path}", url.trim_end_matches('/')))
-            .header(TOKEN_HEADER, self.sign("GET", path, b""))
+            .header(TOKEN_HEADER, self.sign("GET", path, &[]))
             .send()
             .await
             .map_err(|e| ChannelError::Unreachable {
@@ -142,6 +152,38 @@ impl Channel {
         url: &str,
         verb: &str,
         body: &Value,
+        line: impl FnMut(Value),
+    ) -> Result<(), ChannelError> {
+        let body = serde_json::to_vec(body).expect("JSON values serialise");
+        self.post(node, url, &format!("{OPS_PATH}{verb}"), vec![body], line)
+            .await
+    }
+
+    /// As [`Channel::call`], with `data` after the arguments: the body is
+    /// the arguments' JSON on one line, then the bytes as they are (a file
+    /// too large to travel inside JSON), posted to [`BYTES_PATH`].
+    pub async fn call_with_bytes(
+        &self,
+        node: &str,
+        url: &str,
+        verb: &str,
+        args: &Value,
+        data: Vec<u8>,
+        line: impl FnMut(Value),
+    ) -> Result<(), ChannelError> {
+        let mut head = serde_json::to_vec(args).expect("JSON values serialise");
+        head.push(b'\n');
+        self.post(node, url, &format!("{BYTES_PATH}{verb}"), vec![head, data], line)
+            .await
+    }
+
+    /// Posts a body made of `parts` to `path` and reads the answer's lines.
+    async fn post(
+        &self,
+        node: &str,
+        url: &str,
+        path: &str,
+        parts: Vec<Vec<u8>>,
         mut line: impl FnMut(Value),
     ) -> Result<(), ChannelError> {
         let unreachable = |e: reqwest::Error| ChannelError::Unreachable {
@@ -152,12 +194,20 @@ impl Channel {
             node: node.into(),
             detail,
         };
-        let path = format!("/cluster/v1/ops/{verb}");
-        let body = serde_json::to_vec(body).expect("JSON values serialise");
+        let borrowed: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let signature = self.sign("POST", path, &borrowed);
+        // Several parts go as they are, without being copied into one
+        // buffer; one goes with its length.
+        let body = match parts.len() {
+            1 => reqwest::Body::from(parts.into_iter().next().expect("one part")),
+            _ => reqwest::Body::wrap_stream(futures_util::stream::iter(
+                parts.into_iter().map(Ok::<_, std::io::Error>),
+            )),
+        };
         let mut answer = self
             .http
             .post(format!("{}{path}", url.trim_end_matches('/')))
-            .header(TOKEN_HEADER, self.sign("POST", &path, &body))
+            .header(TOKEN_HEADER, signature)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()
@@ -214,7 +264,7 @@ mod tests {
         let secret = "0123456789abcdef0123456789abcdef";
         let a = Channel::new(&config(secret));
         let b = Channel::new(&config("another secret of thirty-two chars!!"));
-        let signed = a.sign("POST", "/cluster/v1/ops/list_sandboxes", b"{}");
+        let signed = a.sign("POST", "/cluster/v1/ops/list_sandboxes", &[b"{", b"}"]);
         assert!(a.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{}"));
         assert!(
             !b.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{}"),
@@ -231,7 +281,7 @@ mod tests {
         assert!(!a.accepts("", "POST", "/", b""));
         assert!(!signed.contains(secret), "the secret itself never travels");
         let signed_at = |at: u64| {
-            let tag = a.mac("POST", "/p", at, b"").finalize().into_bytes();
+            let tag = a.mac("POST", "/p", at, &[]).finalize().into_bytes();
             format!("{at}.{}", tag.iter().map(|b| format!("{b:02x}")).collect::<String>())
         };
         assert!(

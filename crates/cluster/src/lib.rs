@@ -49,6 +49,8 @@ pub struct Cluster {
     located: Mutex<HashMap<Uuid, Entry>>,
     /// Each node's URL, as it joined.
     urls: Mutex<HashMap<String, String>>,
+    /// The creations this node placed lately.
+    pub recent: placement::Recent,
 }
 
 /// The most sandbox locations kept; past it the cache starts again.
@@ -104,6 +106,8 @@ impl Cluster {
             config.lease(),
             capacity,
         );
+        // Figures are renewed every third of a lease.
+        let recent = placement::Recent::new(config.lease() * 2 / 3);
         Ok(Self {
             directory: Directory::new(etcd.clone(), keys.clone()),
             membership,
@@ -113,6 +117,7 @@ impl Cluster {
             config,
             located: Mutex::default(),
             urls: Mutex::default(),
+            recent,
         })
     }
 

@@ -1,10 +1,71 @@
 //! Where a new sandbox goes: to a node with a ready pooled sandbox (it is
-//! interactive at once), otherwise to the node with the most free memory;
-//! ties stay on the node that was asked, and draining nodes take none.
+//! interactive at once), otherwise to the node with the most free memory,
+//! then the fewest live sandboxes; ties stay on the node that was asked,
+//! and draining nodes take none.
+//! The nodes' figures are a renewal old: the creations this node placed
+//! since ([`Recent`]) are counted against them, so that a burst is spread
+//! instead of sent whole to the node whose figures looked best.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::membership::NodeFigures;
+
+/// The most placements remembered (a burst larger than this within the
+/// window is counted as this many).
+const MOST_REMEMBERED: usize = 10_000;
+
+/// The creations this node placed lately, which the nodes' published
+/// figures may not show yet.
+pub struct Recent {
+    window: Duration,
+    placed: Mutex<VecDeque<(Instant, String)>>,
+}
+
+impl Recent {
+    /// Placements are remembered for `window`: longer than it takes a
+    /// node's figures to show them.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            placed: Mutex::default(),
+        }
+    }
+
+    /// A creation placed on `node`.
+    pub fn note(&self, node: &str) {
+        let mut placed = self.placed.lock().expect("never poisoned");
+        if placed.len() == MOST_REMEMBERED {
+            placed.pop_front();
+        }
+        placed.push_back((Instant::now(), node.to_string()));
+    }
+
+    /// The nodes' figures less this node's recent placements: each took a
+    /// ready pooled sandbox while the figures still show one, otherwise
+    /// `memory_mb` of free memory; each is one more live sandbox.
+    pub fn discount(&self, up: &mut [NodeFigures], memory_mb: u64) {
+        let mut placed = self.placed.lock().expect("never poisoned");
+        let now = Instant::now();
+        while placed
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > self.window)
+        {
+            placed.pop_front();
+        }
+        for (_, name) in placed.iter() {
+            if let Some(node) = up.iter_mut().find(|n| &n.name == name) {
+                let c = &mut node.capacity;
+                c.live += 1;
+                match c.ready {
+                    0 => c.free_memory_mb = c.free_memory_mb.saturating_sub(memory_mb),
+                    _ => c.ready -= 1,
+                }
+            }
+        }
+    }
+}
 
 /// The node a creation asked of `here` goes to, among the nodes that are
 /// `up`; `None` when every node that is up drains.
@@ -14,7 +75,7 @@ pub fn choose<'a>(here: &str, up: &'a [NodeFigures], draining: &HashSet<String>)
     if let Some(asked) = asked.filter(|n| n.capacity.ready > 0) {
         return Some(asked);
     }
-    let best = |key: fn(&NodeFigures) -> u64| {
+    let best = |key: fn(&NodeFigures) -> (u64, u64)| {
         let most = open.iter().map(|n| key(n)).max()?;
         let tied: Vec<&NodeFigures> = open.iter().copied().filter(|n| key(n) == most).collect();
         tied.iter()
@@ -23,8 +84,10 @@ pub fn choose<'a>(here: &str, up: &'a [NodeFigures], draining: &HashSet<String>)
             .or_else(|| tied.into_iter().min_by(|a, b| a.name.cmp(&b.name)))
     };
     match open.iter().any(|n| n.capacity.ready > 0) {
-        true => best(|n| n.capacity.ready as u64),
-        false => best(|n| n.capacity.free_memory_mb),
+        true => best(|n| (n.capacity.ready as u64, 0)),
+        // Hosts whose sandboxes' limits add up past their memory all show
+        // none free: the fewest live sandboxes decide.
+        false => best(|n| (n.capacity.free_memory_mb, u64::MAX - n.capacity.live as u64)),
     }
 }
 
@@ -70,6 +133,52 @@ mod tests {
             Some("a"),
             "the asked node serves from its own pool"
         );
+    }
+
+    #[test]
+    fn a_burst_is_spread_by_the_placements_the_figures_do_not_show_yet() {
+        let recent = Recent::new(Duration::from_secs(60));
+        let figures = [node("a", 2, 4000), node("b", 1, 4000), node("c", 0, 3000)];
+        let mut placed = vec![];
+        for _ in 0..6 {
+            let mut up = figures.to_vec();
+            recent.discount(&mut up, 1000);
+            let node = choose("a", &up, &HashSet::new()).unwrap().name.clone();
+            recent.note(&node);
+            placed.push(node);
+        }
+        // a's two pooled, b's one, then memory: b (4000, fewer live than a),
+        // a (4000), then all at 3000 and c has the fewest live.
+        assert_eq!(placed, ["a", "a", "b", "b", "a", "c"]);
+    }
+
+    #[test]
+    fn on_hosts_without_free_memory_the_fewest_live_sandboxes_win() {
+        let recent = Recent::new(Duration::from_secs(60));
+        let mut figures = [node("a", 0, 0), node("b", 0, 0), node("c", 0, 0)];
+        figures[0].capacity.live = 2;
+        let mut placed = vec![];
+        for _ in 0..5 {
+            let mut up = figures.to_vec();
+            recent.discount(&mut up, 512);
+            let node = choose("a", &up, &HashSet::new()).unwrap().name.clone();
+            recent.note(&node);
+            placed.push(node);
+        }
+        assert_eq!(placed, ["b", "c", "b", "c", "a"]);
+    }
+
+    #[test]
+    fn placements_older_than_the_window_are_forgotten() {
+        let recent = Recent::new(Duration::from_millis(50));
+        recent.note("a");
+        let mut up = [node("a", 1, 100)];
+        recent.discount(&mut up, 10);
+        assert_eq!(up[0].capacity.ready, 0);
+        std::thread::sleep(Duration::from_millis(80));
+        let mut up = [node("a", 1, 100)];
+        recent.discount(&mut up, 10);
+        assert_eq!((up[0].capacity.ready, up[0].capacity.free_memory_mb), (1, 100));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::access::caller::Caller;
 use crate::ops::args::in_range;
 use crate::ops::error::OpsError;
 use crate::ops::files::Read;
+use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
 /// What `read_file` returns unless asked otherwise: a screenful of text.
@@ -37,6 +38,7 @@ impl Ops {
     /// Reads a file under `/app/results`: text from `offset`, at most
     /// `max_bytes` bytes and `max_lines` lines (0 or none: no line limit).
     pub async fn read_file(&self, caller: &Caller, args: ReadFile) -> Result<Read, OpsError> {
+        forward_if_elsewhere!(self, caller, "read_file", args, None);
         self.on_sandbox("read_file", &args.sandbox_id, |id| async move {
             let window = Window {
                 offset: args.offset.unwrap_or(0),
@@ -45,7 +47,7 @@ impl Ops {
             };
             let target = ResultsPath::parse(&args.path)?;
             let read = self.sandboxes.read_file(caller.scope(), id, target, window).await?;
-            Ok(Read::new(read, &self.links, id))
+            Ok(Read::new(read, &self.links, &self.images, id).await)
         })
         .await
     }

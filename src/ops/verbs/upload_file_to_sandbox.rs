@@ -8,6 +8,7 @@ use crate::access::caller::Caller;
 use crate::ops::args::default_dest;
 use crate::ops::error::OpsError;
 use crate::ops::results::UploadResult;
+use crate::ops::route::{forward_if_elsewhere, Holder};
 use crate::ops::Ops;
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -23,7 +24,7 @@ pub struct UploadFileToSandbox {
 
 /// A file sent in the request: its name in the sandbox and where it goes
 /// (the body is its bytes).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UploadBytes {
     /// The file's name in the sandbox.
@@ -32,13 +33,23 @@ pub struct UploadBytes {
     pub dest: String,
 }
 
+/// A browser upload forwarded to the node holding the sandbox (the bytes
+/// follow these arguments).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ForwardedUpload {
+    pub sandbox_id: String,
+    pub upload: UploadBytes,
+}
+
 impl Ops {
-    /// Copies a file or folder from an allowed host folder.
+    /// Copies a file or folder from an allowed host folder (of the node
+    /// that holds the sandbox, in a cluster).
     pub async fn upload_file_to_sandbox(
         &self,
         caller: &Caller,
         args: UploadFileToSandbox,
     ) -> Result<UploadResult, OpsError> {
+        forward_if_elsewhere!(self, caller, "upload_file_to_sandbox", args, None);
         self.on_sandbox("upload_file_to_sandbox", &args.sandbox_id, |id| async move {
             let up = self
                 .sandboxes
@@ -57,6 +68,15 @@ impl Ops {
         args: UploadBytes,
         data: Vec<u8>,
     ) -> Result<UploadResult, OpsError> {
+        if let Holder::Node { name, url } = self.holder(caller, raw_id).await? {
+            let args = ForwardedUpload {
+                sandbox_id: raw_id.to_string(),
+                upload: args,
+            };
+            return self
+                .forward_with_bytes((&name, &url), "upload_bytes", caller, &args, data)
+                .await;
+        }
         self.on_sandbox("upload_file_to_sandbox", raw_id, |id| async move {
             let up = self
                 .sandboxes
