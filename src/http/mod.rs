@@ -53,7 +53,6 @@ use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::ops::Ops;
 use bodies::{BodyRules, MAX_BODY_BYTES};
-use sandbox_cluster::channel::TOKEN_HEADER;
 use sse_sessions::SseSessions;
 
 const HOW_TO_AUTHENTICATE: &str =
@@ -151,13 +150,15 @@ async fn guard(
         return next.run(req).await;
     }
     // The other nodes of the cluster, with a request signed with the
-    // cluster's key instead of an API key (the routes check the signature,
-    // which covers the body), on the node channel only; the entry node
-    // applied the caller's limits.
+    // cluster's key instead of an API key, on the node channel only; the
+    // entry node applied the caller's limits. The signature is checked
+    // here, before any of the body is read (the routes check the body
+    // against the digest it signs).
     if path.starts_with(node::PREFIX) {
-        return match app.ops.cluster.is_some() && req.headers().contains_key(TOKEN_HEADER) {
-            true => next.run(req).await,
-            false => error(StatusCode::UNAUTHORIZED, node::FOR_NODES),
+        let method = req.method().as_str().to_string();
+        return match node::signed_headers(&app, req.headers(), &method, &path) {
+            Some(_) => next.run(req).await,
+            None => error(StatusCode::UNAUTHORIZED, node::FOR_NODES),
         };
     }
     // Rates count an IPv6 client by its network (`client`); without keys

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 use sandbox_actors::Progress;
-use sandbox_cluster::channel::{BYTES_PATH, HEARTBEAT, TOKEN_HEADER};
+use sandbox_cluster::channel::{digest_of, BYTES_PATH, HEARTBEAT, TOKEN_HEADER};
 
 use crate::http::api::answer_of;
 use crate::http::error::error;
@@ -44,13 +44,16 @@ pub(crate) const ARGS_ROOM: usize = 64 * 1024;
 /// What a request without the cluster's signature hears.
 pub(crate) const FOR_NODES: &str = "this route is for the nodes of the cluster";
 
-/// Whether the request is signed with the cluster's key.
+/// The body's digest the request's headers sign with the cluster's key,
+/// if they do (the guard checks it before the body is read).
+pub(crate) fn signed_headers(app: &AppState, headers: &HeaderMap, method: &str, path: &str) -> Option<String> {
+    let header = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok())?;
+    app.ops.cluster.as_ref()?.channel.accepts(header, method, path)
+}
+
+/// Whether the request is signed with the cluster's key, `body` included.
 pub(crate) fn signed(app: &AppState, headers: &HeaderMap, method: &str, path: &str, body: &[u8]) -> bool {
-    let header = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok());
-    match (&app.ops.cluster, header) {
-        (Some(cluster), Some(header)) => cluster.channel.accepts(header, method, path, body),
-        _ => false,
-    }
+    signed_headers(app, headers, method, path).is_some_and(|digest| digest == digest_of(&[body]))
 }
 /// What every path of the channel starts with.
 pub(crate) const PREFIX: &str = "/cluster/";

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use sandbox_actors::Progress;
 use sandbox_cluster::channel::ChannelError;
-use sandbox_cluster::{placement, ClusterError};
+use sandbox_cluster::ClusterError;
 
 use crate::access::caller::Caller;
 use crate::ops::args::parse_id;
@@ -195,6 +195,20 @@ impl Ops {
         }
     }
 
+    /// A listing's `verb` on every other node that is up, as `caller`: the
+    /// answers, and the names of the nodes that gave none; without the
+    /// cluster's membership (etcd does not answer), this node's alone.
+    pub(crate) async fn listed_on_other_nodes<T: DeserializeOwned>(
+        &self,
+        verb: &str,
+        caller: &Caller,
+    ) -> (Vec<T>, Vec<String>) {
+        self.on_other_nodes(verb, caller, &()).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, verb, "could not read which nodes are up; listing this node's only");
+            (vec![], vec![])
+        })
+    }
+
     /// `verb` with `args` on every other node that is up, as `caller`: the
     /// answers, and the names of the nodes that gave none.
     pub(crate) async fn on_other_nodes<A: Serialize, T: DeserializeOwned>(
@@ -202,17 +216,11 @@ impl Ops {
         verb: &str,
         caller: &Caller,
         args: &A,
-    ) -> (Vec<T>, Vec<String>) {
+    ) -> Result<(Vec<T>, Vec<String>), OpsError> {
         let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
-            return (vec![], vec![]);
+            return Ok((vec![], vec![]));
         };
-        let nodes = match cluster.nodes_up().await {
-            Ok(nodes) => nodes,
-            Err(e) => {
-                tracing::warn!(error = %e, verb, "could not read which nodes are up; answering for this node only");
-                return (vec![], vec![]);
-            }
-        };
+        let nodes = cluster.nodes_up().await?;
         let others = nodes.iter().filter(|n| n.name != cluster.config.node_name);
         let asked = others.map(|n| async move {
             let answer = self.forward::<_, T>((&n.name, &n.url), verb, caller, args, None).await;
@@ -233,7 +241,7 @@ impl Ops {
         if let Ok(known) = cluster.known_nodes().await {
             silent.extend(known.into_iter().filter(|k| !up.contains(&k.as_str())));
         }
-        (answers, silent)
+        Ok((answers, silent))
     }
 
     /// The caller's sandboxes that the directory places on `silent` nodes
@@ -282,10 +290,11 @@ impl Ops {
         cluster.check_held()?;
         let (mut up, draining) = tokio::try_join!(cluster.nodes_up(), cluster.draining_nodes())?;
         up.retain(|n| !avoid.contains(&n.name));
-        cluster.recent.discount(&mut up, self.sandboxes.sandbox_memory_mb());
         let here = &cluster.config.node_name;
-        let node = placement::choose(here, &up, &draining).ok_or(ClusterError::AllDraining)?;
-        cluster.recent.note(&node.name);
+        let node = cluster
+            .recent
+            .place(here, up, &draining, self.sandboxes.sandbox_memory_mb())
+            .ok_or(ClusterError::AllDraining)?;
         match &node.name == here {
             true => Ok(Holder::Here),
             false => Ok(Holder::Node {

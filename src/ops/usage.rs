@@ -185,7 +185,9 @@ impl Ops {
             tenant: tenant.map(str::to_string),
             period,
         };
-        let (theirs, missing) = self.on_other_nodes::<_, Vec<Row>>("usage", caller, &asked).await;
+        // Without the cluster's membership a report would look whole and
+        // lack the other nodes: it is refused (503) instead.
+        let (theirs, missing) = self.on_other_nodes::<_, Vec<Row>>("usage", caller, &asked).await?;
         rows.extend(theirs.into_iter().flatten());
         Ok(UsageReport::new(period, rows, missing))
     }

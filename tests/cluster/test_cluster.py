@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -255,8 +256,9 @@ def test_the_node_channel_takes_only_calls_signed_with_the_cluster_s_key(cluster
     def signature(path, body, key_secret=secret, at=None):
         key = hashlib.sha256(f"mcp-sandbox node channel v1\0{key_secret}".encode()).hexdigest().encode()
         at = int(time.time()) if at is None else at
-        text = f"POST\n{path}\n{at}\n{hashlib.sha256(body).hexdigest()}"
-        return f"{at}.{hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}"
+        digest = hashlib.sha256(body).hexdigest()
+        text = f"POST\n{path}\n{at}\n{digest}"
+        return f"{at}.{digest}.{hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}"
 
     def post(path, body, header):
         req = urllib.request.Request(cluster.url("n2") + path, data=body, method="POST")
@@ -286,6 +288,16 @@ def test_the_node_channel_takes_only_calls_signed_with_the_cluster_s_key(cluster
         assert status == 401, (path, header, status, answer)
     status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/shell", ALICE, {"command": "ls /app/results"})
     assert status == 200 and "x" not in ran["stdout"].split(), ran
+    # A forged upload is refused on its headers, before its body is read:
+    # it cannot make a node hold and hash hundreds of megabytes.
+    host, port = cluster.url("n2").split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall((f"POST {upload} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 200000000\r\n"
+                      f"x-mcp-sandbox-node: {int(time.time())}.{'0' * 64}.{'0' * 64}\r\n\r\n").encode())
+        started = time.monotonic()
+        answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+        assert time.monotonic() - started < 5
     # Signed with the cluster's key, the same call is taken (as the nodes
     # make it), which shows that the refusals above were the signature's.
     status, answer = post("/cluster/v1/ops/list_sandboxes", b'{"caller": {"owner": "alice", "admin": false, "expires_at": null}, "args": null}',

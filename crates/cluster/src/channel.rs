@@ -70,6 +70,15 @@ pub struct Channel {
     key: Vec<u8>,
 }
 
+/// The SHA-256 (hex) of a body made of `parts`, one after the other.
+pub fn digest_of(parts: &[&[u8]]) -> String {
+    let mut body = Sha256::new();
+    for part in parts {
+        body.update(part);
+    }
+    body.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -89,45 +98,42 @@ impl Channel {
         Self { http, key }
     }
 
-    /// The MAC of a request whose body is `parts`, one after the other.
-    fn mac(&self, method: &str, path: &str, at: u64, parts: &[&[u8]]) -> Hmac<Sha256> {
-        let mut body = Sha256::new();
-        for part in parts {
-            body.update(part);
-        }
-        let digest: String = body.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    /// The MAC of a request whose body has the SHA-256 `digest` (hex).
+    fn mac(&self, method: &str, path: &str, at: u64, digest: &str) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes any key length");
         mac.update(format!("{method}\n{path}\n{at}\n{digest}").as_bytes());
         mac
     }
 
     /// The signature header of a request whose body is `parts`, one after
-    /// the other.
+    /// the other: `<unix seconds>.<body's SHA-256>.<MAC>`, all but the
+    /// body checkable as soon as the headers arrive.
     pub fn sign(&self, method: &str, path: &str, parts: &[&[u8]]) -> String {
         let at = unix_now();
+        let digest = digest_of(parts);
         let tag: String = self
-            .mac(method, path, at, parts)
+            .mac(method, path, at, &digest)
             .finalize()
             .into_bytes()
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        format!("{at}.{tag}")
+        format!("{at}.{digest}.{tag}")
     }
 
-    /// Whether `header` signs this request, within [`WINDOW`] of now
-    /// (compared in constant time).
-    pub fn accepts(&self, header: &str, method: &str, path: &str, body: &[u8]) -> bool {
-        let Some((at, tag)) = header.split_once('.') else {
-            return false;
-        };
-        let (Ok(at), Some(tag)) = (at.parse::<u64>(), decode_hex(tag)) else {
-            return false;
-        };
-        if unix_now().abs_diff(at) > WINDOW.as_secs() {
-            return false;
+    /// The body's digest `header` signs for this request, if it signs it
+    /// within [`WINDOW`] of now (compared in constant time): checked before
+    /// any of the body is read, so that a request without the cluster's
+    /// key costs no more than its headers.
+    pub fn accepts(&self, header: &str, method: &str, path: &str) -> Option<String> {
+        let mut fields = header.splitn(3, '.');
+        let (at, digest, tag) = (fields.next()?, fields.next()?, fields.next()?);
+        let (at, tag) = (at.parse::<u64>().ok()?, decode_hex(tag)?);
+        if unix_now().abs_diff(at) > WINDOW.as_secs() || digest.len() != 64 {
+            return None;
         }
-        self.mac(method, path, at, &[body]).verify_slice(&tag).is_ok()
+        self.mac(method, path, at, digest).verify_slice(&tag).ok()?;
+        Some(digest.to_string())
     }
 
     /// `GET {url}{path}` on node `node`, for a body streamed back as it
@@ -264,32 +270,39 @@ mod tests {
         let secret = "0123456789abcdef0123456789abcdef";
         let a = Channel::new(&config(secret));
         let b = Channel::new(&config("another secret of thirty-two chars!!"));
-        let signed = a.sign("POST", "/cluster/v1/ops/list_sandboxes", &[b"{", b"}"]);
-        assert!(a.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{}"));
-        assert!(
-            !b.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{}"),
-            "another cluster's key"
+        let path = "/cluster/v1/ops/list_sandboxes";
+        let signed = a.sign("POST", path, &[b"{", b"}"]);
+        let digest = a.accepts(&signed, "POST", path);
+        assert_eq!(
+            digest,
+            Some(digest_of(&[b"{}"])),
+            "the body's digest, whatever its parts"
         );
+        assert!(b.accepts(&signed, "POST", path).is_none(), "another cluster's key");
         assert!(
-            !a.accepts(&signed, "POST", "/cluster/v1/ops/delete_sandbox", b"{}"),
+            a.accepts(&signed, "POST", "/cluster/v1/ops/delete_sandbox").is_none(),
             "another verb"
         );
-        assert!(
-            !a.accepts(&signed, "POST", "/cluster/v1/ops/list_sandboxes", b"{\"x\":1}"),
-            "another body"
-        );
-        assert!(!a.accepts("", "POST", "/", b""));
+        let (at, rest) = signed.split_once('.').unwrap();
+        let (_, tag) = rest.split_once('.').unwrap();
+        let other_body = format!("{at}.{}.{tag}", digest_of(&[b"{\"x\":1}"]));
+        assert!(a.accepts(&other_body, "POST", path).is_none(), "another body");
+        assert!(a.accepts("", "POST", "/").is_none());
         assert!(!signed.contains(secret), "the secret itself never travels");
         let signed_at = |at: u64| {
-            let tag = a.mac("POST", "/p", at, &[]).finalize().into_bytes();
-            format!("{at}.{}", tag.iter().map(|b| format!("{b:02x}")).collect::<String>())
+            let digest = digest_of(&[]);
+            let tag = a.mac("POST", "/p", at, &digest).finalize().into_bytes();
+            format!(
+                "{at}.{digest}.{}",
+                tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            )
         };
         assert!(
-            a.accepts(&signed_at(unix_now() - 30), "POST", "/p", b""),
+            a.accepts(&signed_at(unix_now() - 30), "POST", "/p").is_some(),
             "within the window"
         );
         assert!(
-            !a.accepts(&signed_at(unix_now() - 120), "POST", "/p", b""),
+            a.accepts(&signed_at(unix_now() - 120), "POST", "/p").is_none(),
             "two minutes late"
         );
     }

@@ -33,20 +33,30 @@ impl Recent {
         }
     }
 
-    /// A creation placed on `node`.
-    pub fn note(&self, node: &str) {
+    /// The node a creation asked of `here` goes to ([`choose`]), on the
+    /// figures of `up` less the recent placements, and noted as one: under
+    /// one lock, so that creations placed at once each see the others.
+    pub fn place(
+        &self,
+        here: &str,
+        mut up: Vec<NodeFigures>,
+        draining: &HashSet<String>,
+        memory_mb: u64,
+    ) -> Option<NodeFigures> {
         let mut placed = self.placed.lock().expect("never poisoned");
+        self.discount(&mut placed, &mut up, memory_mb);
+        let chosen = choose(here, &up, draining)?.clone();
         if placed.len() == MOST_REMEMBERED {
             placed.pop_front();
         }
-        placed.push_back((Instant::now(), node.to_string()));
+        placed.push_back((Instant::now(), chosen.name.clone()));
+        Some(chosen)
     }
 
-    /// The nodes' figures less this node's recent placements: each took a
-    /// ready pooled sandbox while the figures still show one, otherwise
+    /// The nodes' figures less the recent placements (`placed`): each took
+    /// a ready pooled sandbox while the figures still show one, otherwise
     /// `memory_mb` of free memory; each is one more live sandbox.
-    pub fn discount(&self, up: &mut [NodeFigures], memory_mb: u64) {
-        let mut placed = self.placed.lock().expect("never poisoned");
+    fn discount(&self, placed: &mut VecDeque<(Instant, String)>, up: &mut [NodeFigures], memory_mb: u64) {
         let now = Instant::now();
         while placed
             .front()
@@ -141,11 +151,8 @@ mod tests {
         let figures = [node("a", 2, 4000), node("b", 1, 4000), node("c", 0, 3000)];
         let mut placed = vec![];
         for _ in 0..6 {
-            let mut up = figures.to_vec();
-            recent.discount(&mut up, 1000);
-            let node = choose("a", &up, &HashSet::new()).unwrap().name.clone();
-            recent.note(&node);
-            placed.push(node);
+            let node = recent.place("a", figures.to_vec(), &HashSet::new(), 1000).unwrap();
+            placed.push(node.name);
         }
         // a's two pooled, b's one, then memory: b (4000, fewer live than a),
         // a (4000), then all at 3000 and c has the fewest live.
@@ -159,11 +166,8 @@ mod tests {
         figures[0].capacity.live = 2;
         let mut placed = vec![];
         for _ in 0..5 {
-            let mut up = figures.to_vec();
-            recent.discount(&mut up, 512);
-            let node = choose("a", &up, &HashSet::new()).unwrap().name.clone();
-            recent.note(&node);
-            placed.push(node);
+            let node = recent.place("a", figures.to_vec(), &HashSet::new(), 512).unwrap();
+            placed.push(node.name);
         }
         assert_eq!(placed, ["b", "c", "b", "c", "a"]);
     }
@@ -171,14 +175,20 @@ mod tests {
     #[test]
     fn placements_older_than_the_window_are_forgotten() {
         let recent = Recent::new(Duration::from_millis(50));
-        recent.note("a");
-        let mut up = [node("a", 1, 100)];
-        recent.discount(&mut up, 10);
-        assert_eq!(up[0].capacity.ready, 0);
+        let up = vec![node("a", 1, 100), node("b", 1, 100)];
+        let none = HashSet::new();
+        assert_eq!(recent.place("a", up.clone(), &none, 10).unwrap().name, "a");
+        assert_eq!(
+            recent.place("a", up.clone(), &none, 10).unwrap().name,
+            "b",
+            "a's one pooled sandbox is taken"
+        );
         std::thread::sleep(Duration::from_millis(80));
-        let mut up = [node("a", 1, 100)];
-        recent.discount(&mut up, 10);
-        assert_eq!((up[0].capacity.ready, up[0].capacity.free_memory_mb), (1, 100));
+        assert_eq!(
+            recent.place("a", up, &none, 10).unwrap().name,
+            "a",
+            "forgotten once the figures show it"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ impl Ops {
     pub async fn listed_sandboxes(&self, caller: &Caller) -> Vec<ListedSandbox> {
         let mut listed: Vec<ListedSandbox> = self.list_sandboxes(caller).await.into_iter().map(Into::into).collect();
         let (theirs, silent) = self
-            .on_other_nodes::<_, Vec<ListedSandbox>>("list_sandboxes", caller, &())
+            .listed_on_other_nodes::<Vec<ListedSandbox>>("list_sandboxes", caller)
             .await;
         listed.extend(theirs.into_iter().flatten());
         let ids: Vec<&str> = listed.iter().map(|s| s.sandbox_id.as_str()).collect();

@@ -56,7 +56,7 @@ impl Ops {
     pub async fn show_sandboxes(&self, caller: &Caller) -> SandboxPage {
         let mut sandboxes = self.show_sandboxes_here(caller).await;
         let (theirs, unreachable) = self
-            .on_other_nodes::<_, Vec<ShownSandbox>>("show_sandboxes", caller, &())
+            .listed_on_other_nodes::<Vec<ShownSandbox>>("show_sandboxes", caller)
             .await;
         sandboxes.extend(theirs.into_iter().flatten());
         let listed: Vec<&str> = sandboxes.iter().map(|s| s.listed.sandbox_id.as_str()).collect();
