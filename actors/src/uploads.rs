@@ -110,7 +110,7 @@ pub enum UploadSource {
     Host(PathBuf),
     /// Bytes sent over HTTP (the web UI), with the file name to give them,
     /// already checked by [`check_file_name`].
-    Bytes { name: String, data: Vec<u8> },
+    Bytes { name: String, data: bytes::Bytes },
 }
 
 /// Checks the name of a file sent over HTTP: one path component, no
@@ -146,9 +146,12 @@ pub fn pack(source: UploadSource) -> Result<(Vec<u8>, String)> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
             let mut header = sandbox_header(tar::EntryType::Regular, 0o644, data.len() as u64, now);
-            let mut tar = tar::Builder::new(Vec::new());
+            // Room for the file, its headers and the archive's end, so that
+            // the buffer is not grown (and briefly held twice) on the way.
+            let mut tar = tar::Builder::new(Vec::with_capacity(data.len() + 4096));
             let io = |e: std::io::Error| SandboxError::Internal(format!("packing an upload: {e}"));
-            tar.append_data(&mut header, &name, data.as_slice()).map_err(io)?;
+            tar.append_data(&mut header, &name, data.as_ref()).map_err(io)?;
+            drop(data);
             Ok((tar.into_inner().map_err(io)?, name))
         }
     }
@@ -497,7 +500,7 @@ mod tests {
     fn sent_bytes_pack_as_one_file_of_the_sandbox_user() {
         let (tar, name) = pack(UploadSource::Bytes {
             name: "a.txt".into(),
-            data: b"hello".to_vec(),
+            data: bytes::Bytes::from_static(b"hello"),
         })
         .unwrap();
         assert_eq!(name, "a.txt");

@@ -171,7 +171,7 @@ async fn sent_bytes_are_uploaded_under_their_name_only() {
     let id = h.create().await;
     let up = h
         .sb()
-        .upload_bytes(OWNER, id, "ü b.txt", b"sent".to_vec(), "/app/results/in")
+        .upload_bytes(OWNER, id, "ü b.txt", b"sent".to_vec().into(), "/app/results/in")
         .await
         .unwrap();
     assert_eq!(up.path, "/app/results/in/ü b.txt");
@@ -189,7 +189,7 @@ async fn sent_bytes_are_uploaded_under_their_name_only() {
         ("ok", "/etc"),
         ("ok", "/app/results/../.."),
     ] {
-        let refused = h.sb().upload_bytes(OWNER, id, name, vec![1], dest).await;
+        let refused = h.sb().upload_bytes(OWNER, id, name, vec![1].into(), dest).await;
         assert!(
             matches!(
                 refused,
@@ -198,7 +198,10 @@ async fn sent_bytes_are_uploaded_under_their_name_only() {
             "{name} into {dest}: {refused:?}"
         );
     }
-    let foreign = h.sb().upload_bytes("intruder", id, "x", vec![1], "/app/results").await;
+    let foreign = h
+        .sb()
+        .upload_bytes("intruder", id, "x", vec![1].into(), "/app/results")
+        .await;
     assert!(matches!(foreign, Err(SandboxError::NotFound(_))));
 }
 

@@ -388,7 +388,7 @@ async fn upload(
     Query(args): Query<UploadBytes>,
     body: Bytes,
 ) -> ApiResult<UploadResult> {
-    Ok(Json(app.ops.upload_bytes(&caller, &id, args, body.to_vec()).await?))
+    Ok(Json(app.ops.upload_bytes(&caller, &id, args, body).await?))
 }
 
 /// A fresh guest key for `client`, or the response refusing one.

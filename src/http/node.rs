@@ -81,7 +81,7 @@ pub(crate) async fn call(
         let data = body.slice((end + 1).min(body.len())..);
         return match verb.as_str() {
             "upload_bytes" => run(args, move |a: ForwardedUpload, _| async move {
-                ops.upload_bytes(&c, &a.sandbox_id, a.upload, data.to_vec()).await
+                ops.upload_bytes(&c, &a.sandbox_id, a.upload, data).await
             }),
             _ => error(StatusCode::NOT_FOUND, &format!("no verb {verb} on this channel")),
         };

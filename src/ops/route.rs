@@ -9,6 +9,7 @@
 //! there), with routing off ([`Ops::serving_forwarded`]), so a call is
 //! forwarded at most once.
 
+use axum::body::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -116,7 +117,7 @@ impl Ops {
         verb: &str,
         caller: &Caller,
         args: &A,
-        data: Vec<u8>,
+        data: Bytes,
     ) -> Result<T, OpsError> {
         self.forward_body(to, verb, caller, args, Some(data), None).await
     }
@@ -127,7 +128,7 @@ impl Ops {
         verb: &str,
         caller: &Caller,
         args: &A,
-        data: Option<Vec<u8>>,
+        data: Option<Bytes>,
         progress: Option<mpsc::Sender<Progress>>,
     ) -> Result<T, OpsError> {
         let cluster = self.cluster.as_ref().expect("forwarded only in a cluster");

@@ -101,6 +101,7 @@ impl Sandboxes {
             .into());
         }
         let dest = path.parent().absolute();
+        let data = data.into();
         self.send_upload(scope, id, UploadSource::Bytes { name, data }, &dest)
             .await
     }
@@ -125,7 +126,7 @@ impl Sandboxes {
         scope: impl Into<Scope<'a>>,
         id: Uuid,
         name: &str,
-        data: Vec<u8>,
+        data: bytes::Bytes,
         dest: &str,
     ) -> Result<Uploaded> {
         let scope = scope.into();

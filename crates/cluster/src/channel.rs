@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -161,7 +162,7 @@ impl Channel {
         line: impl FnMut(Value),
     ) -> Result<(), ChannelError> {
         let body = serde_json::to_vec(body).expect("JSON values serialise");
-        self.post(node, url, &format!("{OPS_PATH}{verb}"), vec![body], line)
+        self.post(node, url, &format!("{OPS_PATH}{verb}"), vec![body.into()], line)
             .await
     }
 
@@ -174,12 +175,12 @@ impl Channel {
         url: &str,
         verb: &str,
         args: &Value,
-        data: Vec<u8>,
+        data: Bytes,
         line: impl FnMut(Value),
     ) -> Result<(), ChannelError> {
         let mut head = serde_json::to_vec(args).expect("JSON values serialise");
         head.push(b'\n');
-        self.post(node, url, &format!("{BYTES_PATH}{verb}"), vec![head, data], line)
+        self.post(node, url, &format!("{BYTES_PATH}{verb}"), vec![head.into(), data], line)
             .await
     }
 
@@ -189,7 +190,7 @@ impl Channel {
         node: &str,
         url: &str,
         path: &str,
-        parts: Vec<Vec<u8>>,
+        parts: Vec<Bytes>,
         mut line: impl FnMut(Value),
     ) -> Result<(), ChannelError> {
         let unreachable = |e: reqwest::Error| ChannelError::Unreachable {
@@ -200,7 +201,7 @@ impl Channel {
             node: node.into(),
             detail,
         };
-        let borrowed: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let borrowed: Vec<&[u8]> = parts.iter().map(Bytes::as_ref).collect();
         let signature = self.sign("POST", path, &borrowed);
         // Several parts go as they are, without being copied into one
         // buffer; one goes with its length.

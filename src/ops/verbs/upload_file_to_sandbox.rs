@@ -1,6 +1,7 @@
 //! `upload_file_to_sandbox`: a file or folder from an allowed host folder
 //! (MCP), or the bytes a browser sent (REST), into a folder of the sandbox.
 
+use axum::body::Bytes;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -66,7 +67,7 @@ impl Ops {
         caller: &Caller,
         raw_id: &str,
         args: UploadBytes,
-        data: Vec<u8>,
+        data: Bytes,
     ) -> Result<UploadResult, OpsError> {
         if let Holder::Node { name, url } = self.holder(caller, raw_id).await? {
             let args = ForwardedUpload {
