@@ -12,7 +12,7 @@
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
@@ -82,11 +82,10 @@ pub async fn get(
 /// holds, for the node a link reached (which checked the link or the key).
 pub async fn for_node(
     State(app): State<AppState>,
-    uri: Uri,
-    headers: HeaderMap,
+    Extension(signed): Extension<node::SignedDigest>,
     UrlPath((sandbox, path)): UrlPath<(String, String)>,
 ) -> Response {
-    if !node::signed(&app, &headers, "GET", uri.path(), b"") {
+    if !signed.covers(b"") {
         return refuse(StatusCode::UNAUTHORIZED, node::FOR_NODES);
     }
     match Uuid::parse_str(&sandbox) {

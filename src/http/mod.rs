@@ -157,7 +157,10 @@ async fn guard(
     if path.starts_with(node::PREFIX) {
         let method = req.method().as_str().to_string();
         return match node::signed_headers(&app, req.headers(), &method, &path) {
-            Some(_) => next.run(req).await,
+            Some(signed) => {
+                req.extensions_mut().insert(signed);
+                next.run(req).await
+            }
             None => error(StatusCode::UNAUTHORIZED, node::FOR_NODES),
         };
     }

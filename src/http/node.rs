@@ -14,6 +14,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -44,25 +45,38 @@ pub(crate) const ARGS_ROOM: usize = 64 * 1024;
 /// What a request without the cluster's signature hears.
 pub(crate) const FOR_NODES: &str = "this route is for the nodes of the cluster";
 
+/// The digest of the body a request's signature covers: the guard checks
+/// the signature on the headers, before the body is read, and leaves this
+/// for the route, which checks the body against it.
+#[derive(Debug, Clone)]
+pub(crate) struct SignedDigest(String);
+
 /// The body's digest the request's headers sign with the cluster's key,
-/// if they do (the guard checks it before the body is read).
-pub(crate) fn signed_headers(app: &AppState, headers: &HeaderMap, method: &str, path: &str) -> Option<String> {
+/// if they do.
+pub(crate) fn signed_headers(app: &AppState, headers: &HeaderMap, method: &str, path: &str) -> Option<SignedDigest> {
     let header = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok())?;
-    app.ops.cluster.as_ref()?.channel.accepts(header, method, path)
+    app.ops
+        .cluster
+        .as_ref()?
+        .channel
+        .accepts(header, method, path)
+        .map(SignedDigest)
 }
 
-/// Whether the request is signed with the cluster's key, `body` included.
-pub(crate) fn signed(app: &AppState, headers: &HeaderMap, method: &str, path: &str, body: &[u8]) -> bool {
-    signed_headers(app, headers, method, path).is_some_and(|digest| digest == digest_of(&[body]))
+impl SignedDigest {
+    /// Whether `body` is the one the signature covers.
+    pub(crate) fn covers(&self, body: &[u8]) -> bool {
+        self.0 == digest_of(&[body])
+    }
 }
 /// What every path of the channel starts with.
 pub(crate) const PREFIX: &str = "/cluster/";
 
 pub(crate) async fn call(
     State(app): State<AppState>,
+    Extension(signed): Extension<SignedDigest>,
     Path(verb): Path<String>,
     uri: Uri,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     // A call that carries a file has its arguments on the body's first
@@ -72,7 +86,7 @@ pub(crate) async fn call(
         true => body.iter().position(|&b| b == b'\n').unwrap_or(body.len()),
         false => body.len(),
     };
-    let Forwarded { caller, args } = match opened(&app, &headers, &uri, &body, &body[..end]) {
+    let Forwarded { caller, args } = match opened(&signed, &body, &body[..end]) {
         Ok(call) => call,
         Err(refused) => return *refused,
     };
@@ -133,17 +147,11 @@ pub(crate) async fn call(
     }
 }
 
-/// The forwarded call `head` holds, if the request (whose body is `body`)
-/// carries the cluster's signature; otherwise the refusal (boxed: a
-/// response is large and the call the common case).
-fn opened(
-    app: &AppState,
-    headers: &HeaderMap,
-    uri: &Uri,
-    body: &[u8],
-    head: &[u8],
-) -> Result<Forwarded, Box<Response>> {
-    if !signed(app, headers, "POST", uri.path(), body) {
+/// The forwarded call `head` holds, if the signature covers the request's
+/// `body`; otherwise the refusal (boxed: a response is large and the call
+/// the common case).
+fn opened(signed: &SignedDigest, body: &[u8], head: &[u8]) -> Result<Forwarded, Box<Response>> {
+    if !signed.covers(body) {
         return Err(Box::new(error(StatusCode::UNAUTHORIZED, FOR_NODES)));
     }
     serde_json::from_slice(head).map_err(|_| Box::new(error(StatusCode::BAD_REQUEST, "not a forwarded call")))

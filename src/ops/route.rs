@@ -9,7 +9,7 @@
 //! there), with routing off ([`Ops::serving_forwarded`]), so a call is
 //! forwarded at most once.
 
-use axum::body::Bytes;
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -281,9 +281,10 @@ impl Ops {
     }
 
     /// Where a new sandbox goes ([`sandbox_cluster::placement`], the
-    /// figures less this node's recent placements): here without a cluster; refused while this node cannot renew its
-    /// membership, or when every node drains.
-    /// Nodes in `avoid` (which did not answer) take none.
+    /// figures less this node's recent placements): here without a
+    /// cluster; refused while this node cannot renew its membership, or
+    /// when every node drains. Nodes in `avoid` (which did not answer) take
+    /// none.
     pub(crate) async fn place(&self, avoid: &[String]) -> Result<Holder, OpsError> {
         let Some(cluster) = self.cluster.as_ref().filter(|_| self.routing) else {
             return Ok(Holder::Here);

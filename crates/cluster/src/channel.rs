@@ -33,7 +33,8 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
 pub const OPS_PATH: &str = "/cluster/v1/ops/";
 /// Where calls that carry a file are posted ([`Channel::call_with_bytes`]).
 pub const BYTES_PATH: &str = "/cluster/v1/bytes/";
-/// The header that carries a request's signature: `<unix seconds>.<hex>`.
+/// The header that carries a request's signature:
+/// `<unix seconds>.<body's SHA-256>.<MAC>`, all hex but the time.
 pub const TOKEN_HEADER: &str = "x-mcp-sandbox-node";
 /// How far a signature's time may be from the receiver's clock.
 pub const WINDOW: Duration = Duration::from_secs(60);

@@ -1,7 +1,7 @@
 //! `upload_file_to_sandbox`: a file or folder from an allowed host folder
 //! (MCP), or the bytes a browser sent (REST), into a folder of the sandbox.
 
-use axum::body::Bytes;
+use bytes::Bytes;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
