@@ -22,6 +22,25 @@ JSON-line requests one at a time:
                                               (the namespace from the fork file of "slot", which
                                                the server placed; the file is removed)
   {"id": N, "op": "interrupt"}          (cancels the request in flight)
+  {"id": N, "op": "start_process", "command": str, "cwd": str|null, "env": {str: str},
+   "name": str|null, "keep": bytes, "max_processes": n}
+                                              (a background command under `sh -c`, in a
+                                               session of its own: "process")
+  {"id": N, "op": "list_processes"}           ("processes": the running and the ended)
+  {"id": N, "op": "read_process", "process_id": hex12, "offset": n, "max": bytes,
+   "wait": s, "until_end": bool}             (a window of its output from `offset`; with
+                                               "wait", answered once output comes, it ends
+                                               or the wait is over; "until_end" waits the
+                                               whole wait unless it ends)
+  {"id": N, "op": "process_input", "process_id": hex12, "text": str}
+  {"id": N, "op": "stop_process", "process_id": hex12, "signal": str, "grace": s}
+                                              (the signal, then KILL of its session after
+                                               the grace; answered once it ended)
+  {"id": N, "op": "open_port", "port": n, "relay": bool}
+                                              (a TCP connection to that port inside the
+                                               sandbox: its descriptor passed with the
+                                               answer, or, with "relay", this connection
+                                               carries its bytes after the answer)
   {"id": N, "op": "ping"}
 
 Python code runs in a persistent worker process (one namespace, like a notebook
@@ -294,9 +313,9 @@ class Process(Child):
     are all close-on-exec). Started by posix_spawn, which does not copy the
     agent's memory as a fork would; a program that cannot be started raises
     OSError here, as Popen does. `program` is the file started, when not
-    `argv[0]` found on PATH."""
+    `argv[0]` found on PATH; `env` the environment, when not the agent's."""
 
-    def __init__(self, argv, stdout=DEVNULL, stderr=DEVNULL, pass_fds=(), stdin=DEVNULL, program=None):
+    def __init__(self, argv, stdout=DEVNULL, stderr=DEVNULL, pass_fds=(), stdin=DEVNULL, program=None, env=None):
         self.returncode = None
         actions = [
             (os.POSIX_SPAWN_DUP2, stdin, 0),
@@ -310,7 +329,7 @@ class Process(Child):
             self.pid = os.posix_spawnp(
                 program or argv[0],
                 argv,
-                os.environ,
+                os.environ if env is None else env,
                 file_actions=actions,
                 setsid=True,
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
@@ -337,6 +356,16 @@ class Process(Child):
         child to the next one."""
         if self.poll() is None:
             ABANDONED.append(self)
+
+
+class Forked(Child):
+    """A child the agent forked (a preview relay), reaped as it ends."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.returncode = None
+
+    poll = Process.poll
 
 
 # Processes nobody waits for any more, until they end.
@@ -1025,6 +1054,299 @@ def reap_children():
 
 
 # --------------------------------------------------------------------------
+# Background processes (start_process): commands that outlive runs, whose
+# output the agent keeps and whose end it notes.
+# --------------------------------------------------------------------------
+
+# Their output logs and records, on the sandbox's own disk (under its quota)
+# and beside the full outputs of runs: never reported as artifacts.
+PROCESSES = os.path.join(RESULTS, PRIVATE, "processes")
+# A started command goes through a second shell given the folder and the
+# command as its arguments: nothing the caller sent is ever spliced into
+# shell text.
+PROCESS_SHELL = 'cd -- "$0" || exit 127; exec /bin/sh -c "$1"'
+PROCESS_SIGNALS = {"TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12}
+# The most of a record read back after a restart, of a command reported,
+# and of the reads that wait for output at once.
+MAX_RECORD = 8192
+MAX_COMMAND = 2000
+MAX_FOLLOWERS = 64
+# What one read of a process's pipe takes (its output is drained as it comes).
+OUTPUT_CHUNK = 65536
+# How long a stop waits past its grace for the killed session to end.
+STOP_SLACK = 5.0
+
+
+def is_process_id(pid):
+    return isinstance(pid, str) and len(pid) == 12 and all(c in "0123456789abcdef" for c in pid)
+
+
+def utf8_cut(data):
+    """`data` without a last character that it cuts in two."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return data
+        if byte >= 0xC0:
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data
+
+
+class Background:
+    """One started command: the read end of its output pipe (stdout and
+    stderr together, in the order written), the write end of its input,
+    and its log, which keeps the last `keep` bytes: offsets count every
+    byte it ever wrote, and `dropped` of them are no longer kept."""
+
+    def __init__(self, pid, record, keep):
+        self.id = pid
+        self.record = record
+        self.keep = keep
+        self.proc = None
+        self.out = None
+        self.stdin = None
+        self.log = os.path.join(PROCESSES, pid + ".log")
+        self.log_fd = None
+        self.total = int(record.get("output_bytes") or 0)
+        self.dropped = int(record.get("dropped") or 0)
+        self.stop_at = None
+
+    @property
+    def running(self):
+        return self.record.get("state") == "running"
+
+    def info(self):
+        r = self.record
+        return {
+            "process_id": self.id,
+            "name": r.get("name"),
+            "command": r.get("command"),
+            "cwd": r.get("cwd"),
+            "state": r.get("state"),
+            "exit_code": r.get("exit_code"),
+            "started_at": r.get("started_at"),
+            "ended_at": r.get("ended_at"),
+            "output_bytes": self.total,
+            "note": r.get("note"),
+        }
+
+    def save(self):
+        """Its record, for the agent of a later start of the container
+        (which reports it ended with the container)."""
+        self.record["output_bytes"] = self.total
+        self.record["dropped"] = self.dropped
+        path = os.path.join(PROCESSES, self.id + ".json")
+        try:
+            fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with open(fd, "w") as f:
+                f.write(json_dumps(self.record))
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+
+    def remove(self):
+        for path in (self.log, os.path.join(PROCESSES, self.id + ".json")):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def take(self, data):
+        """Appends output to the log, dropping the oldest past `keep`."""
+        self.total += len(data)
+        try:
+            if self.log_fd is None:
+                self.log_fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.write(self.log_fd, data)
+        except OSError as e:
+            self.record["note"] = f"output was lost: {e.strerror}"
+            self.dropped = self.total
+            self.truncate(b"")
+            return
+        if self.total - self.dropped > self.keep:
+            self.truncate(self.read(self.total - self.keep // 2, self.keep // 2))
+            self.dropped = self.total - self.keep // 2
+
+    def truncate(self, tail):
+        """Replaces the log with `tail`."""
+        try:
+            if self.log_fd is not None:
+                os.close(self.log_fd)
+            self.log_fd = os.open(self.log, os.O_WRONLY | os.O_TRUNC | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.write(self.log_fd, tail)
+        except OSError:
+            self.log_fd = None
+
+    def read(self, start, count):
+        """Up to `count` kept bytes from offset `start`."""
+        try:
+            fd = os.open(self.log, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return b""
+        try:
+            return os.pread(fd, count, max(0, start - self.dropped))
+        except OSError:
+            return b""
+        finally:
+            os.close(fd)
+
+    def window(self, offset, most):
+        start = max(int(offset), self.dropped)
+        start = min(start, self.total)
+        data = self.read(start, min(most, self.total - start))
+        if start + len(data) < self.total:
+            data = utf8_cut(data)
+        return {
+            "output": data.decode("utf-8", "replace"),
+            "offset": start,
+            "next_offset": start + len(data),
+            "skipped": max(0, start - int(offset)),
+            "process": self.info(),
+        }
+
+    def ended(self, code, note=None):
+        r = self.record
+        r["state"] = "exited"
+        r["exit_code"] = code
+        r["ended_at"] = time.time()
+        if note:
+            r["note"] = note
+        if self.stdin is not None:
+            os.close(self.stdin)
+            self.stdin = None
+        self.save()
+
+
+class Follower:
+    """A read or stop waiting for a process: answered when it has output
+    past `offset` (a read that does not wait `until_end`), when it ends,
+    or at `deadline`."""
+
+    def __init__(self, conn, req, bg, deadline):
+        self.conn, self.req, self.bg, self.deadline = conn, req, bg, deadline
+        self.rid = req.get("id")
+
+    def due(self, now):
+        if now >= self.deadline or not self.bg.running:
+            return True
+        return self.req["op"] == "read_process" and not self.req.get("until_end") and self.bg.total > self.offset()
+
+    def offset(self):
+        return int(self.req.get("offset") or 0)
+
+    def answer(self):
+        if self.req["op"] == "stop_process":
+            return {"process": self.bg.info()}
+        return self.bg.window(self.offset(), read_most(self.req))
+
+
+def read_most(req):
+    return max(1, min(int(req.get("max") or 65536), 1 << 20))
+
+
+def process_env(env):
+    """The agent's environment with the caller's names (checked by the
+    server too) on top."""
+    merged = dict(os.environ)
+    for k, v in (env or {}).items():
+        if not (isinstance(k, str) and isinstance(v, str)) or not k or "=" in k or "\0" in k + v:
+            raise ValueError(f"not an environment variable: {k!r}")
+        merged[k] = v
+    return merged
+
+
+def load_records(keep):
+    """The processes an earlier start of the container left records of:
+    each ended with that container. The records are the sandbox's to
+    rewrite, so each is read as untrusted (bounded, checked)."""
+    table = {}
+    try:
+        names = sorted(os.listdir(PROCESSES))
+    except OSError:
+        return table
+    for name in names:
+        pid = name[:-5]
+        if not (name.endswith(".json") and is_process_id(pid)) or len(table) >= 2 * MAX_FOLLOWERS:
+            continue
+        try:
+            fd = os.open(os.path.join(PROCESSES, name), os.O_RDONLY | os.O_NOFOLLOW)
+            with open(fd, "rb") as f:
+                record = json_loads(f.read(MAX_RECORD))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        clean = {k: record.get(k) for k in ("name", "command", "cwd", "state", "exit_code", "started_at", "ended_at", "note")}
+        for k in ("name", "command", "cwd", "state", "note"):
+            if not isinstance(clean[k], (str, type(None))):
+                clean[k] = None
+        clean["command"] = clean["command"] or ""
+        for k in ("exit_code", "started_at", "ended_at", "output_bytes", "dropped"):
+            if not isinstance(record.get(k), (int, float)) or isinstance(record.get(k), bool):
+                record[k] = None
+            if k in clean:
+                clean[k] = record[k]
+        clean["output_bytes"] = record["output_bytes"]
+        clean["dropped"] = record["dropped"]
+        bg = Background(pid, clean, keep)
+        if bg.running or clean["state"] != "exited":
+            bg.ended(None, "ended with its container (the sandbox was restarted, revived, forked or restored)")
+        table[pid] = bg
+    return table
+
+
+def relay(a, b):
+    """Carries bytes both ways between two connected sockets until both
+    directions end (a preview connection of a runtime that cannot pass
+    descriptors). Runs in a child of the agent."""
+    a.setblocking(True)
+    b.setblocking(True)
+    poll = select.poll()
+    ends = {a.fileno(): (a, b), b.fileno(): (b, a)}
+    for fd in ends:
+        poll.register(fd, select.POLLIN)
+    while ends:
+        for fd, _ in poll.poll():
+            src, dst = ends[fd]
+            try:
+                data = src.recv(262144)
+            except OSError:
+                data = b""
+            try:
+                if data:
+                    dst.sendall(data)
+                    continue
+                dst.shutdown(_socket.SHUT_WR)
+            except OSError:
+                return
+            poll.unregister(fd)
+            del ends[fd]
+
+
+def connect_port(port):
+    """A connection to `port` inside the sandbox (IPv4 loopback, then IPv6)
+    made within two seconds; the IPv4 attempt's error when neither works."""
+    first = None
+    for family, host in ((_socket.AF_INET, "127.0.0.1"), (_socket.AF_INET6, "::1")):
+        s = Socket(family, _socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect((host, port))
+            return s
+        except BlockingIOError:
+            poll = select.poll()
+            poll.register(s, select.POLLOUT)
+            err = s.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR) if poll.poll(2000) else 110
+            if err == 0:
+                return s
+            first = first or OSError(err, os.strerror(err))
+        except OSError as e:
+            first = first or e
+        s.close()
+    raise first
+
+# --------------------------------------------------------------------------
 # Agent: socket server, jobs, output and artifact collection.
 # --------------------------------------------------------------------------
 
@@ -1196,6 +1518,10 @@ class Agent:
         self.scanned = 0
         self.watcher = None
         self.can_watch = True
+        # Background processes by id (read from their records on the first
+        # process request), and the reads and stops waiting on them.
+        self.procs = None
+        self.followers = []
 
     def begin_tracking(self, started_ns):
         """Readies the account of what a run starting at `started_ns`
@@ -1234,6 +1560,7 @@ class Agent:
         except (KeyError, ValueError):
             pass
         conn.close()
+        self.followers = [f for f in self.followers if f.conn is not conn]
         if self.job is not None and self.job.conn is conn:
             # Nobody waits for this run any more (the server restarted).
             self.job.cancelled = True
@@ -1333,6 +1660,16 @@ class Agent:
                 return
             if answer is not None:
                 self.send(conn, {"id": rid, "type": "result", **answer})
+        elif op in ("start_process", "list_processes", "read_process", "process_input", "stop_process"):
+            try:
+                answer = self.process_request(conn, req)
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                self.send(conn, {"id": rid, "type": "error", "error": f"process: {reason(e)}"})
+                return
+            if answer is not None:
+                self.send(conn, {"id": rid, "type": "result", **answer})
+        elif op == "open_port":
+            self.open_port(conn, req)
         elif op in ("exec", "run"):
             if self.job is not None:
                 self.send(conn, {"id": rid, "type": "error", "error": "busy"})
@@ -1344,6 +1681,210 @@ class Agent:
                 self.send(conn, {"id": rid, "type": "error", "error": f"could not start: {e}"})
         else:
             self.send(conn, {"id": rid, "type": "error", "error": f"unknown op {op!r}"})
+
+    # ---- background processes ----------------------------------------------
+    def process_table(self, keep):
+        if self.procs is None:
+            self.procs = load_records(keep)
+        return self.procs
+
+    def process_request(self, conn, req):
+        """Answers a process request, or None when a follower will."""
+        op = req["op"]
+        keep = max(4096, int(req.get("keep") or 1 << 20))
+        table = self.process_table(keep)
+        if op == "start_process":
+            return {"process": self.start_process(req, table, keep).info()}
+        if op == "list_processes":
+            return {"processes": [bg.info() for bg in table.values()]}
+        bg = table.get(req.get("process_id")) if is_process_id(req.get("process_id")) else None
+        if bg is None:
+            raise KeyError(f"no process {req.get('process_id')!r} in this sandbox")
+        if op == "process_input":
+            if not bg.running or bg.stdin is None:
+                raise ValueError("the process has ended")
+            data = str(req["text"]).encode()
+            try:
+                written = os.write(bg.stdin, data)
+            except BlockingIOError:
+                written = 0
+            return {"written": written, "process": bg.info()}
+        now = time.monotonic()
+        if op == "stop_process":
+            sig = PROCESS_SIGNALS.get(req.get("signal") or "TERM")
+            if sig is None:
+                raise ValueError(f"unknown signal {req.get('signal')!r}")
+            if not bg.running:
+                return {"process": bg.info()}
+            grace = max(0.0, min(float(req.get("grace") or 0), 60.0))
+            if sig == signal.SIGKILL or grace == 0:
+                kill_session(bg.proc.pid, include_leader=True)
+            else:
+                try:
+                    os.killpg(bg.proc.pid, sig)
+                except OSError:
+                    pass
+                bg.stop_at = now + grace
+            deadline = now + grace + STOP_SLACK
+        else:
+            deadline = now + max(0.0, min(float(req.get("wait") or 0), 30.0))
+        follower = Follower(conn, req, bg, deadline)
+        self.poll_processes()
+        if follower.due(now) or len(self.followers) >= MAX_FOLLOWERS:
+            return follower.answer()
+        self.followers.append(follower)
+        return None
+
+    def start_process(self, req, table, keep):
+        most = max(1, int(req.get("max_processes") or 16))
+        if sum(bg.running for bg in table.values()) >= most:
+            raise ValueError(f"this sandbox already runs {most} processes; stop one with stop_process first")
+        # Ended ones beyond the cap go, oldest first, with their output.
+        ended = sorted((bg for bg in table.values() if not bg.running), key=lambda bg: bg.record.get("ended_at") or 0)
+        while len(table) >= 2 * most and ended:
+            gone = ended.pop(0)
+            gone.remove()
+            del table[gone.id]
+        command = req["command"]
+        if not isinstance(command, str) or not command.strip() or "\0" in command:
+            raise ValueError("the command must be a non-empty string without NUL")
+        cwd = req.get("cwd") or RESULTS_REPORTED
+        if not isinstance(cwd, str) or "\0" in cwd:
+            raise ValueError("cwd must be a path")
+        if cwd == RESULTS_REPORTED or cwd.startswith(RESULTS_REPORTED + "/"):
+            cwd = RESULTS + cwd[len(RESULTS_REPORTED) :]
+        env = process_env(req.get("env"))
+        os.makedirs(PROCESSES, mode=0o700, exist_ok=True)
+        pid = os.urandom(6).hex()
+        name = req.get("name")
+        record = {
+            "name": name[:200] if isinstance(name, str) and name else None,
+            "command": command[:MAX_COMMAND],
+            "cwd": req.get("cwd") or RESULTS_REPORTED,
+            "state": "running",
+            "exit_code": None,
+            "started_at": time.time(),
+            "ended_at": None,
+            "note": None,
+        }
+        bg = Background(pid, record, keep)
+        out_r, out_w = os.pipe()
+        in_r, in_w = os.pipe()
+        try:
+            bg.proc = Process(["/bin/sh", "-c", PROCESS_SHELL, cwd, command], stdout=out_w, stderr=out_w, stdin=in_r, env=env)
+        except BaseException:
+            for fd in (out_r, in_w):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(in_r)
+        os.set_blocking(out_r, False)
+        os.set_blocking(in_w, False)
+        bg.out, bg.stdin = out_r, in_w
+        self.sel.register(out_r, ("output", bg))
+        table[pid] = bg
+        bg.save()
+        return bg
+
+    def drain(self, bg):
+        """Reads what a process wrote (its pipe is closed at its end)."""
+        while bg.out is not None:
+            try:
+                data = os.read(bg.out, OUTPUT_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                try:
+                    self.sel.unregister(bg.out)
+                except (KeyError, ValueError):
+                    pass
+                os.close(bg.out)
+                bg.out = None
+                return
+            bg.take(data)
+            if len(data) < OUTPUT_CHUNK:
+                return
+
+    def poll_processes(self):
+        """Notes the processes that ended, kills those past their grace,
+        and answers the followers that are due."""
+        if not self.procs:
+            return
+        now = time.monotonic()
+        for bg in self.procs.values():
+            if not bg.running:
+                continue
+            if bg.stop_at is not None and now >= bg.stop_at:
+                bg.stop_at = None
+                kill_session(bg.proc.pid, include_leader=True)
+            code = bg.proc.poll()
+            if code is not None:
+                # What it wrote before it ended, and its session's strays.
+                self.drain(bg)
+                kill_session(bg.proc.pid, include_leader=False)
+                bg.ended(128 - code if code < 0 else code)
+        if self.followers:
+            waiting = []
+            for f in self.followers:
+                if f.due(now):
+                    self.send(f.conn, {"id": f.rid, "type": "result", **f.answer()})
+                else:
+                    waiting.append(f)
+            self.followers = waiting
+
+    def process_timeout(self, now):
+        marks = [f.deadline for f in self.followers]
+        marks += [bg.stop_at for bg in (self.procs or {}).values() if bg.stop_at is not None]
+        if any(bg.running for bg in (self.procs or {}).values()):
+            marks.append(now + 1.0)  # SIGCHLD wakes us; this only bounds a missed one
+        return min(marks) - now if marks else None
+
+    # ---- preview connections ----------------------------------------------
+    def open_port(self, conn, req):
+        """Connects to a port inside the sandbox for the server, which then
+        owns the connection: passed as a descriptor (the sandbox gains no
+        network by it; the server reaches only what the sandbox's own
+        loopback reaches), or relayed over `conn` by a child of the agent."""
+        rid = req.get("id")
+        port = req.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            self.send(conn, {"id": rid, "type": "error", "error": "malformed request"})
+            return
+        try:
+            target = connect_port(port)
+        except OSError as e:
+            self.send(conn, {"id": rid, "type": "error", "error": f"port {port}: {e.strerror or e}"})
+            return
+        line = (json_dumps({"id": rid, "type": "result", "connected": port}) + "\n").encode()
+        with target:
+            if not req.get("relay"):
+                try:
+                    send_fds(conn, [line], [target.fileno()])
+                except OSError as e:
+                    self.send(conn, {"id": rid, "type": "error", "error": f"could not pass the connection: {e}"})
+                return
+            try:
+                conn.sendall(line)
+                child = os.fork()
+            except OSError as e:
+                self.send(conn, {"id": rid, "type": "error", "error": f"could not relay: {e}"})
+                return
+            if child == 0:
+                try:
+                    signal.set_wakeup_fd(-1)
+                    keep = (conn.fileno(), target.fileno())
+                    os.closerange(3, min(keep))
+                    os.closerange(min(keep) + 1, max(keep))
+                    os.closerange(max(keep) + 1, 65536)
+                    relay(conn, target)
+                finally:
+                    os._exit(0)
+            ABANDONED.append(Forked(child))
+        # The connection is the server's (or the relay's) from here on.
+        self.drop_conn(conn)
 
     # ---- jobs -----------------------------------------------------------
     def reset_worker(self):
@@ -1447,6 +1988,7 @@ class Agent:
 
     def tick(self):
         reap_abandoned()
+        self.poll_processes()
         job = self.job
         now = time.monotonic()
         if job is None:
@@ -1656,10 +2198,14 @@ class Agent:
     def timeout(self):
         job = self.job
         now = time.monotonic()
+        waits = self.process_timeout(now)
         if job is None:
             due = self.spare_due if self.spare is None else None
-            return None if due is None else max(0.0, due - now)
+            marks = [m for m in (None if due is None else due - now, waits) if m is not None]
+            return max(0.0, min(marks)) if marks else None
         marks = [job.grace_deadline or job.deadline]
+        if waits is not None:
+            marks.append(now + waits)
         if job.progress:
             marks.append(job.next_progress)
         if job.kind == "run":
@@ -1676,6 +2222,8 @@ class Agent:
                     self.read_conn(key.fileobj)
                 elif what == "worker" and self.job is not None:
                     self.worker_replied()
+                elif isinstance(what, tuple):
+                    self.drain(what[1])
                 elif what == "wake":
                     try:
                         os.read(self.wake_r, 4096)

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 
-use sandbox_actors::config::{PackagesConfig, PoolConfig, SandboxConfig, UploadsConfig, UsageConfig};
+use sandbox_actors::config::{PackagesConfig, PoolConfig, ProcessesConfig, SandboxConfig, UploadsConfig, UsageConfig};
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
@@ -32,6 +32,8 @@ pub struct Config {
     pub guest: GuestConfig,
     pub tasks: TasksConfig,
     pub usage: UsageConfig,
+    pub processes: ProcessesConfig,
+    pub preview: PreviewConfig,
     pub telemetry: TelemetryConfig,
     /// Several servers as one, through etcd (see docs/cluster.md); absent:
     /// a single host.
@@ -60,6 +62,14 @@ pub struct ServerConfig {
     /// Host names (`Host` header) served besides the public URL's, IP
     /// literals and `localhost`; others get 403 (DNS-rebinding protection).
     pub allowed_hosts: Vec<String>,
+    /// Preview links are served at `http(s)://{label}.{preview_domain}`,
+    /// one host name per sandbox and port (wildcard DNS to the server):
+    /// each preview is an origin of its own. See docs/previews.md.
+    pub preview_domain: Option<String>,
+    /// A listener of its own for preview links (on `host`), for a server
+    /// without a preview domain: the previews' origin is then not the
+    /// server's, though previews share it with each other.
+    pub preview_port: Option<u16>,
 }
 
 impl Default for ServerConfig {
@@ -73,7 +83,98 @@ impl Default for ServerConfig {
             trusted_proxies: vec![],
             forwarded_header: ForwardedHeader::default(),
             allowed_hosts: vec![],
+            preview_domain: None,
+            preview_port: None,
         }
+    }
+}
+
+/// `[preview]`: the caps of preview links (see docs/previews.md); where
+/// they are served is `server.preview_domain` or `server.preview_port`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PreviewConfig {
+    /// Open preview connections to one sandbox (1 to 1024).
+    pub max_connections_per_sandbox: usize,
+    /// Bytes both ways through one sandbox's previews, per minute, in MB.
+    pub mb_per_minute: u64,
+    /// Largest request body sent to a preview, in MB.
+    pub max_request_mb: u64,
+    /// How long a preview may take to begin its answer (1 to 600 s).
+    pub response_timeout_seconds: u64,
+    /// A preview connection with no byte either way for this long is
+    /// closed (1 to 3600 s).
+    pub idle_timeout_seconds: u64,
+}
+
+impl Default for PreviewConfig {
+    fn default() -> Self {
+        Self {
+            max_connections_per_sandbox: 64,
+            mb_per_minute: 6000,
+            max_request_mb: 32,
+            response_timeout_seconds: 60,
+            idle_timeout_seconds: 300,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidPreview {
+    #[error("preview.{0}: {1}")]
+    Range(&'static str, &'static str),
+    #[error("server.preview_domain: a DNS name such as preview.example.com, not {0:?}")]
+    Domain(String),
+    #[error("server.preview_port: a port other than server.port ({0})")]
+    Port(u16),
+}
+
+impl PreviewConfig {
+    /// Checks what serde cannot, with `[server]`'s preview keys.
+    pub fn validate(&self, server: &ServerConfig) -> Result<(), InvalidPreview> {
+        let ranges = [
+            (
+                "max_connections_per_sandbox",
+                self.max_connections_per_sandbox as u64,
+                1,
+                1024,
+                "from 1 to 1024",
+            ),
+            ("mb_per_minute", self.mb_per_minute, 1, 1 << 20, "from 1 to 1048576"),
+            ("max_request_mb", self.max_request_mb, 1, 4096, "from 1 to 4096"),
+            (
+                "response_timeout_seconds",
+                self.response_timeout_seconds,
+                1,
+                600,
+                "from 1 to 600",
+            ),
+            (
+                "idle_timeout_seconds",
+                self.idle_timeout_seconds,
+                1,
+                3600,
+                "from 1 to 3600",
+            ),
+        ];
+        if let Some((key, .., why)) = ranges.iter().find(|(_, v, lo, hi, _)| !(lo..=hi).contains(&v)) {
+            return Err(InvalidPreview::Range(key, why));
+        }
+        if let Some(domain) = &server.preview_domain {
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            };
+            if domain.len() > 180 || !domain.split('.').all(label_ok) {
+                return Err(InvalidPreview::Domain(domain.clone()));
+            }
+        }
+        if server.preview_port == Some(server.port) || server.preview_port == Some(0) {
+            return Err(InvalidPreview::Port(server.port));
+        }
+        Ok(())
     }
 }
 
@@ -140,8 +241,10 @@ impl ResultsConfig {
     }
 }
 
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 15] = [
     "server",
+    "processes",
+    "preview",
     "sandbox",
     "packages",
     "uploads",
@@ -197,6 +300,8 @@ pub enum ConfigError {
     Telemetry(#[from] TelemetryError),
     #[error(transparent)]
     Cluster(#[from] sandbox_cluster::config::InvalidCluster),
+    #[error(transparent)]
+    Preview(#[from] InvalidPreview),
     #[error(transparent)]
     TrustedProxies(#[from] NotANetwork),
     #[error(
@@ -327,6 +432,8 @@ impl Config {
         self.limits.validate()?;
         self.pool.validate()?;
         self.usage.validate()?;
+        self.processes.validate()?;
+        self.preview.validate(&self.server)?;
         self.results.validate()?;
         self.telemetry.validate()?;
         if let Some(cluster) = &self.cluster {
@@ -418,6 +525,7 @@ impl Config {
             uploads: self.uploads.clone(),
             pool: self.pool.clone(),
             usage: self.usage.clone(),
+            processes: self.processes.clone(),
             state_dir: abs(&self.server.state_dir),
             results_dir: abs(&self.results.dir),
             protected: config_path

@@ -16,8 +16,10 @@ use crate::access::caller::Caller;
 use crate::access::connections;
 use crate::access::guest::GuestKeys;
 use crate::access::limits::Limits;
+use crate::access::preview_links::{PreviewBase, PreviewLinks};
 use crate::access::signer::LinkSigner;
 use crate::config::Config;
+use crate::http::preview::Previews;
 use crate::mcp::tasks::Tasks;
 use crate::mcp::tools::SandboxServer;
 use crate::metrics::Metrics;
@@ -71,12 +73,14 @@ pub(crate) fn ops(
     config: &Config,
     sandboxes: Arc<Sandboxes>,
     signer: Option<LinkSigner>,
+    previews: Option<PreviewLinks>,
     cluster: Option<Arc<Cluster>>,
 ) -> anyhow::Result<Ops> {
     Ok(Ops {
         sandboxes,
         limits: limits(config, signer.as_ref())?,
         links: ArtifactLinks::new(&config.public_url(), signer),
+        previews,
         metrics: Arc::new(Metrics::default()),
         images: Inliner::new(config.results.inline_budgets()),
         routing: cluster.is_some(),
@@ -155,8 +159,44 @@ pub(crate) fn signer(config: &Config, config_path: Option<&Path>) -> anyhow::Res
     })
 }
 
+/// Where preview links point, when the server serves them: under
+/// `server.preview_domain`, or on `server.preview_port`, in the scheme (and
+/// with the host) of the public URL. Their tokens are signed whether or not
+/// API keys are on: a preview link is the only way to a sandbox's port.
+pub(crate) fn previews(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Option<PreviewLinks>> {
+    let public = config.public_url();
+    let (scheme, rest) = public.split_once("://").unwrap_or(("http", &public));
+    let authority = rest.split('/').next().unwrap_or_default();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let base = match (&config.server.preview_domain, config.server.preview_port) {
+        (Some(domain), preview_port) => PreviewBase::Domain {
+            scheme: scheme.to_string(),
+            domain: domain.clone(),
+            port: preview_port
+                .map(|p| p.to_string())
+                .or(port.map(str::to_string))
+                .map_or(String::new(), |p| format!(":{p}")),
+        },
+        (None, Some(preview_port)) => PreviewBase::Port {
+            origin: format!("{scheme}://{host}:{preview_port}"),
+        },
+        (None, None) => return Ok(None),
+    };
+    let derived = config.cluster.as_ref().map(|c| c.derived_secret("links v1"));
+    let signer = LinkSigner::load(
+        config.auth.link_secret.as_deref().or(derived.as_deref()),
+        config.auth.link_ttl_seconds,
+        &config.settings(config_path)?.state_dir,
+    )?;
+    Ok(Some(PreviewLinks::new(base, signer, config.auth.link_ttl_seconds)))
+}
+
 pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<()> {
     let signer = signer(&config, config_path)?;
+    let previews = previews(&config, config_path)?;
     let files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
     let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
     let (open_files, egress_connections) = (files.limit, files.egress_connections);
@@ -166,14 +206,21 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         .with_context(|| format!("binding {addr}"))?;
     let shutdown = CancellationToken::new();
     let cluster = join_cluster(&config, &sandboxes)?;
-    let ops = ops(&config, sandboxes.clone(), signer.clone(), cluster.clone())?;
+    let ops = ops(
+        &config,
+        sandboxes.clone(),
+        signer.clone(),
+        previews.clone(),
+        cluster.clone(),
+    )?;
+    let previews = previews.map(|links| Previews::new(ops.clone(), links, &config.preview, config.server.preview_port));
     if let Some(cluster) = &cluster {
         tokio::spawn(keep_in_step(ops.clone(), cluster.clone(), shutdown.clone()));
         tokio::spawn(share_usage(ops.clone(), cluster.clone(), shutdown.clone()));
     }
     let (limits, metrics) = (ops.limits.clone(), ops.metrics.clone());
     let tasks = Tasks::new(config.tasks.clone());
-    let app = crate::http::router(&config, ops, tasks, signer, shutdown.clone());
+    let app = crate::http::router(&config, ops, tasks, signer, previews.clone(), shutdown.clone());
     info!(%addr, auth = config.auth.enabled, guests = config.guest.enabled, open_files, egress_connections, pool_min = config.pool.min.resolve(sandbox_host::figures::memory_bytes()), pool_max = config.pool.max, mcp = %format!("{}/mcp", config.public_url()), sse = %format!("{}/sse", config.public_url()), "mcp-sandbox listening");
     let pruning = shutdown.clone();
     tokio::spawn(async move {
@@ -188,7 +235,33 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         stop.cancel();
     });
     let addresses = config.client_addresses()?;
-    let serving = connections::serve(listener, app, &config.limits, addresses, metrics, shutdown.clone());
+    if let (Some(previews), Some(port)) = (previews, config.server.preview_port) {
+        let addr = std::net::SocketAddr::new(config.server.host, port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr} (server.preview_port)"))?;
+        let (limits, addresses, metrics, stop) = (
+            config.limits.clone(),
+            addresses.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        info!(%addr, "previews listening");
+        tokio::spawn(async move {
+            let app = crate::http::preview_router(previews);
+            connections::serve(listener, app, &limits, addresses, metrics, stop, true).await;
+        });
+    }
+    let upgrades = config.server.preview_domain.is_some();
+    let serving = connections::serve(
+        listener,
+        app,
+        &config.limits,
+        addresses,
+        metrics,
+        shutdown.clone(),
+        upgrades,
+    );
     // Requests in flight get a grace period; then the server stops anyway.
     let deadline = async {
         shutdown.cancelled().await;
@@ -220,7 +293,7 @@ pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result
     let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
     let tasks = Tasks::new(config.tasks.clone());
     let handler = SandboxServer::new(
-        ops(&config, sandboxes.clone(), None, None)?,
+        ops(&config, sandboxes.clone(), None, None, None)?,
         tasks,
         Some(Caller::local()),
     );

@@ -305,6 +305,16 @@ impl AgentConnection {
         .await
     }
 
+    /// A call on the sandbox's processes, answered within `deadline`.
+    pub(crate) async fn process_call<T>(
+        &mut self,
+        what: &'static str,
+        deadline: Duration,
+        op: impl for<'c> Fn(&'c mut AgentClient) -> BoxFuture<'c, Result<T, AgentError>>,
+    ) -> Result<(T, Option<String>)> {
+        self.ask_agent(what, deadline, op).await
+    }
+
     /// A request to the agent, answered within `deadline` ([`AGENT_QUERY`]
     /// for the short ones): sent again, as a run is, only when it provably
     /// never reached the agent; an agent that misses the deadline has its
@@ -335,6 +345,7 @@ impl AgentConnection {
                     return Ok((value, join(attempts.notices)));
                 }
                 Ok(Err(e)) if attempts.retry.allows(&e) => attempts.retry.prepare(self, e).await,
+                Ok(Err(AgentError::Refused(why))) => return Err(SandboxError::InvalidArgument(why)),
                 Ok(Err(AgentError::Unsupported(_))) => {
                     return Err(SandboxError::Outdated {
                         id: self.paths.id,

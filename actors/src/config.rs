@@ -30,6 +30,7 @@ pub struct Settings {
     pub uploads: UploadsConfig,
     pub pool: PoolConfig,
     pub usage: UsageConfig,
+    pub processes: ProcessesConfig,
     /// The server's own folder: records and agent sockets. Never uploadable.
     pub state_dir: PathBuf,
     /// Host folder holding each sandbox's `/app/results`.
@@ -57,6 +58,7 @@ impl Settings {
             uploads: UploadsConfig::default(),
             pool: PoolConfig::off(),
             usage: UsageConfig::default(),
+            processes: ProcessesConfig::default(),
             max_sandboxes_total: usize::MAX,
             egress_total_connections: DEFAULT_EGRESS_TOTAL,
             state_dir: root.join("state"),
@@ -220,6 +222,47 @@ impl UsageConfig {
         }
         if !(1..=3660).contains(&self.retention_days) {
             return Err(invalid("usage.retention_days", "from 1 to 3660"));
+        }
+        Ok(())
+    }
+}
+
+/// `[processes]`: background processes (`start_process`) and the ports a
+/// sandbox exposes through preview links.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProcessesConfig {
+    /// Processes one sandbox may run at once (1 to 64); as many ended ones
+    /// are remembered, the oldest forgotten with their output.
+    pub max_per_sandbox: usize,
+    /// Output kept per process, in KiB (64 to 65536), on the sandbox's own
+    /// disk: past it the oldest half is dropped, and reads say so.
+    pub output_kept_kb: u64,
+    /// Ports one sandbox may expose through preview links (1 to 64).
+    pub max_exposed_ports: usize,
+}
+
+impl Default for ProcessesConfig {
+    fn default() -> Self {
+        Self {
+            max_per_sandbox: 16,
+            output_kept_kb: 1024,
+            max_exposed_ports: 8,
+        }
+    }
+}
+
+impl ProcessesConfig {
+    /// Checks what serde cannot; each message names the offending key.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if !(1..=64).contains(&self.max_per_sandbox) {
+            return Err(invalid("processes.max_per_sandbox", "from 1 to 64"));
+        }
+        if !(64..=65536).contains(&self.output_kept_kb) {
+            return Err(invalid("processes.output_kept_kb", "from 64 to 65536"));
+        }
+        if !(1..=64).contains(&self.max_exposed_ports) {
+            return Err(invalid("processes.max_exposed_ports", "from 1 to 64"));
         }
         Ok(())
     }

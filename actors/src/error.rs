@@ -55,6 +55,9 @@ pub enum SandboxError {
     Snapshot(#[from] SnapshotError),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A preview connection could not be opened through the agent.
+    #[error("could not open a preview connection: {0}")]
+    Preview(#[source] sandbox_runtime::ports::PortError),
 }
 
 impl SandboxError {
@@ -77,6 +80,7 @@ impl SandboxError {
             SandboxError::Snapshot(SnapshotError::StoreFull { .. } | SnapshotError::NoRoom) => "quota",
             SandboxError::Snapshot(_) => "snapshot",
             SandboxError::Internal(_) => "internal",
+            SandboxError::Preview(_) => "preview",
         }
     }
 }

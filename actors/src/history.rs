@@ -24,6 +24,8 @@ pub enum CallKind {
     Restart,
     ResetPython,
     Snapshot,
+    /// A call on its background processes.
+    Process,
 }
 
 /// One call, as the history shows it.

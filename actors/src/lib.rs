@@ -53,6 +53,7 @@ mod packages;
 mod pool;
 mod pool_target;
 mod pool_yield;
+pub mod processes;
 pub mod records;
 mod resources;
 mod results;

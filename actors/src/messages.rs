@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent_connection::{AgentConnection, Ran};
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
+use crate::processes::{ProcessAnswer, ProcessOp};
 use crate::records::InstallRecord;
 use crate::results::{InstallStatus, SandboxInfo, Uploaded};
 use crate::snapshots::{SnapshotDone, SnapshotOp, SnapshotTotals};
@@ -50,6 +51,20 @@ pub enum SandboxMsg {
         by_owner: bool,
     },
     Info(RpcReplyPort<SandboxInfo>),
+    /// Exposes a port through preview links (or ends its links), answered
+    /// with the ports exposed now; not queued (it changes no container).
+    Expose {
+        port: u16,
+        expose: bool,
+        reply: RpcReplyPort<Result<Vec<u16>>>,
+    },
+    /// A preview connection is about to be made to `port`: refused unless
+    /// it is exposed; the sandbox is woken if it was paused, and counts as
+    /// used.
+    Preview {
+        port: u16,
+        reply: RpcReplyPort<Result<()>>,
+    },
     History(RpcReplyPort<Vec<CallRecord>>),
     /// Periodic: deletes the sandbox if its lifetime is over, pauses it if
     /// it has been idle long enough, and notices a container that died.
@@ -100,6 +115,12 @@ pub enum Queued {
         op: SnapshotOp,
         reply: RpcReplyPort<Result<(SnapshotDone, Option<String>)>>,
     },
+    /// A call on the sandbox's background processes; answers with a
+    /// notice, if any.
+    Process {
+        op: ProcessOp,
+        reply: RpcReplyPort<Result<(ProcessAnswer, Option<String>)>>,
+    },
 }
 
 impl Queued {
@@ -110,6 +131,7 @@ impl Queued {
             Queued::Restart { reply } => drop(reply.send(Err(error))),
             Queued::ResetPython { reply } => drop(reply.send(Err(error))),
             Queued::Snapshot { reply, .. } => drop(reply.send(Err(error))),
+            Queued::Process { reply, .. } => drop(reply.send(Err(error))),
         }
     }
 }
@@ -130,6 +152,8 @@ pub struct Finished {
     pub(crate) snapshots: Option<SnapshotTotals>,
     /// A fork's seeding ended well: its record loses its mark.
     pub(crate) seeded: bool,
+    /// Whether background processes may run now, where the job tells.
+    pub(crate) processes_may_run: Option<bool>,
 }
 
 impl Finished {
@@ -150,6 +174,7 @@ impl Finished {
             packages: None,
             snapshots: None,
             seeded: false,
+            processes_may_run: None,
         }
     }
 }

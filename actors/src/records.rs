@@ -86,6 +86,9 @@ pub struct SandboxRecord {
     /// made for never answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seeding: Option<Uuid>,
+    /// Ports reachable through preview links, until unexposed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<u16>,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -325,6 +328,7 @@ mod tests {
             deleting: false,
             egress: None,
             seeding: None,
+            exposed_ports: Vec::new(),
         }
     }
 

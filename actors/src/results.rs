@@ -72,4 +72,7 @@ pub struct SandboxInfo {
     pub disk: Option<DiskUsage>,
     /// The snapshots the sandbox keeps and the host disk they take.
     pub snapshots: SnapshotTotals,
+    /// Ports reachable through preview links.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<u16>,
 }

@@ -317,6 +317,7 @@ mod tests {
             },
             pool: Default::default(),
             usage: Default::default(),
+            processes: Default::default(),
             state_dir: state.to_path_buf(),
             results_dir: state.join("results"),
             protected: vec![],

@@ -253,7 +253,9 @@ pub fn raise_open_file_limit(
 }
 
 /// Serves `app` on `listener` until `shutdown`, then lets open connections
-/// finish their requests (the caller bounds how long).
+/// finish their requests (the caller bounds how long). With `upgrades`, a
+/// connection may switch protocols (a preview's WebSocket) and is then not
+/// drained after its last answer.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -261,6 +263,7 @@ pub async fn serve(
     addresses: ClientAddresses,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    upgrades: bool,
 ) {
     let (open_tx, mut open_rx) = watch::channel(0usize);
     let caps = Arc::new(Caps {
@@ -320,6 +323,19 @@ pub async fn serve(
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            if upgrades {
+                let conn = builder.serve_connection(TokioIo::new(tcp), service).with_upgrades();
+                tokio::pin!(conn);
+                let outcome = tokio::select! {
+                    outcome = &mut conn => outcome,
+                    _ = stop.cancelled() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                };
+                note_timeout(&outcome, &metrics, ip);
+                return;
+            }
             let mut conn = builder.serve_connection(TokioIo::new(tcp), service);
             // Awaited by reference: the connection flushes its last answer
             // and shuts its sending side, and its socket is still ours.
@@ -335,12 +351,7 @@ pub async fn serve(
                 // hyper answered a malformed request (400, 431) itself.
                 Err(e) => e.is_parse(),
             };
-            if let Err(e) = outcome {
-                if e.is_timeout() {
-                    metrics.header_timeout();
-                    debug!(client = %ip, "request headers too slow: connection dropped");
-                }
-            }
+            note_timeout(&outcome, &metrics, ip);
             if answered {
                 let mut tcp = conn.into_parts().io.into_inner();
                 let _ = tokio::time::timeout(LINGER, discard(&mut tcp)).await;
@@ -350,6 +361,16 @@ pub async fn serve(
     // Stop accepting; wait for the connections still open.
     drop(listener);
     let _ = open_rx.wait_for(|n| *n == 0).await;
+}
+
+/// Counts a connection dropped for sending its headers too slowly.
+fn note_timeout(outcome: &Result<(), hyper::Error>, metrics: &Metrics, ip: IpAddr) {
+    if let Err(e) = outcome {
+        if e.is_timeout() {
+            metrics.header_timeout();
+            debug!(client = %ip, "request headers too slow: connection dropped");
+        }
+    }
 }
 
 #[cfg(test)]

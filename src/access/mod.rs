@@ -15,5 +15,6 @@ pub(crate) mod client_ip;
 pub(crate) mod connections;
 pub(crate) mod guest;
 pub(crate) mod limits;
+pub(crate) mod preview_links;
 pub(crate) mod sessions;
 pub(crate) mod signer;

@@ -94,7 +94,9 @@ fn status_of(e: &SandboxError) -> StatusCode {
             StatusCode::INTERNAL_SERVER_ERROR
         }
         SandboxError::Docker(_) | SandboxError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
-        SandboxError::Agent(_) | SandboxError::Unresponsive { .. } => StatusCode::BAD_GATEWAY,
+        SandboxError::Agent(_) | SandboxError::Unresponsive { .. } | SandboxError::Preview(_) => {
+            StatusCode::BAD_GATEWAY
+        }
         SandboxError::Ended { .. } => StatusCode::GONE,
         SandboxError::Snapshot(e) => match e {
             SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -148,7 +150,7 @@ pub(crate) fn answer_of(ops: &OpsError) -> (StatusCode, Option<u64>) {
     }
 }
 
-type ApiResult<T> = Result<Json<T>, ApiError>;
+pub(crate) type ApiResult<T> = Result<Json<T>, ApiError>;
 
 /// A verb's arguments from `fields` (a request's JSON body, or its query)
 /// with the path's `ids` put in; the message of what is wrong with them. A
@@ -187,7 +189,10 @@ fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>
 /// A verb's arguments from the path's `ids` and an optional JSON body (an
 /// empty one means all defaults): anything wrong is an invalid argument
 /// (400).
-fn optional_body<T: DeserializeOwned + JsonSchema>(ids: &[(&str, &str)], body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn optional_body<T: DeserializeOwned + JsonSchema>(
+    ids: &[(&str, &str)],
+    body: &[u8],
+) -> Result<T, ApiError> {
     let invalid = |e: String| ApiError::Ops(OpsError::InvalidArgument(format!("request body: {e}")));
     let fields = match body.iter().all(u8::is_ascii_whitespace) {
         true => serde_json::Map::new(),
@@ -199,7 +204,7 @@ fn optional_body<T: DeserializeOwned + JsonSchema>(ids: &[(&str, &str)], body: &
 /// A verb's arguments from the path's `ids` and a JSON body it needs: a
 /// body without a JSON content type is 415, one that is not JSON 400, and
 /// JSON that is not the verb's arguments 422.
-fn json_body<T: DeserializeOwned + JsonSchema>(
+pub(crate) fn json_body<T: DeserializeOwned + JsonSchema>(
     ids: &[(&str, &str)],
     headers: &HeaderMap,
     body: &[u8],

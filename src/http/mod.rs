@@ -20,6 +20,8 @@ pub(crate) mod bodies;
 pub(crate) mod error;
 pub(crate) mod health;
 pub(crate) mod node;
+pub(crate) mod preview;
+pub(crate) mod process_api;
 pub(crate) mod sse;
 pub(crate) mod sse_sessions;
 pub(crate) mod state;
@@ -301,6 +303,7 @@ pub fn router(
     ops: Ops,
     tasks: Tasks,
     signer: Option<LinkSigner>,
+    previews: Option<Arc<preview::Previews>>,
     shutdown: CancellationToken,
 ) -> Router {
     let addresses = config.client_addresses().expect("validated with the configuration");
@@ -347,6 +350,7 @@ pub fn router(
         .route(node::ROUTE, post(node::call))
         .route("/cluster/v1/results/{sandbox_id}/{*path}", get(artifacts::for_node))
         .merge(api::routes())
+        .merge(process_api::routes())
         .merge(ui::routes())
         .layer(bodies(MAX_BODY_BYTES))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -365,4 +369,15 @@ pub fn router(
         )
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+        // Outermost: a preview's host is the sandbox's origin, which none of
+        // the server's checks or routes serve.
+        .layer(middleware::from_fn_with_state(
+            previews.filter(|_| config.server.preview_domain.is_some()),
+            preview::dispatch,
+        ))
+}
+
+/// The preview port's own listener: previews only.
+pub fn preview_router(previews: Arc<preview::Previews>) -> Router {
+    Router::new().fallback(preview::serve).with_state(previews)
 }

@@ -128,6 +128,13 @@ pub(crate) async fn call(
         "view_sandbox" => run(args, move |a, _| async move { ops.view_sandbox(&c, a).await }),
         "show_sandbox" => run(args, move |a, _| async move { ops.show_sandbox(&c, a).await }),
         "restart_sandbox" => run(args, move |a, _| async move { ops.restart_sandbox(&c, a).await }),
+        "start_process" => run(args, move |a, _| async move { ops.start_process(&c, a).await }),
+        "list_processes" => run(args, move |a, _| async move { ops.list_processes(&c, a).await }),
+        "read_process_output" => run(args, move |a, _| async move { ops.read_process_output(&c, a).await }),
+        "send_process_input" => run(args, move |a, _| async move { ops.send_process_input(&c, a).await }),
+        "stop_process" => run(args, move |a, _| async move { ops.stop_process(&c, a).await }),
+        "expose_port" => run(args, move |a, _| async move { ops.expose_port(&c, a).await }),
+        "unexpose_port" => run(args, move |a, _| async move { ops.unexpose_port(&c, a).await }),
         "list_result_files" => run(args, move |a, _| async move { ops.list_result_files(&c, a).await }),
         "run_images" => run(args, move |a: RunFiles, _| async move {
             Ok::<_, OpsError>(ops.run_images(&c, &a.sandbox_id, &a.files).await)

@@ -23,7 +23,7 @@ use crate::http::state::AppState;
 use crate::ops::args::parse_id;
 
 /// The cookie holding a signed-in browser's API key.
-const SESSION_COOKIE: &str = "mcp_sandbox_key";
+pub(crate) const SESSION_COOKIE: &str = "mcp_sandbox_key";
 /// The header carrying the session's CSRF token on API calls.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// How long a browser stays signed in.

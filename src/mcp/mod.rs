@@ -7,6 +7,7 @@
 //! `metrics`, `telemetry`; nothing of `http` or `config`.
 
 pub(crate) mod app;
+pub(crate) mod process_tools;
 pub(crate) mod results;
 pub(crate) mod sessions;
 pub(crate) mod tasks;

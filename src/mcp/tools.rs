@@ -48,7 +48,7 @@ use crate::telemetry;
 
 #[derive(Clone)]
 pub struct SandboxServer {
-    ops: Ops,
+    pub(crate) ops: Ops,
     /// Long calls that became tasks, across all sessions.
     tasks: Tasks,
     /// Who calls when the transport decides it once for the connection
@@ -64,11 +64,11 @@ impl SandboxServer {
             ops,
             tasks,
             connection_caller,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::process_tools(),
         }
     }
 
-    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Caller {
+    pub(crate) fn caller(&self, ctx: &RequestContext<RoleServer>) -> Caller {
         Caller::of_request(ctx)
             .or_else(|| self.connection_caller.clone())
             .unwrap_or_else(Caller::local)
@@ -517,7 +517,8 @@ impl ServerHandler for SandboxServer {
              Files written to /app/results come back as download links, images also inline; list_files, \
              read_file and write_file work on them, and reset_python starts Python over. snapshot_sandbox \
              saves variables, files and packages; restore_snapshot goes back to them; fork_sandbox copies a \
-             sandbox into new ones."
+             sandbox into new ones. start_process runs a server or long job in the background \
+             (read_process_output follows it); expose_port gives a link to a port, for a person to open."
                 .into(),
         );
         info

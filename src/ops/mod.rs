@@ -19,6 +19,7 @@ pub(crate) mod directory;
 pub(crate) mod error;
 pub(crate) mod files;
 pub(crate) mod inline_images;
+pub(crate) mod processes;
 pub(crate) mod results;
 pub(crate) mod route;
 pub(crate) mod shared_usage;
@@ -39,6 +40,7 @@ use crate::access::artifact_links::ArtifactLinks;
 use crate::access::budgets::Budget;
 use crate::access::caller::Caller;
 use crate::access::limits::Limits;
+use crate::access::preview_links::PreviewLinks;
 use crate::metrics::Metrics;
 use crate::ops::args::parse_id;
 use crate::ops::error::OpsError;
@@ -66,6 +68,8 @@ struct Run<'a> {
 pub struct Ops {
     pub sandboxes: Arc<Sandboxes>,
     pub links: ArtifactLinks,
+    /// Preview links (none over stdio, which serves no HTTP).
+    pub previews: Option<PreviewLinks>,
     pub limits: Arc<Limits>,
     pub metrics: Arc<Metrics>,
     pub images: Inliner,

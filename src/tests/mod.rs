@@ -77,7 +77,7 @@ impl App {
             .await
             .expect("start on the fake runtime");
         let signer = crate::serve::signer(&config, None).unwrap();
-        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone(), None).unwrap();
+        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone(), None, None).unwrap();
         let tasks = Tasks::new(config.tasks.clone());
         Self {
             config,
@@ -124,11 +124,12 @@ impl App {
             self.ops.clone(),
             self.tasks.clone(),
             self.signer.clone(),
+            None,
             shutdown.clone(),
         );
         let (limits, addresses) = (self.config.limits.clone(), self.config.client_addresses().unwrap());
         let (metrics, stop) = (self.ops.metrics.clone(), shutdown.clone());
-        tokio::spawn(async move { connections::serve(listener, app, &limits, addresses, metrics, stop).await });
+        tokio::spawn(async move { connections::serve(listener, app, &limits, addresses, metrics, stop, false).await });
         (base, shutdown)
     }
 }

@@ -15,6 +15,7 @@ use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord};
 use crate::install::{InstallArgs, InstallTask};
 use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
+use crate::processes;
 use crate::results::Uploaded;
 use crate::snapshots::{Restored, SnapshotDone};
 use crate::uploads::{self, UploadSource};
@@ -44,6 +45,7 @@ impl Job {
             Job::Queued(Queued::Restart { .. }) => "restart",
             Job::Queued(Queued::ResetPython { .. }) => "reset_python",
             Job::Queued(Queued::Snapshot { .. }) => "snapshot",
+            Job::Queued(Queued::Process { op, .. }) => op.verb(),
             Job::Recover => "recover",
             Job::Revive => "revive",
         }
@@ -228,6 +230,31 @@ impl SandboxActor {
                         };
                         let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));
                         let _ = reply.send(result);
+                    });
+                }
+                Job::Queued(Queued::Process { op, reply }) => {
+                    let notice = state.notice.take();
+                    spawn_job(me.clone(), span, async move {
+                        let started = OffsetDateTime::now_utc();
+                        let carried = processes::carry_out(&mut link, &op).await;
+                        let call = outcome_record(started, CallKind::Process, &op.summary(), &carried, op.verb());
+                        let (ctx, id) = (link.ctx().clone(), link.paths.id);
+                        let may_run = match &carried {
+                            Ok((processes::Carried::Done(answer), _)) => answer.may_run(),
+                            Ok((processes::Carried::Follow { started: true, .. }, _)) => Some(true),
+                            _ => None,
+                        };
+                        let finished = Finished {
+                            processes_may_run: may_run,
+                            ..Finished::job(link, Some(call))
+                        };
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));
+                        let answer = match carried {
+                            Ok((processes::Carried::Done(answer), n)) => Ok((answer, join_notices(notice, n))),
+                            Ok((follow, n)) => Ok((processes::follow(&ctx, id, follow).await, join_notices(notice, n))),
+                            Err(e) => Err(e),
+                        };
+                        let _ = reply.send(answer);
                     });
                 }
                 Job::Recover => {

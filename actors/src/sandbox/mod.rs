@@ -102,6 +102,9 @@ pub struct SandboxState {
     snapshots: SnapshotTotals,
     /// Held until the first job ends (a sandbox claimed from the pool).
     first_call: Option<FirstCall>,
+    /// Background processes may run: the idle sandbox is then not paused
+    /// (which would freeze them), until a listing shows none runs.
+    processes_may_run: bool,
 }
 
 impl Actor for SandboxActor {
@@ -185,6 +188,7 @@ impl Actor for SandboxActor {
             last_used: OffsetDateTime::now_utc(),
             snapshots,
             first_call,
+            processes_may_run: false,
         })
     }
 
@@ -331,6 +335,26 @@ impl SandboxActor {
             },
             SandboxMsg::Info(reply) => {
                 let _ = reply.send(info(state));
+            }
+            SandboxMsg::Expose { port, expose, reply } => {
+                let _ = reply.send(expose_port(state, port, expose).await);
+            }
+            SandboxMsg::Preview { port, reply } => {
+                let ready = match (&state.deletion, state.record.exposed_ports.contains(&port)) {
+                    (Some(_), _) => Err(state.retirement_error()),
+                    (None, false) => Err(SandboxError::InvalidArgument(format!(
+                        "port {port} of sandbox {} is not exposed (expose_port makes a link to it)",
+                        state.record.id
+                    ))),
+                    (None, true) => {
+                        state.last_used = OffsetDateTime::now_utc();
+                        match state.link.as_mut() {
+                            Some(link) => link.wake().await,
+                            None => Ok(()),
+                        }
+                    }
+                };
+                let _ = reply.send(ready);
             }
             SandboxMsg::Tick => self.tick(&myself, state).await,
             SandboxMsg::Done(finished) => self.finished(state, *finished).await?,
@@ -540,7 +564,11 @@ impl SandboxActor {
             return;
         }
         let pause_after = state.ctx.settings.sandbox.pause_after_seconds;
-        if pause_after > 0 && now - state.last_used >= Duration::from_secs(pause_after) && !link.is_paused() {
+        if pause_after > 0
+            && !state.processes_may_run
+            && now - state.last_used >= Duration::from_secs(pause_after)
+            && !link.is_paused()
+        {
             if let Err(e) = link.pause().await {
                 warn!(sandbox = %state.record.id, error = %e, "could not pause an idle sandbox");
             }
@@ -615,6 +643,9 @@ impl SandboxActor {
             state.record.seeding = None;
             record_changed = true;
         }
+        if let Some(may_run) = f.processes_may_run {
+            state.processes_may_run = may_run;
+        }
         if container_changed || record_changed {
             state.ctx.store.put(state.record.clone()).await?;
         }
@@ -652,7 +683,33 @@ fn info(state: &SandboxState) -> SandboxInfo {
         installed_packages: r.packages.clone(),
         disk: state.ctx.disks.usage(r.id),
         snapshots: state.snapshots,
+        exposed_ports: r.exposed_ports.clone(),
     }
+}
+
+/// Adds `port` to the exposed ones (or takes it away), within
+/// `processes.max_exposed_ports`, and keeps the record.
+async fn expose_port(state: &mut SandboxState, port: u16, expose: bool) -> Result<Vec<u16>> {
+    if state.deletion.is_some() {
+        return Err(state.retirement_error());
+    }
+    let ports = &mut state.record.exposed_ports;
+    let most = state.ctx.settings.processes.max_exposed_ports;
+    match (expose, ports.binary_search(&port)) {
+        (true, Ok(_)) | (false, Err(_)) => return Ok(ports.clone()),
+        (true, Err(_)) if ports.len() >= most => {
+            return Err(SandboxError::Quota(format!(
+                "sandbox {} already exposes {most} ports (processes.max_exposed_ports); unexpose one first",
+                state.record.id
+            )))
+        }
+        (true, Err(at)) => ports.insert(at, port),
+        (false, Ok(at)) => {
+            ports.remove(at);
+        }
+    }
+    state.ctx.store.put(state.record.clone()).await?;
+    Ok(state.record.exposed_ports.clone())
 }
 
 /// Notices for the next result: each said once, and only so many kept,

@@ -239,6 +239,7 @@ impl Creation {
             deleting: false,
             egress: Some(egress),
             seeding: self.seeding,
+            exposed_ports: Vec::new(),
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             drop(first_call);

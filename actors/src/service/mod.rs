@@ -33,6 +33,7 @@ use crate::history::CallRecord;
 use crate::messages::{Queued, RunRequest, SandboxMsg};
 use crate::packages;
 use crate::pool::{Pool, PoolStats};
+use crate::processes::{self, ProcessAnswer, ProcessOp};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
 use crate::resources::{self, Resources};
 use crate::results::{InstallStatus, SandboxInfo};
@@ -43,6 +44,7 @@ use crate::status::SandboxStatus;
 use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
 use crate::usage::{Meter, Row, Totals};
 use sampler::Sampler;
+use sandbox_runtime::ports::{PortError, PortStream};
 use sandbox_runtime::{ContainerRuntime, DockerRuntime, Usage};
 
 mod creation;
@@ -356,6 +358,50 @@ impl Sandboxes {
         self.ask(scope, id, None, |reply| SandboxMsg::Queued(Queued::Restart { reply }))
             .await??;
         self.info(scope, id).await
+    }
+
+    /// A call on the sandbox's background processes, in turn with its other
+    /// calls; answers with a notice, if any.
+    pub async fn process<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        mut op: ProcessOp,
+    ) -> Result<(ProcessAnswer, Option<String>)> {
+        processes::check(&op)?;
+        if let ProcessOp::Start(start) = &mut op {
+            let limits = &self.ctx.settings.processes;
+            start.keep = limits.output_kept_kb * 1024;
+            start.max_processes = limits.max_per_sandbox;
+        }
+        self.ask(scope.into(), id, None, |reply| {
+            SandboxMsg::Queued(Queued::Process { op, reply })
+        })
+        .await?
+    }
+
+    /// Exposes `port` through preview links, or ends its links; answers
+    /// with the ports exposed now.
+    pub async fn expose_port<'a>(
+        &self,
+        scope: impl Into<Scope<'a>>,
+        id: Uuid,
+        port: u16,
+        expose: bool,
+    ) -> Result<Vec<u16>> {
+        self.query(scope.into(), id, |reply| SandboxMsg::Expose { port, expose, reply })
+            .await?
+    }
+
+    /// A connection to an exposed `port` inside the sandbox, for a preview
+    /// link whose token proved the right to it (so in no tenant's scope).
+    pub async fn open_preview(&self, id: Uuid, port: u16) -> Result<PortStream> {
+        self.query(Scope::Everyone, id, |reply| SandboxMsg::Preview { port, reply })
+            .await??;
+        self.ctx.runtime.open_port(id, port).await.map_err(|e| match e {
+            PortError::Refused(why) => SandboxError::InvalidArgument(why),
+            other => SandboxError::Preview(other),
+        })
     }
 
     pub async fn info<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {

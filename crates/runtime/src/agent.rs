@@ -57,6 +57,9 @@ pub fn bounded(mut text: String, max: usize) -> String {
     text
 }
 
+/// How the agent begins the errors of a request it refused for the caller.
+const REFUSED: &str = "process: ";
+
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Request<'a> {
@@ -352,6 +355,10 @@ pub enum AgentError {
     /// (a sandbox made from an earlier image and adopted since).
     #[error("the agent does not know this operation ({0})")]
     Unsupported(String),
+    /// The agent refused the request for a reason the caller can act on
+    /// (no such process, a port nothing listens on).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A connected socket to an agent: a socket, since [`AgentClient::is_closed`]
@@ -557,7 +564,7 @@ impl AgentClient {
     }
 
     /// The `result` of a request answered at once (no progress).
-    async fn answer<T: serde::de::DeserializeOwned>(&mut self, id: u64) -> Result<T, AgentError> {
+    pub(crate) async fn answer<T: serde::de::DeserializeOwned>(&mut self, id: u64) -> Result<T, AgentError> {
         match self.receive::<T>(id).await? {
             Reply::Result(body) => Ok(body),
             Reply::Error(e) => Err(e.into()),
@@ -565,12 +572,12 @@ impl AgentClient {
         }
     }
 
-    fn take_id(&mut self) -> u64 {
+    pub(crate) fn take_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
 
-    async fn send(&mut self, req: &Request<'_>) -> Result<(), AgentError> {
+    pub(crate) async fn send(&mut self, req: &impl Serialize) -> Result<(), AgentError> {
         let mut line = serde_json::to_vec(req).map_err(|e| AgentError::Protocol(e.to_string()))?;
         line.push(b'\n');
         let mut w = self.writer.lock().await;
@@ -628,13 +635,15 @@ impl From<ErrorBody> for AgentError {
         match text.as_str() {
             "busy" => AgentError::Busy,
             e if e.starts_with("unknown op") => AgentError::Unsupported(text),
+            e if e.starts_with(REFUSED) => AgentError::Refused(e[REFUSED.len()..].to_string()),
+            e if e.starts_with("port ") => AgentError::Refused(text),
             _ => AgentError::Protocol(text),
         }
     }
 }
 
 /// Opens `path` as `O_PATH | O_NOFOLLOW` and checks that it is a socket.
-fn open_socket_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
+pub(crate) fn open_socket_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = CString::new(path.as_os_str().as_bytes())

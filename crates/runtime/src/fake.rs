@@ -507,6 +507,12 @@ impl ContainerRuntime for FakeRuntime {
         self.engine()
     }
 
+    async fn open_port(&self, _sandbox: Uuid, port: u16) -> Result<crate::ports::PortStream, crate::ports::PortError> {
+        Err(crate::ports::PortError::Refused(format!(
+            "port {port}: the test runtime has no network"
+        )))
+    }
+
     async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient> {
         let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "no agent listens");
         let agent = {

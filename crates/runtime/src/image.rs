@@ -195,14 +195,20 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
         path: script.to_path_buf(),
         source,
     })?;
-    if !status.success() {
-        return Err(ImageError::Bootstrap {
+    let failure = match status.success() {
+        false => Some(ImageError::Bootstrap {
             script: script.to_path_buf(),
             status,
-        }
-        .into());
-    }
+        }),
+        true => failure,
+    };
     if let Some(f) = failure {
+        // The engine imports whatever the script wrote before it failed (an
+        // empty file system, say): such a base must not stay to be built on
+        // at every later start.
+        let _ = docker
+            .remove_image(base, None::<bollard::query_parameters::RemoveImageOptions>, None)
+            .await;
         return Err(f.into());
     }
     info!(%base, "offline base image imported");

@@ -18,6 +18,8 @@ mod error;
 pub mod fake;
 mod image;
 pub mod labels;
+pub mod ports;
+pub mod processes;
 pub mod spans;
 
 use std::path::PathBuf;
@@ -151,4 +153,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// listens (here a socket in a host folder; on a cluster, a pod's
     /// address), so callers name only the sandbox.
     async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient>;
+    /// Opens a connection to `port` inside the sandbox, through its agent
+    /// (see [`ports`]).
+    async fn open_port(&self, sandbox: Uuid, port: u16) -> Result<ports::PortStream, ports::PortError>;
 }

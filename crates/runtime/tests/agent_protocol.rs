@@ -888,3 +888,115 @@ async fn a_broken_distribution_planted_in_the_venv_is_left_out_of_the_listing() 
     // The agent, and with it the Python state, is still there.
     assert_eq!(exec(&mut c, "print(x)").await.stdout, "1\n");
 }
+
+/// An echo server on the host's loopback, which the agent (on the host
+/// here) reaches as a sandbox's agent reaches its sandbox's ports.
+async fn echo_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_port_is_reached_through_a_passed_connection_or_the_agents_relay() {
+    use sandbox_runtime::ports::{open_port, PortError, PortStream};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let agent = Agent::start().await;
+    let port = echo_server().await;
+    for relay in [false, true] {
+        let mut stream = open_port(&agent.socket, port, relay).await.unwrap();
+        assert_eq!(matches!(stream, PortStream::Relayed { .. }), relay);
+        let payload = vec![7u8; 300_000];
+        let (mut r, mut w) = tokio::io::split(&mut stream);
+        let (_, echoed) = tokio::join!(
+            async {
+                w.write_all(&payload).await.unwrap();
+                w.shutdown().await.unwrap();
+            },
+            async {
+                let mut got = Vec::new();
+                r.read_to_end(&mut got).await.unwrap();
+                got
+            }
+        );
+        assert_eq!(echoed.len(), payload.len(), "relay {relay}");
+    }
+    // Nothing listens: refused, with the reason, and the agent still answers.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    match open_port(&agent.socket, closed, false).await {
+        Err(PortError::Refused(why)) => assert!(why.contains("refused"), "{why}"),
+        Err(e) => panic!("not refused: {e}"),
+        Ok(_) => panic!("connected to a closed port"),
+    }
+    agent.client().await.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_background_process_is_started_followed_fed_stopped_and_remembered() {
+    use sandbox_runtime::processes::{ProcessState, StartProcess};
+    let agent = Agent::start().await;
+    let mut c = agent.client().await;
+    let start = StartProcess {
+        command: "echo \"$GREETING\"; read line; echo \"got $line\"; sleep 600".into(),
+        cwd: None,
+        env: [("GREETING".to_string(), "hi there".to_string())].into(),
+        name: Some("greeter".into()),
+        keep: 64 * 1024,
+        max_processes: 2,
+    };
+    let info = c.start_process(&start).await.unwrap();
+    assert_eq!(info.state, ProcessState::Running);
+    let first = c.read_process(&info.process_id, 0, 1024, 5.0, false).await.unwrap();
+    assert_eq!(first.output, "hi there\n");
+    let (written, _) = c.process_input(&info.process_id, "abc\n").await.unwrap();
+    assert_eq!(written, 4);
+    let next = c
+        .read_process(&info.process_id, first.next_offset, 1024, 5.0, false)
+        .await
+        .unwrap();
+    assert_eq!(next.output, "got abc\n");
+    // The cap on running processes.
+    c.start_process(&start).await.unwrap();
+    let third = c.start_process(&start).await.unwrap_err();
+    assert!(third.to_string().contains("already runs 2"), "{third}");
+    // TERM after a grace of 0 kills the session: the sleep goes with it.
+    let stopped = c.stop_process(&info.process_id, "TERM", 0.0).await.unwrap();
+    assert_eq!(stopped.state, ProcessState::Exited);
+    assert_eq!(stopped.exit_code, Some(137));
+    // A later agent (the container restarted) lists them as ended with it.
+    drop(c);
+    let records = agent.results.join(".mcp-sandbox/processes");
+    let kept = std::fs::read_dir(&records).unwrap().count();
+    assert!(kept >= 4, "{kept} files in {}", records.display());
+    let again = Agent::start_with(|results| {
+        let to = results.join(".mcp-sandbox/processes");
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(&records).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+        }
+        // A record the sandbox rewrote is read as untrusted.
+        std::fs::write(to.join("0123456789ab.json"), "{\"command\": 5, \"state\": [1]}").unwrap();
+    })
+    .await;
+    let listed = again.client().await.list_processes().await.unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(listed.iter().all(|p| p.state == ProcessState::Exited), "{listed:?}");
+    let note = |p: &sandbox_runtime::processes::ProcessInfo| p.note.clone().unwrap_or_default();
+    assert!(
+        listed.iter().any(|p| note(p).contains("ended with its container")),
+        "{listed:?}"
+    );
+}

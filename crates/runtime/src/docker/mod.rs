@@ -36,6 +36,7 @@ use sandbox_host::{agent_dir, firewall, SANDBOX_UID};
 
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::{SandboxConfig, AUTO_OCI_RUNTIME};
+use crate::ports::{self, PortError, PortStream};
 use crate::{image, labels, spans};
 use crate::{
     ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, Result, RuntimeError, SandboxPaths, Usage,
@@ -425,5 +426,12 @@ impl ContainerRuntime for DockerRuntime {
     async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient> {
         let socket = agent_dir(&self.agents, sandbox).join(SOCKET_NAME);
         AgentClient::connect(&socket, self.config.output_cap_bytes).await
+    }
+
+    async fn open_port(&self, sandbox: Uuid, port: u16) -> Result<PortStream, PortError> {
+        // gVisor keeps a sandbox's sockets in its own kernel: they cannot
+        // be passed out, so its agent relays.
+        let relay = self.config.runtime == "runsc";
+        ports::open_port(&agent_dir(&self.agents, sandbox).join(SOCKET_NAME), port, relay).await
     }
 }

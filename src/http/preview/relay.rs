@@ -1,0 +1,244 @@
+//! One preview exchange over a fresh connection to the sandbox's port (or
+//! to the node that holds the sandbox): the request sent, the answer
+//! streamed back, and an upgraded connection (a WebSocket) carried both
+//! ways. Every body is pumped through the sandbox's byte bucket a frame at
+//! a time, so nothing large sits in memory, and every wait on the sandbox
+//! has a deadline: the answer's head, and each frame (the idle timeout).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderName, Request, Response, StatusCode};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::http::preview::caps::Sandbox;
+
+/// What a frame of a body may be at most when relayed as an upgraded
+/// connection's chunk.
+const CHUNK: usize = 64 * 1024;
+
+/// What an exchange may use.
+pub(crate) struct Exchange {
+    pub share: Arc<Sandbox>,
+    /// Held until the exchange ends (its answer's body, or the upgraded
+    /// connection, is over).
+    pub permit: OwnedSemaphorePermit,
+    pub response_timeout: Duration,
+    pub idle: Duration,
+    pub max_request: u64,
+}
+
+/// Why an exchange failed before an answer came.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RelayError {
+    #[error("the connection to the app failed: {0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("the app closed the connection or sent something other than HTTP: {0}")]
+    Exchange(#[source] hyper::Error),
+    #[error("the app did not begin its answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+impl RelayError {
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            RelayError::TimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+}
+
+/// Sends `req` over `io` and answers with the app's response.
+pub(crate) async fn relay<S>(io: S, mut req: Request<Body>, ex: Exchange) -> Result<Response<Body>, RelayError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(RelayError::Handshake)?;
+    // Ends when the exchange does (the answer read, or the upgraded
+    // connection handed over) or the app closes.
+    tokio::spawn(conn.with_upgrades());
+    let upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let body = match http_body::Body::is_end_stream(&body) {
+        true => Body::empty(),
+        false => pump(body, ex.share.clone(), ex.idle, Some(ex.max_request), None),
+    };
+    let sent = sender.send_request(Request::from_parts(parts, body));
+    let mut answer = match tokio::time::timeout(ex.response_timeout, sent).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => return Err(RelayError::Exchange(e)),
+        Err(_) => return Err(RelayError::TimedOut(ex.response_timeout)),
+    };
+    if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client) = upgrade {
+            let app = hyper::upgrade::on(&mut answer);
+            let Exchange {
+                share, permit, idle, ..
+            } = ex;
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let (Ok(client), Ok(app)) = (client.await, app.await) {
+                    splice(TokioIo::new(client), TokioIo::new(app), &share, idle).await;
+                }
+            });
+            let (parts, _) = answer.into_parts();
+            return Ok(Response::from_parts(parts, Body::empty()));
+        }
+    }
+    let (mut parts, body) = answer.into_parts();
+    drop_hop_by_hop(&mut parts.headers, false);
+    let body = pump(body, ex.share, ex.idle, None, Some(ex.permit));
+    Ok(Response::from_parts(parts, body))
+}
+
+/// A body passed on a frame at a time through the sandbox's bucket, ending
+/// with an error when no frame comes for `idle` or, for a request, when it
+/// grows past `limit`. `permit` is held until it ends.
+fn pump<B>(
+    body: B,
+    share: Arc<Sandbox>,
+    idle: Duration,
+    limit: Option<u64>,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display + Send,
+{
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut body = std::pin::pin!(body);
+        let mut total = 0u64;
+        let fail = |why: String| Err(std::io::Error::other(why));
+        loop {
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Err(_) => {
+                    let _ = tx.send(fail(format!("no data for {} s", idle.as_secs()))).await;
+                    return;
+                }
+                Ok(None) => return,
+                Ok(Some(Err(e))) => {
+                    let _ = tx.send(fail(e.to_string())).await;
+                    return;
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            total += data.len() as u64;
+            if limit.is_some_and(|l| total > l) {
+                let _ = tx
+                    .send(fail("the request body is larger than preview.max_request_mb".into()))
+                    .await;
+                return;
+            }
+            share.pass(data.len()).await;
+            if tx.send(Ok(data)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Body::from_stream(ReceiverStream::new(rx))
+}
+
+/// Carries bytes both ways until both ends closed, or nothing passed
+/// either way for `idle`.
+async fn splice<A, B>(a: A, b: B, share: &Sandbox, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    let (mut ab, mut ba) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let (mut a_open, mut b_open) = (true, true);
+    while a_open || b_open {
+        tokio::select! {
+            read = ar.read(&mut ab), if a_open => match read {
+                Ok(n) if n > 0 => {
+                    share.pass(n).await;
+                    if bw.write_all(&ab[..n]).await.is_err() { return; }
+                }
+                _ => { a_open = false; let _ = bw.shutdown().await; }
+            },
+            read = br.read(&mut ba), if b_open => match read {
+                Ok(n) if n > 0 => {
+                    share.pass(n).await;
+                    if aw.write_all(&ba[..n]).await.is_err() { return; }
+                }
+                _ => { b_open = false; let _ = aw.shutdown().await; }
+            },
+            () = tokio::time::sleep(idle) => return,
+        }
+    }
+}
+
+/// Whether a request asks to switch protocols (a WebSocket).
+pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+}
+
+/// Removes the headers that describe one hop, not the message (and those
+/// `Connection` names), keeping an upgrade's pair when `upgrade`.
+pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::try_from(t.trim()).ok())
+        .filter(|n| !(upgrade && n == header::UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "proxy-authorization",
+    ] {
+        headers.remove(name);
+    }
+    if !upgrade {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_and_an_upgrade_keeps_its_pair() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, x-secret, Upgrade".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        assert!(is_upgrade(&h));
+        let mut upgrading = h.clone();
+        drop_hop_by_hop(&mut upgrading, true);
+        assert!(upgrading.contains_key(header::UPGRADE) && upgrading.contains_key(header::CONNECTION));
+        assert!(!upgrading.contains_key("x-secret") && !upgrading.contains_key("keep-alive"));
+        drop_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+    }
+}
