@@ -1071,8 +1071,14 @@ PROCESS_SIGNALS = {"TERM": 15, "INT": 2, "HUP": 1, "QUIT": 3, "KILL": 9, "USR1":
 MAX_RECORD = 8192
 MAX_COMMAND = 2000
 MAX_FOLLOWERS = 64
-# What one read of a process's pipe takes (its output is drained as it comes).
+# What one read of a process's pipe takes (its output is drained as it
+# comes), and how many reads one turn of the agent's loop makes of it.
 OUTPUT_CHUNK = 65536
+DRAIN_CHUNKS = 4
+# How long the agent waits for a port's connection to complete: on the
+# sandbox's own loopback it completes at once unless the app's backlog is
+# full, and the agent serves nothing else meanwhile.
+CONNECT_WAIT = 0.5
 # How long a stop waits past its grace for the killed session to end.
 STOP_SLACK = 5.0
 
@@ -1326,7 +1332,7 @@ def relay(a, b):
 
 def connect_port(port):
     """A connection to `port` inside the sandbox (IPv4 loopback, then IPv6)
-    made within two seconds; the IPv4 attempt's error when neither works."""
+    made within CONNECT_WAIT each; the IPv4 attempt's error when neither works."""
     first = None
     for family, host in ((_socket.AF_INET, "127.0.0.1"), (_socket.AF_INET6, "::1")):
         s = Socket(family, _socket.SOCK_STREAM)
@@ -1337,7 +1343,7 @@ def connect_port(port):
         except BlockingIOError:
             poll = select.poll()
             poll.register(s, select.POLLOUT)
-            err = s.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR) if poll.poll(2000) else 110
+            err = s.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR) if poll.poll(int(CONNECT_WAIT * 1000)) else 110
             if err == 0:
                 return s
             first = first or OSError(err, os.strerror(err))
@@ -1787,9 +1793,12 @@ class Agent:
         bg.save()
         return bg
 
-    def drain(self, bg):
-        """Reads what a process wrote (its pipe is closed at its end)."""
-        while bg.out is not None:
+    def drain(self, bg, most=DRAIN_CHUNKS):
+        """Reads what a process wrote (its pipe is closed at its end): a few
+        chunks a turn, so that a process that never stops writing does not
+        keep the agent from its other work."""
+        while bg.out is not None and most > 0:
+            most -= 1
             try:
                 data = os.read(bg.out, OUTPUT_CHUNK)
             except BlockingIOError:
@@ -1805,8 +1814,6 @@ class Agent:
                 bg.out = None
                 return
             bg.take(data)
-            if len(data) < OUTPUT_CHUNK:
-                return
 
     def poll_processes(self):
         """Notes the processes that ended, kills those past their grace,
@@ -1822,9 +1829,9 @@ class Agent:
                 kill_session(bg.proc.pid, include_leader=True)
             code = bg.proc.poll()
             if code is not None:
-                # What it wrote before it ended, and its session's strays.
-                self.drain(bg)
+                # Its session's strays end with it; then what they all wrote.
                 kill_session(bg.proc.pid, include_leader=False)
+                self.drain(bg, most=64)
                 bg.ended(128 - code if code < 0 else code)
         if self.followers:
             waiting = []

@@ -161,7 +161,8 @@ pub(crate) fn signer(config: &Config, config_path: Option<&Path>) -> anyhow::Res
 
 /// Where preview links point, when the server serves them: under
 /// `server.preview_domain`, or on `server.preview_port`, in the scheme (and
-/// with the host) of the public URL. Their tokens are signed whether or not
+/// with the host) of the public URL; under `localhost` for a server whose
+/// public URL is this machine's loopback. Their tokens are signed whether or not
 /// API keys are on: a preview link is the only way to a sandbox's port.
 pub(crate) fn previews(config: &Config, config_path: Option<&Path>) -> anyhow::Result<Option<PreviewLinks>> {
     let public = config.public_url();
@@ -183,6 +184,14 @@ pub(crate) fn previews(config: &Config, config_path: Option<&Path>) -> anyhow::R
         (None, Some(preview_port)) => PreviewBase::Port {
             origin: format!("{scheme}://{host}:{preview_port}"),
         },
+        // A server on this machine only: `*.localhost` names loopback in
+        // browsers (and curl), so each preview still has an origin of its
+        // own, on the server's own port.
+        (None, None) if ["127.0.0.1", "localhost", "[::1]"].contains(&host) => PreviewBase::Domain {
+            scheme: scheme.to_string(),
+            domain: "localhost".into(),
+            port: port.map_or(String::new(), |p| format!(":{p}")),
+        },
         (None, None) => return Ok(None),
     };
     let derived = config.cluster.as_ref().map(|c| c.derived_secret("links v1"));
@@ -190,7 +199,8 @@ pub(crate) fn previews(config: &Config, config_path: Option<&Path>) -> anyhow::R
         config.auth.link_secret.as_deref().or(derived.as_deref()),
         config.auth.link_ttl_seconds,
         &config.settings(config_path)?.state_dir,
-    )?;
+    )?
+    .derived("preview links v1");
     Ok(Some(PreviewLinks::new(base, signer, config.auth.link_ttl_seconds)))
 }
 
@@ -249,19 +259,10 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
         info!(%addr, "previews listening");
         tokio::spawn(async move {
             let app = crate::http::preview_router(previews);
-            connections::serve(listener, app, &limits, addresses, metrics, stop, true).await;
+            connections::serve(listener, app, &limits, addresses, metrics, stop).await;
         });
     }
-    let upgrades = config.server.preview_domain.is_some();
-    let serving = connections::serve(
-        listener,
-        app,
-        &config.limits,
-        addresses,
-        metrics,
-        shutdown.clone(),
-        upgrades,
-    );
+    let serving = connections::serve(listener, app, &config.limits, addresses, metrics, shutdown.clone());
     // Requests in flight get a grace period; then the server stops anyway.
     let deadline = async {
         shutdown.cancelled().await;

@@ -9,10 +9,13 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -58,6 +61,14 @@ struct Caps {
 struct Place {
     caps: Arc<Caps>,
     ip: Option<IpAddr>,
+}
+
+/// A connection's place under the caps, in each of its requests: a handler
+/// that takes over the connection (a preview's WebSocket) keeps it until
+/// it is done, so an upgraded connection still counts.
+#[derive(Clone)]
+pub struct ConnectionPlace {
+    _held: Arc<Place>,
 }
 
 impl Drop for Place {
@@ -253,9 +264,8 @@ pub fn raise_open_file_limit(
 }
 
 /// Serves `app` on `listener` until `shutdown`, then lets open connections
-/// finish their requests (the caller bounds how long). With `upgrades`, a
-/// connection may switch protocols (a preview's WebSocket) and is then not
-/// drained after its last answer.
+/// finish their requests (the caller bounds how long). A connection may
+/// switch protocols (a preview's WebSocket), and is then the handler's.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -263,7 +273,6 @@ pub async fn serve(
     addresses: ClientAddresses,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-    upgrades: bool,
 ) {
     let (open_tx, mut open_rx) = watch::channel(0usize);
     let caps = Arc::new(Caps {
@@ -312,38 +321,42 @@ pub async fn serve(
         let app = app.clone();
         let stop = shutdown.clone();
         let metrics = metrics.clone();
+        // A second descriptor of the socket, to drain it once hyper is done
+        // with its own (an upgraded connection is the handler's instead).
+        let Ok(spare) = tcp.as_fd().try_clone_to_owned() else {
+            continue;
+        };
+        let place = ConnectionPlace { _held: Arc::new(place) };
         tokio::spawn(async move {
-            let _place = place;
+            let upgraded = Arc::new(AtomicBool::new(false));
+            let switched = upgraded.clone();
             let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
+                req.extensions_mut().insert(place.clone());
                 let mut app = app.clone();
-                // Boxed, so that the connection is `Unpin` and its socket
-                // can be taken back once it ends (see `discard`).
-                Box::pin(async move { app.call(req.map(axum::body::Body::new)).await })
+                let switched = switched.clone();
+                async move {
+                    let answer = app.call(req.map(axum::body::Body::new)).await;
+                    if answer
+                        .as_ref()
+                        .is_ok_and(|r| r.status() == StatusCode::SWITCHING_PROTOCOLS)
+                    {
+                        switched.store(true, Ordering::SeqCst);
+                    }
+                    answer
+                }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-            if upgrades {
-                let conn = builder.serve_connection(TokioIo::new(tcp), service).with_upgrades();
-                tokio::pin!(conn);
-                let outcome = tokio::select! {
-                    outcome = &mut conn => outcome,
-                    _ = stop.cancelled() => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    }
-                };
-                note_timeout(&outcome, &metrics, ip);
-                return;
-            }
-            let mut conn = builder.serve_connection(TokioIo::new(tcp), service);
-            // Awaited by reference: the connection flushes its last answer
-            // and shuts its sending side, and its socket is still ours.
+            let conn = builder.serve_connection(TokioIo::new(tcp), service).with_upgrades();
+            tokio::pin!(conn);
+            // The connection flushes its last answer and shuts its sending
+            // side; the spare descriptor keeps the socket open.
             let outcome = tokio::select! {
                 outcome = &mut conn => outcome,
                 _ = stop.cancelled() => {
-                    std::pin::Pin::new(&mut conn).graceful_shutdown();
-                    (&mut conn).await
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
                 }
             };
             let answered = match &outcome {
@@ -351,26 +364,25 @@ pub async fn serve(
                 // hyper answered a malformed request (400, 431) itself.
                 Err(e) => e.is_parse(),
             };
-            note_timeout(&outcome, &metrics, ip);
-            if answered {
-                let mut tcp = conn.into_parts().io.into_inner();
-                let _ = tokio::time::timeout(LINGER, discard(&mut tcp)).await;
+            if let Err(e) = outcome {
+                if e.is_timeout() {
+                    metrics.header_timeout();
+                    debug!(client = %ip, "request headers too slow: connection dropped");
+                }
+            }
+            if answered && !upgraded.load(Ordering::SeqCst) {
+                let socket = std::net::TcpStream::from(spare);
+                if socket.set_nonblocking(true).is_ok() {
+                    if let Ok(mut tcp) = TcpStream::from_std(socket) {
+                        let _ = tokio::time::timeout(LINGER, discard(&mut tcp)).await;
+                    }
+                }
             }
         });
     }
     // Stop accepting; wait for the connections still open.
     drop(listener);
     let _ = open_rx.wait_for(|n| *n == 0).await;
-}
-
-/// Counts a connection dropped for sending its headers too slowly.
-fn note_timeout(outcome: &Result<(), hyper::Error>, metrics: &Metrics, ip: IpAddr) {
-    if let Err(e) = outcome {
-        if e.is_timeout() {
-            metrics.header_timeout();
-            debug!(client = %ip, "request headers too slow: connection dropped");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,18 @@ impl LinkSigner {
         })
     }
 
+    /// A signer of another kind of token, under a key derived from this
+    /// one's for `purpose`: no token of one kind is one of the other (an
+    /// artifact path that reads like a preview's signed path, say).
+    pub fn derived(&self, purpose: &str) -> Self {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        mac.update(purpose.as_bytes());
+        Self {
+            secret: mac.finalize().into_bytes().to_vec(),
+            ttl_seconds: self.ttl_seconds,
+        }
+    }
+
     pub(crate) fn mac(&self, sandbox: &str, path: &str, expiry: u64) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
         mac.update(format!("{sandbox}\n{path}\n{expiry}").as_bytes());

@@ -371,10 +371,7 @@ pub fn router(
         .with_state(state)
         // Outermost: a preview's host is the sandbox's origin, which none of
         // the server's checks or routes serve.
-        .layer(middleware::from_fn_with_state(
-            previews.filter(|_| config.server.preview_domain.is_some()),
-            preview::dispatch,
-        ))
+        .layer(middleware::from_fn_with_state(previews, preview::dispatch))
 }
 
 /// The preview port's own listener: previews only.

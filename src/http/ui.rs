@@ -334,6 +334,20 @@ async fn sandbox_page(
 <table id="files"><thead><tr><th>Path</th><th>Size</th><th>Modified</th><th>Preview</th></tr></thead><tbody></tbody></table>
 </section>
 <section class="card">
+<h2>Processes and previews</h2>
+<form id="process-form" class="row">
+<input name="command" id="process-command" placeholder="python -m http.server 8000" spellcheck="false">
+<button type="submit">Start</button>
+</form>
+<table id="processes"><thead><tr><th>Process</th><th>Command</th><th>State</th><th>Output</th><th></th></tr></thead><tbody></tbody></table>
+<pre id="process-output" hidden></pre>
+<form id="expose-form" class="row">
+<input name="port" id="expose-port" type="number" min="1" max="65535" placeholder="Port, e.g. 8000">
+<button type="submit">Expose</button>
+</form>
+<ul id="ports"></ul>
+</section>
+<section class="card">
 <h2>Snapshots and forks</h2>
 <form id="snapshot-form" class="row">
 <input name="label" id="snapshot-label" placeholder="Label (optional)" maxlength="200">

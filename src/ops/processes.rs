@@ -40,7 +40,9 @@ impl From<ProcessInfo> for ProcessView {
     fn from(p: ProcessInfo) -> Self {
         let at = |t: Option<f64>| {
             // To the millisecond: a float's nanoseconds are noise.
-            t.and_then(|s| OffsetDateTime::from_unix_timestamp_nanos((s * 1e3).round() as i128 * 1_000_000).ok())
+            let millis = |s: f64| ((s * 1e3).round() as i128).checked_mul(1_000_000);
+            t.and_then(millis)
+                .and_then(|n| OffsetDateTime::from_unix_timestamp_nanos(n).ok())
                 .map(rfc3339)
         };
         Self {

@@ -38,6 +38,9 @@ pub struct ListedSandbox {
     /// The snapshots the sandbox keeps (absent when it keeps none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshots: Option<SnapshotUse>,
+    /// Ports reachable through preview links (expose_port); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<u16>,
 }
 
 /// A sandbox's snapshots and the host disk they take.
@@ -392,6 +395,7 @@ impl ListedSandbox {
             installed_packages: vec![],
             disk: None,
             snapshots: None,
+            exposed_ports: vec![],
         }
     }
 }
@@ -413,6 +417,7 @@ impl From<SandboxInfo> for ListedSandbox {
                 count: i.snapshots.count,
                 disk_mb: i.snapshots.bytes.div_ceil(1 << 20),
             }),
+            exposed_ports: i.exposed_ports,
         }
     }
 }

@@ -129,7 +129,7 @@ impl App {
         );
         let (limits, addresses) = (self.config.limits.clone(), self.config.client_addresses().unwrap());
         let (metrics, stop) = (self.ops.metrics.clone(), shutdown.clone());
-        tokio::spawn(async move { connections::serve(listener, app, &limits, addresses, metrics, stop, false).await });
+        tokio::spawn(async move { connections::serve(listener, app, &limits, addresses, metrics, stop).await });
         (base, shutdown)
     }
 }

@@ -294,10 +294,11 @@ def test_tokens_open_only_their_own_sandbox_and_port_and_expire(server):
                 assert status == 403 and b"not for this sandbox and port" in body, (url, body)
             status, _, body = request(link.split("?")[0])
             assert status == 401, body
-            # An expired token, signed with the server's own secret.
+            # An expired token, signed with the server's own preview key.
             secret = (server.root / "state" / "link-secret").read_bytes()
+            key = hmac.new(secret, b"preview links v1", hashlib.sha256).digest()
             expiry = int(time.time()) - 5
-            mac = hmac.new(secret, f"{mine}\npreview:8000\n{expiry}".encode(), hashlib.sha256).digest()
+            mac = hmac.new(key, f"{mine}\npreview:8000\n{expiry}".encode(), hashlib.sha256).digest()
             expired = f"{expiry}.{base64.urlsafe_b64encode(mac).decode().rstrip('=')}"
             status, _, body = request(link.split("?")[0] + f"?mcp_preview_token={expired}")
             assert status == 403 and b"expired" in body, body
@@ -424,7 +425,8 @@ def test_the_caps_on_processes_ports_connections_and_requests(server):
 
 
 def test_a_preview_domain_gives_each_sandbox_and_port_a_host_of_its_own(browser):
-    s = Server(MCP_SANDBOX_SERVER_PREVIEW_DOMAIN="localhost").start()
+    # A server on loopback serves previews under `localhost` by default.
+    s = Server().start()
     try:
 
         async def start():
@@ -441,6 +443,13 @@ def test_a_preview_domain_gives_each_sandbox_and_port_a_host_of_its_own(browser)
         via = f"http://127.0.0.1:{s.port}/?mcp_preview_token={token_of(link)}"
         status, h, _ = request(via, headers={"Host": f"{host}:{s.port}"})
         assert status == 303 and h["location"] == "/", h
+        # The redirect never leaves the preview's origin.
+        for sneaky in ("//evil.example/", "/\\evil.example/"):
+            status, h2, _ = request(
+                f"http://127.0.0.1:{s.port}{sneaky}?mcp_preview_token={token_of(link)}",
+                headers={"Host": f"{host}:{s.port}"},
+            )
+            assert status == 303 and h2["location"] == "/evil.example/", h2
         cookie = h["set-cookie"].split(";")[0]
         status, _, body = request(
             f"http://127.0.0.1:{s.port}/api/sandboxes", headers={"Host": f"{host}:{s.port}", "Cookie": cookie}
@@ -450,3 +459,47 @@ def test_a_preview_domain_gives_each_sandbox_and_port_a_host_of_its_own(browser)
         assert in_chromium(browser, link) == "echo: hello from the page"
     finally:
         s.cleanup()
+
+
+def test_the_web_ui_starts_stops_and_links_processes(server, browser):
+    async def start():
+        async with client(server, "alice") as c:
+            sid = (await ok(c, "create_sandbox"))["sandbox_id"]
+            await ok(c, "write_file", sandbox_id=sid, path="app.py", content=APP)
+            return sid
+
+    sid = run(start())
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(server.url + "/ui")
+    page.fill("#key", KEYS["alice"][0])
+    page.click("#sign-in button[type=submit]")
+    page.goto(f"{server.url}/ui/sandboxes/{sid}")
+    page.fill("#process-command", "python app.py 8000")
+    page.click("#process-form button[type=submit]")
+    page.locator("#process-output", has_text="listening on 8000").wait_for()
+    row = page.locator("#processes tbody tr").first
+    row.locator("text=running").wait_for()
+    page.fill("#expose-port", "8000")
+    page.click("#expose-form button[type=submit]")
+    page.locator('#ports li[data-port="8000"]').wait_for()
+    # The port opens in a new tab, through a fresh link, on the preview's origin.
+    with context.expect_page() as opened:
+        page.locator('#ports button[data-action="open"]').click()
+    preview = opened.value
+    preview.wait_for_function("document.title.startsWith('echo')", timeout=20000)
+    assert preview.url.startswith(f"http://127.0.0.1:{server.env['MCP_SANDBOX_SERVER_PREVIEW_PORT']}/p8000-")
+    preview.close()
+    row.locator('button[data-action="output"]').click()
+    page.locator("#process-output", has_text="listening").wait_for()
+    row.locator('button[data-action="stop"]').click()
+    page.locator("#processes tbody tr").first.locator("text=exited").wait_for()
+    page.locator('#ports button[data-action="unexpose"]').click()
+    page.locator("#ports li").wait_for(state="detached")
+    context.close()
+
+    async def finish():
+        async with client(server, "alice") as c:
+            await ok(c, "delete_sandbox", sandbox_id=sid)
+
+    run(finish())

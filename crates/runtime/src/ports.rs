@@ -19,12 +19,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::agent::{bounded, open_socket_nofollow, MAX_AGENT_TEXT};
 
-/// How long the agent may take to answer (it connects within two seconds).
+/// How long the agent may take to answer (it gives a connection a second
+/// at most).
 pub const OPEN_DEADLINE: Duration = Duration::from_secs(5);
 /// The longest answer line read.
 const MAX_ANSWER: usize = 4096;
@@ -48,8 +49,9 @@ pub enum PortError {
 
 /// A connection to a port inside a sandbox.
 pub enum PortStream {
-    /// The socket the agent connected and passed.
-    Passed(TcpStream),
+    /// The socket the agent connected and passed (taken only by `Drop`,
+    /// which closes it on the blocking pool).
+    Passed(Option<TcpStream>),
     /// The agent's connection, which carries the bytes; `early` holds those
     /// that came with its answer.
     Relayed { early: Vec<u8>, stream: UnixStream },
@@ -78,20 +80,61 @@ async fn open(socket: &Path, port: u16, relay: bool) -> Result<PortStream, PortE
     drop(fd);
     let line = serde_json::json!({"id": 1, "op": "open_port", "port": port, "relay": relay});
     stream.write_all(format!("{line}\n").as_bytes()).await?;
+    // The answer is read, and what came with it closed, on a thread of the
+    // blocking pool: a descriptor a hostile agent passed may block its
+    // closer (a socket set to linger with unsent data), which must never
+    // be a thread of the runtime.
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(OPEN_DEADLINE))?;
+    let (stream, got, end, passed) = tokio::task::spawn_blocking(move || answer(stream))
+        .await
+        .map_err(|e| PortError::Io(io::Error::other(e)))??;
+    let text = |b: &[u8]| bounded(String::from_utf8_lossy(b).into_owned(), MAX_AGENT_TEXT);
+    let parsed: Result<Answer, _> = serde_json::from_slice(&got[..end]);
+    let failure = match parsed {
+        Ok(a) if a.kind == "result" => None,
+        Ok(a) if a.kind == "error" => Some(PortError::Refused(text(a.error.unwrap_or_default().as_bytes()))),
+        _ => Some(PortError::Protocol(text(&got[..end]))),
+    };
+    if let Some(failure) = failure {
+        close_elsewhere(passed);
+        return Err(failure);
+    }
+    if relay {
+        close_elsewhere(passed);
+        stream.set_nonblocking(true)?;
+        return Ok(PortStream::Relayed {
+            early: got[end + 1..].to_vec(),
+            stream: UnixStream::from_std(stream)?,
+        });
+    }
+    let fd = passed.ok_or_else(|| PortError::Protocol("no connection came with the answer".into()))?;
+    match checked(&fd) {
+        Ok(()) => Ok(PortStream::Passed(Some(TcpStream::from_std(
+            std::net::TcpStream::from(fd),
+        )?))),
+        Err(e) => {
+            close_elsewhere(Some(fd));
+            Err(e)
+        }
+    }
+}
+
+/// Reads the agent's answer line (blocking, within the socket's read
+/// timeout): the stream, the bytes read, where the line ends, and the first
+/// descriptor that came with them.
+fn answer(
+    stream: std::os::unix::net::UnixStream,
+) -> Result<(std::os::unix::net::UnixStream, Vec<u8>, usize, Option<OwnedFd>), PortError> {
     let mut got = Vec::new();
     let mut passed = None;
-    let end = loop {
-        stream.readable().await?;
+    loop {
         let mut buf = [0u8; 1024];
-        let read = stream.try_io(Interest::READABLE, || receive(stream.as_raw_fd(), &mut buf));
-        let (n, fd) = match read {
-            Ok(r) => r,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e.into()),
-        };
-        // Only the first descriptor counts; another is closed as it drops.
+        let (n, fd) = receive(stream.as_raw_fd(), &mut buf)?;
+        // Only the first descriptor counts; another is closed here.
         if passed.is_none() {
-            passed = fd;
+            passed = fd.map(abortive);
         }
         if n == 0 {
             return Err(PortError::Protocol(
@@ -99,33 +142,45 @@ async fn open(socket: &Path, port: u16, relay: bool) -> Result<PortStream, PortE
             ));
         }
         got.extend_from_slice(&buf[..n]);
-        if let Some(i) = got.iter().position(|&b| b == b'\n') {
-            break i;
+        if let Some(end) = got.iter().position(|&b| b == b'\n') {
+            return Ok((stream, got, end, passed));
         }
         if got.len() > MAX_ANSWER {
             return Err(PortError::Protocol("an answer longer than 4 KiB".into()));
         }
-    };
-    let text = |b: &[u8]| bounded(String::from_utf8_lossy(b).into_owned(), MAX_AGENT_TEXT);
-    let answer: Answer = serde_json::from_slice(&got[..end]).map_err(|_| PortError::Protocol(text(&got[..end])))?;
-    match answer.kind.as_str() {
-        "result" => {}
-        "error" => return Err(PortError::Refused(text(answer.error.unwrap_or_default().as_bytes()))),
-        _ => return Err(PortError::Protocol(text(&got[..end]))),
     }
-    if relay {
-        return Ok(PortStream::Relayed {
-            early: got[end + 1..].to_vec(),
-            stream,
-        });
-    }
-    let fd = passed.ok_or_else(|| PortError::Protocol("no connection came with the answer".into()))?;
-    Ok(PortStream::Passed(tcp_stream(fd)?))
 }
 
-/// `fd` as a TCP stream, once it is seen to be a connected stream socket
-/// of the internet families (what a replaced agent passes may be anything).
-fn tcp_stream(fd: OwnedFd) -> Result<TcpStream, PortError> {
+/// `fd` set to close at once, whatever is unsent (an abortive close).
+fn abortive(fd: OwnedFd) -> OwnedFd {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `fd` is open; `linger` is a valid option value of its size.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    fd
+}
+
+/// Closes what a hostile agent passed on the blocking pool (see [`open`]).
+fn close_elsewhere(fd: Option<OwnedFd>) {
+    if let Some(fd) = fd {
+        let fd = abortive(fd);
+        tokio::task::spawn_blocking(move || drop(fd));
+    }
+}
+
+/// Whether `fd` is a stream socket of the internet families (what a
+/// replaced agent passes may be anything).
+fn checked(fd: &OwnedFd) -> Result<(), PortError> {
     let option = |name| -> io::Result<libc::c_int> {
         let mut value: libc::c_int = 0;
         let mut len = size_of::<libc::c_int>() as libc::socklen_t;
@@ -150,9 +205,15 @@ fn tcp_stream(fd: OwnedFd) -> Result<TcpStream, PortError> {
     if !matches!(domain, libc::AF_INET | libc::AF_INET6) || kind != libc::SOCK_STREAM {
         return Err(refuse());
     }
-    let std = std::net::TcpStream::from(fd);
-    std.set_nonblocking(true)?;
-    Ok(TcpStream::from_std(std)?)
+    // SAFETY: fcntl on an open descriptor, with flags it just read.
+    let nonblocking = unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+    };
+    match nonblocking {
+        true => Ok(()),
+        false => Err(PortError::Io(io::Error::last_os_error())),
+    }
 }
 
 /// One `recvmsg`: the bytes read, and a descriptor that came with them.
@@ -171,7 +232,7 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     // SAFETY: CMSG_SPACE is arithmetic.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
     // SAFETY: `msg` points at live buffers of the sizes given.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -200,10 +261,20 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     Ok((n as usize, passed))
 }
 
+impl Drop for PortStream {
+    fn drop(&mut self) {
+        if let PortStream::Passed(s) = self {
+            if let Some(fd) = s.take().and_then(|s| s.into_std().ok()) {
+                close_elsewhere(Some(OwnedFd::from(fd)));
+            }
+        }
+    }
+}
+
 impl AsyncRead for PortStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            PortStream::Passed(s) => Pin::new(s).poll_read(cx, buf),
+            PortStream::Passed(s) => Pin::new(s.as_mut().expect("open until dropped")).poll_read(cx, buf),
             PortStream::Relayed { early, stream } => {
                 if !early.is_empty() {
                     let n = early.len().min(buf.remaining());
@@ -220,21 +291,21 @@ impl AsyncRead for PortStream {
 impl AsyncWrite for PortStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            PortStream::Passed(s) => Pin::new(s).poll_write(cx, buf),
+            PortStream::Passed(s) => Pin::new(s.as_mut().expect("open until dropped")).poll_write(cx, buf),
             PortStream::Relayed { stream, .. } => Pin::new(stream).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            PortStream::Passed(s) => Pin::new(s).poll_flush(cx),
+            PortStream::Passed(s) => Pin::new(s.as_mut().expect("open until dropped")).poll_flush(cx),
             PortStream::Relayed { stream, .. } => Pin::new(stream).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            PortStream::Passed(s) => Pin::new(s).poll_shutdown(cx),
+            PortStream::Passed(s) => Pin::new(s.as_mut().expect("open until dropped")).poll_shutdown(cx),
             PortStream::Relayed { stream, .. } => Pin::new(stream).poll_shutdown(cx),
         }
     }
@@ -248,9 +319,9 @@ mod tests {
     #[test]
     fn only_a_tcp_connection_is_taken_from_the_agent() {
         let (a, _b) = StdUnix::pair().unwrap();
-        let err = tcp_stream(OwnedFd::from(a)).err().unwrap();
+        let err = checked(&OwnedFd::from(a)).err().unwrap();
         assert!(err.to_string().contains("other than a TCP connection"), "{err}");
         let file = std::fs::File::open("/dev/null").unwrap();
-        assert!(tcp_stream(OwnedFd::from(file)).is_err());
+        assert!(checked(&OwnedFd::from(file)).is_err());
     }
 }

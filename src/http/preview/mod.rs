@@ -118,8 +118,10 @@ pub(crate) async fn serve(State(p): State<Arc<Previews>>, req: Request) -> Respo
     // A browser opening the link: the token becomes the origin's cookie,
     // and the address loses it (it would leak through history and Referer).
     if query_token.is_some() && req.method() == axum::http::Method::GET && !is_upgrade(req.headers()) {
+        // One leading slash: `//host` or `/\host` would leave the origin.
+        let inner = format!("/{}", inner.trim_start_matches(['/', '\\']));
         let location = match p.links.base() {
-            PreviewBase::Domain { .. } => inner.clone(),
+            PreviewBase::Domain { .. } => inner,
             PreviewBase::Port { .. } => format!("/{}{inner}", target.label()),
         };
         let max_age = expiry.saturating_sub(crate::access::signer::unix_now());

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::access::connections::ConnectionPlace;
 use crate::http::preview::caps::Sandbox;
 
 /// What a frame of a body may be at most when relayed as an upgraded
@@ -66,6 +67,7 @@ where
     // connection handed over) or the app closes.
     tokio::spawn(conn.with_upgrades());
     let upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let place = req.extensions().get::<ConnectionPlace>().cloned();
     let (parts, body) = req.into_parts();
     let body = match http_body::Body::is_end_stream(&body) {
         true => Body::empty(),
@@ -84,7 +86,7 @@ where
                 share, permit, idle, ..
             } = ex;
             tokio::spawn(async move {
-                let _permit = permit;
+                let (_permit, _place) = (permit, place);
                 if let (Ok(client), Ok(app)) = (client.await, app.await) {
                     splice(TokioIo::new(client), TokioIo::new(app), &share, idle).await;
                 }
@@ -95,6 +97,7 @@ where
     }
     let (mut parts, body) = answer.into_parts();
     drop_hop_by_hop(&mut parts.headers, false);
+    drop_server_cookies(&mut parts.headers);
     let body = pump(body, ex.share, ex.idle, None, Some(ex.permit));
     Ok(Response::from_parts(parts, body))
 }
@@ -141,7 +144,8 @@ where
                 return;
             }
             share.pass(data.len()).await;
-            if tx.send(Ok(data)).await.is_err() {
+            // A reader that takes nothing for `idle` is gone.
+            if !matches!(tokio::time::timeout(idle, tx.send(Ok(data))).await, Ok(Ok(()))) {
                 return;
             }
         }
@@ -149,8 +153,8 @@ where
     Body::from_stream(ReceiverStream::new(rx))
 }
 
-/// Carries bytes both ways until both ends closed, or nothing passed
-/// either way for `idle`.
+/// Carries bytes both ways until both ends closed, nothing passed either
+/// way for `idle`, or one end took nothing written to it for `idle`.
 async fn splice<A, B>(a: A, b: B, share: &Sandbox, idle: Duration)
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -165,19 +169,42 @@ where
             read = ar.read(&mut ab), if a_open => match read {
                 Ok(n) if n > 0 => {
                     share.pass(n).await;
-                    if bw.write_all(&ab[..n]).await.is_err() { return; }
+                    if !matches!(tokio::time::timeout(idle, bw.write_all(&ab[..n])).await, Ok(Ok(()))) { return; }
                 }
                 _ => { a_open = false; let _ = bw.shutdown().await; }
             },
             read = br.read(&mut ba), if b_open => match read {
                 Ok(n) if n > 0 => {
                     share.pass(n).await;
-                    if aw.write_all(&ba[..n]).await.is_err() { return; }
+                    if !matches!(tokio::time::timeout(idle, aw.write_all(&ba[..n])).await, Ok(Ok(()))) { return; }
                 }
                 _ => { b_open = false; let _ = aw.shutdown().await; }
             },
             () = tokio::time::sleep(idle) => return,
         }
+    }
+}
+
+/// Removes the app's `Set-Cookie`s that would reach beyond its own origin
+/// (a `Domain` attribute) or name a cookie of the server's (the web UI's
+/// key, a preview token): cookies ignore ports, so on a preview port they
+/// would land on the server's host.
+fn drop_server_cookies(headers: &mut HeaderMap) {
+    let kept: Vec<_> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter(|v| {
+            let text = v.to_str().unwrap_or_default().to_ascii_lowercase();
+            let name = text.split('=').next().unwrap_or_default().trim();
+            let servers = name.starts_with("mcp_") || name.starts_with("__host-mcp_");
+            let wider = text.split(';').any(|attr| attr.trim().starts_with("domain"));
+            !(servers || wider)
+        })
+        .cloned()
+        .collect();
+    headers.remove(header::SET_COOKIE);
+    for v in kept {
+        headers.append(header::SET_COOKIE, v);
     }
 }
 
@@ -240,5 +267,21 @@ mod tests {
         assert!(!upgrading.contains_key("x-secret") && !upgrading.contains_key("keep-alive"));
         drop_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1, "{h:?}");
+    }
+
+    #[test]
+    fn an_app_sets_no_cookie_of_the_servers_nor_for_a_wider_domain() {
+        let mut h = HeaderMap::new();
+        for c in [
+            "mcp_sandbox_key=stolen; Path=/ui",
+            "own=1; Path=/",
+            "wide=1; Domain=example.com",
+            "mcp_preview=x",
+        ] {
+            h.append(header::SET_COOKIE, c.parse().unwrap());
+        }
+        drop_server_cookies(&mut h);
+        let left: Vec<_> = h.get_all(header::SET_COOKIE).iter().collect();
+        assert_eq!(left, ["own=1; Path=/"]);
     }
 }

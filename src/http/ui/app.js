@@ -164,6 +164,7 @@ function sandboxPage(root) {
         el('td', { class: c.ok ? 'ok' : 'error' }, c.outcome),
         el('td', {}, String(c.duration_ms)))));
     root.dataset.status = s.status;
+    showPorts(s.exposed_ports);
   }
 
   async function loadFiles() {
@@ -216,7 +217,78 @@ function sandboxPage(root) {
       ` (Python ${f.python}${f.not_carried.length ? `; not carried: ${f.not_carried.map((n) => n.name).join(', ')}` : ''})`);
   }
 
-  const refresh = () => Promise.all([loadInfo(), loadFiles(), loadSnapshots()]).catch(showError);
+  /** The sandbox's background processes: output on request, a stop each. */
+  async function loadProcesses() {
+    const data = await api('GET', `${base}/processes`);
+    const shown = document.getElementById('process-output');
+    document.getElementById('processes').tBodies[0].replaceChildren(...data.processes.slice().reverse().map((p) => {
+      const path = `${base}/processes/${p.process_id}`;
+      const state = p.state === 'exited' ? `exited${p.exit_code === undefined ? '' : ` (${p.exit_code})`}` : p.state;
+      return el('tr', { 'data-id': p.process_id },
+        el('td', {}, el('code', {}, p.name || p.process_id)),
+        el('td', { class: 'mono' }, p.command),
+        el('td', { class: p.state === 'running' ? 'ok' : '', title: p.note || '' }, state),
+        el('td', {}, bytes(p.output_bytes)),
+        el('td', { class: 'actions' },
+          el('button', {
+            class: 'secondary',
+            'data-action': 'output',
+            onclick: (ev) => busy(ev.target.parentElement, async () => {
+              const out = await api('GET', `${path}/output?offset=0&max_bytes=65536`);
+              shown.hidden = false;
+              shown.textContent = (out.skipped ? `[${out.skipped} earlier bytes no longer kept]\n` : '') + out.output;
+            }),
+          }, 'Output'),
+          p.state === 'running' ? el('button', {
+            class: 'danger',
+            'data-action': 'stop',
+            onclick: (ev) => busy(ev.target.parentElement, async () => { await api('POST', `${path}/stop`); await refresh(); }),
+          }, 'Stop') : ''));
+    }));
+  }
+
+  /** The exposed ports, each opened through a fresh link. */
+  function showPorts(ports) {
+    document.getElementById('ports').replaceChildren(...(ports || []).map((port) => el('li', { 'data-port': String(port) },
+      `port ${port} `,
+      el('button', {
+        class: 'secondary',
+        'data-action': 'open',
+        onclick: (ev) => busy(ev.target.parentElement, async () => {
+          const r = await api('POST', `${base}/ports/${port}`);
+          window.open(r.url, '_blank', 'noopener');
+        }),
+      }, 'Open'),
+      el('button', {
+        class: 'danger',
+        'data-action': 'unexpose',
+        onclick: (ev) => busy(ev.target.parentElement, async () => { await api('DELETE', `${base}/ports/${port}`); await refresh(); }),
+      }, 'Unexpose'))));
+  }
+
+  const refresh = () => Promise.all([loadInfo(), loadFiles(), loadSnapshots(), loadProcesses()]).catch(showError);
+
+  const processForm = document.getElementById('process-form');
+  processForm.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(processForm, async () => {
+      const r = await api('POST', `${base}/processes`, { command: processForm.elements.command.value });
+      const shown = document.getElementById('process-output');
+      shown.hidden = false;
+      shown.textContent = r.output;
+      processForm.reset();
+      await refresh();
+    });
+  });
+  const exposeForm = document.getElementById('expose-form');
+  exposeForm.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(exposeForm, async () => {
+      await api('POST', `${base}/ports/${Number(exposeForm.elements.port.value)}`);
+      exposeForm.reset();
+      await refresh();
+    });
+  });
 
   function showRun(prefix, r) {
     document.getElementById(`${prefix}-out`).hidden = false;

@@ -29,6 +29,11 @@ impl Ops {
                     "preview links are served by the HTTP server; this one (stdio) has none".into(),
                 ));
             };
+            // A public demo's guests would make the operator's domain a free
+            // host of anything.
+            if caller.expires_at.is_some() {
+                return Err(OpsError::Refused("guest keys get no preview links".into()));
+            }
             if args.port == 0 {
                 return Err(OpsError::InvalidArgument("port must be from 1 to 65535".into()));
             }
