@@ -1497,7 +1497,7 @@ class Agent:
         self.listener = unix_socket()
         self.listener.bind(path)
         os.chmod(path, 0o600)
-        self.listener.listen(4)
+        self.listener.listen(64)
         self.listener.setblocking(False)
         self.sel.register(self.listener, "listen")
         self.wake_r, wake_w = os.pipe()

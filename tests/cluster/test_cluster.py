@@ -222,6 +222,43 @@ def test_files_are_read_and_uploaded_through_a_node_that_does_not_hold_them(clus
     cluster.delete("n2", ALICE, sid)
 
 
+def test_processes_and_preview_links_work_through_nodes_that_do_not_hold_the_sandbox(cluster):
+    from urllib.parse import urlsplit
+
+    sid = cluster.create_on("n3", "n1", ALICE)
+    status, started = cluster.api("n1", "POST", f"/api/sandboxes/{sid}/processes", ALICE,
+                                  {"command": "python -m http.server 8000", "name": "site"})
+    assert status == 201 and started["process"]["state"] == "running", started
+    status, link = cluster.api("n2", "POST", f"/api/sandboxes/{sid}/ports/8000", ALICE)
+    assert status == 200, link
+    holder, entry = (urlsplit(cluster.url(n)).hostname for n in ("n3", "n2"))
+    assert urlsplit(link["url"]).hostname == holder, link
+    # Opened through n2, which relays to n3; the token is checked there.
+    via = link["url"].replace(holder, entry, 1)
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    for _ in range(30):
+        try:
+            with opener.open(via, timeout=30) as r:
+                body = r.read()
+                break
+        except urllib.error.HTTPError as e:
+            assert e.code == 502, e.read()
+            time.sleep(0.5)
+    assert b"Directory listing" in body, body[:300]
+    forged = via.split("?")[0] + "?mcp_preview_token=1.AAAA"
+    try:
+        urllib.request.urlopen(forged, timeout=30)
+        raise AssertionError("a forged token opened the preview")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.read()
+    status, listed = cluster.api("n1", "GET", f"/api/sandboxes/{sid}/processes", BOB)
+    assert status == 404, listed
+    pid = started["process"]["process_id"]
+    status, stopped = cluster.api("n2", "POST", f"/api/sandboxes/{sid}/processes/{pid}/stop", ALICE)
+    assert status == 200 and stopped["process"]["state"] == "exited", stopped
+    cluster.delete("n2", ALICE, sid)
+
+
 def test_a_usage_report_through_any_node_covers_every_node(cluster):
     # Bob's calls on n1 and on n2; n3, which holds none of his sandboxes,
     # reports them all, as the nodes that hold them do.

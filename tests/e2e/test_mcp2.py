@@ -32,6 +32,13 @@ TOOLS = {
     "list_snapshots",
     "delete_snapshot",
     "fork_sandbox",
+    "start_process",
+    "list_processes",
+    "read_process_output",
+    "send_process_input",
+    "stop_process",
+    "expose_port",
+    "unexpose_port",
 }
 
 
@@ -106,6 +113,9 @@ def test_tools_are_listed_with_schemas_and_annotations(server):
             assert fork.input_schema["required"] == ["sandbox_id"]
             assert set(tools["execute_python_code"].input_schema["required"]) == {"sandbox_id", "code"}
             assert set(tools["upload_file_to_sandbox"].input_schema["properties"]) == {"sandbox_id", "local_file_path", "dest_path"}
+            assert tools["read_process_output"].annotations.read_only_hint is True
+            assert tools["stop_process"].annotations.destructive_hint is True
+            assert set(tools["start_process"].input_schema["required"]) == {"sandbox_id", "command"}
             empty = await c.call_tool("list_sandboxes", {})
             assert empty.content[0].text.strip() == "[]" and empty.structured_content == {"sandboxes": []}
 

@@ -18,9 +18,15 @@ pub(crate) struct Caps {
     sandboxes: Mutex<HashMap<Uuid, Arc<Sandbox>>>,
 }
 
+/// Connections one sandbox's agent is asked to open at once: it answers
+/// them one at a time, and takes only so many connections of its own.
+const OPENING_AT_ONCE: usize = 8;
+
 /// One sandbox's share.
 pub(crate) struct Sandbox {
     open: Arc<Semaphore>,
+    /// Held while its agent opens a connection (a burst waits its turn).
+    pub(crate) opening: Semaphore,
     bucket: Mutex<Bucket>,
     bytes_per_second: f64,
 }
@@ -54,6 +60,7 @@ impl Caps {
             .or_insert_with(|| {
                 Arc::new(Sandbox {
                     open: Arc::new(Semaphore::new(self.connections)),
+                    opening: Semaphore::new(OPENING_AT_ONCE),
                     bucket: Mutex::new(Bucket {
                         tokens: self.bytes_per_second * 60.0,
                         at: Instant::now(),

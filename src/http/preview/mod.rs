@@ -203,7 +203,11 @@ async fn forward(p: &Previews, target: Target, inner: String, mut req: Request) 
         PreviewBase::Port { origin } => (origin.split("://").next().unwrap_or("http"), Some(target.label())),
     };
     prepare(&mut req, &inner, upgrade, scheme, prefix);
-    let io = match p.ops.sandboxes.open_preview(target.sandbox, target.port).await {
+    let opened = {
+        let _turn = exchange.share.opening.acquire().await;
+        p.ops.sandboxes.open_preview(target.sandbox, target.port).await
+    };
+    let io = match opened {
         Ok(io) => io,
         Err(e) => return refused(target, &e),
     };
