@@ -305,23 +305,13 @@ impl AgentConnection {
         .await
     }
 
-    /// A call on the sandbox's processes, answered within `deadline`.
-    pub(crate) async fn process_call<T>(
-        &mut self,
-        what: &'static str,
-        deadline: Duration,
-        op: impl for<'c> Fn(&'c mut AgentClient) -> BoxFuture<'c, Result<T, AgentError>>,
-    ) -> Result<(T, Option<String>)> {
-        self.ask_agent(what, deadline, op).await
-    }
-
     /// A request to the agent, answered within `deadline` ([`AGENT_QUERY`]
     /// for the short ones): sent again, as a run is, only when it provably
     /// never reached the agent; an agent that misses the deadline has its
     /// container restarted.
     /// `what` names the request in errors. Answers with what had to be done
     /// to reach the agent, for the caller.
-    async fn ask_agent<T>(
+    pub(crate) async fn ask_agent<T>(
         &mut self,
         what: &'static str,
         deadline: Duration,

@@ -113,7 +113,7 @@ pub(crate) async fn carry_out(link: &mut AgentConnection, op: &ProcessOp) -> Res
     let (answer, notice) = match op {
         ProcessOp::Start(start) => {
             let (info, notice) = link
-                .process_call("start a process", AGENT_QUERY, |c| {
+                .ask_agent("start a process", AGENT_QUERY, |c| {
                     let start = start.clone();
                     Box::pin(async move { c.start_process(&start).await })
                 })
@@ -130,7 +130,7 @@ pub(crate) async fn carry_out(link: &mut AgentConnection, op: &ProcessOp) -> Res
         }
         ProcessOp::List => {
             let (list, notice) = link
-                .process_call("list processes", AGENT_QUERY, |c| {
+                .ask_agent("list processes", AGENT_QUERY, |c| {
                     Box::pin(async move { c.list_processes().await })
                 })
                 .await?;
@@ -143,7 +143,7 @@ pub(crate) async fn carry_out(link: &mut AgentConnection, op: &ProcessOp) -> Res
             wait,
         } => {
             let (window, notice) = link
-                .process_call("read a process's output", AGENT_QUERY, |c| {
+                .ask_agent("read a process's output", AGENT_QUERY, |c| {
                     let (id, offset, max) = (process_id.clone(), *offset, *max);
                     Box::pin(async move { c.read_process(&id, offset, max, 0.0, false).await })
                 })
@@ -163,7 +163,7 @@ pub(crate) async fn carry_out(link: &mut AgentConnection, op: &ProcessOp) -> Res
         }
         ProcessOp::Input { process_id, text } => {
             let ((written, process), notice) = link
-                .process_call("send input to a process", AGENT_QUERY, |c| {
+                .ask_agent("send input to a process", AGENT_QUERY, |c| {
                     let (id, text) = (process_id.clone(), text.clone());
                     Box::pin(async move { c.process_input(&id, &text).await })
                 })
@@ -177,7 +177,7 @@ pub(crate) async fn carry_out(link: &mut AgentConnection, op: &ProcessOp) -> Res
         } => {
             let deadline = Duration::from_secs_f64(*grace) + STOP_SLACK;
             let (info, notice) = link
-                .process_call("stop a process", deadline, |c| {
+                .ask_agent("stop a process", deadline, |c| {
                     let (id, signal, grace) = (process_id.clone(), signal.clone(), *grace);
                     Box::pin(async move { c.stop_process(&id, &signal, grace).await })
                 })

@@ -2,7 +2,7 @@
 //! waiting a few seconds for new output when asked, so that an agent can
 //! follow a log without polling hard.
 
-use sandbox_actors::processes::{ProcessAnswer, ProcessOp, MAX_WAIT_SECONDS, MAX_WINDOW};
+use sandbox_actors::processes::{ProcessAnswer, ProcessOp, MAX_WINDOW};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -40,11 +40,6 @@ impl Ops {
     ) -> Result<ProcessOutput, OpsError> {
         forward_if_elsewhere!(self, caller, "read_process_output", args, None);
         self.on_sandbox("read_process_output", &args.sandbox_id, |id| async move {
-            if !(0.0..=MAX_WAIT_SECONDS).contains(&args.wait_seconds) {
-                return Err(OpsError::InvalidArgument(format!(
-                    "wait_seconds must be from 0 to {MAX_WAIT_SECONDS}"
-                )));
-            }
             let max = args.max_bytes.unwrap_or(DEFAULT_WINDOW);
             if !(1..=MAX_WINDOW).contains(&max) {
                 return Err(OpsError::InvalidArgument(format!(
