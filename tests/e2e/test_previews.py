@@ -475,7 +475,8 @@ def test_the_web_ui_starts_stops_and_links_processes(server, browser):
     page.fill("#key", KEYS["alice"][0])
     page.click("#sign-in button[type=submit]")
     page.goto(f"{server.url}/ui/sandboxes/{sid}")
-    page.fill("#process-command", "python app.py 8000")
+    # The app speaks only after its first second: the page follows its output.
+    page.fill("#process-command", "sleep 2; python app.py 8000")
     page.click("#process-form button[type=submit]")
     page.locator("#process-output", has_text="listening on 8000").wait_for()
     row = page.locator("#processes tbody tr").first

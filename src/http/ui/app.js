@@ -217,10 +217,33 @@ function sandboxPage(root) {
       ` (Python ${f.python}${f.not_carried.length ? `; not carried: ${f.not_carried.map((n) => n.name).join(', ')}` : ''})`);
   }
 
+  /** Which process the output pane follows; a newer choice ends an older follow. */
+  let following = 0;
+
+  /**
+   * Shows a process's output and, while it runs, follows it for a while with
+   * waiting reads: a slow starter's first lines still appear without a click.
+   */
+  async function showOutput(path, first, text) {
+    const shown = document.getElementById('process-output');
+    const mine = ++following;
+    shown.hidden = false;
+    shown.textContent = text;
+    let out = first;
+    for (let turn = 0; turn < 10 && out.process.state === 'running' && mine === following; turn++) {
+      try {
+        out = await api('GET', `${path}/output?offset=${out.next_offset}&wait_seconds=3&max_bytes=65536`);
+      } catch (_) {
+        return;
+      }
+      if (mine !== following) return;
+      shown.textContent += out.output;
+    }
+  }
+
   /** The sandbox's background processes: output on request, a stop each. */
   async function loadProcesses() {
     const data = await api('GET', `${base}/processes`);
-    const shown = document.getElementById('process-output');
     document.getElementById('processes').tBodies[0].replaceChildren(...data.processes.slice().reverse().map((p) => {
       const path = `${base}/processes/${p.process_id}`;
       const state = p.state === 'exited' ? `exited${p.exit_code === undefined ? '' : ` (${p.exit_code})`}` : p.state;
@@ -235,8 +258,7 @@ function sandboxPage(root) {
             'data-action': 'output',
             onclick: (ev) => busy(ev.target.parentElement, async () => {
               const out = await api('GET', `${path}/output?offset=0&max_bytes=65536`);
-              shown.hidden = false;
-              shown.textContent = (out.skipped ? `[${out.skipped} earlier bytes no longer kept]\n` : '') + out.output;
+              showOutput(path, out, (out.skipped ? `[${out.skipped} earlier bytes no longer kept]\n` : '') + out.output);
             }),
           }, 'Output'),
           p.state === 'running' ? el('button', {
@@ -273,10 +295,8 @@ function sandboxPage(root) {
     ev.preventDefault();
     busy(processForm, async () => {
       const r = await api('POST', `${base}/processes`, { command: processForm.elements.command.value });
-      const shown = document.getElementById('process-output');
-      shown.hidden = false;
-      shown.textContent = r.output;
       processForm.reset();
+      showOutput(`${base}/processes/${r.process.process_id}`, r, r.output);
       await refresh();
     });
   });
