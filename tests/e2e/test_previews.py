@@ -46,7 +46,10 @@ const ws = new WebSocket(u); ws.onopen = () => ws.send("hello from the page");
 ws.onmessage = (e) => { document.title = "echo: " + e.data; };
 ws.onerror = () => { document.title = "ws error"; };
 </script>"""
+CONNECTIONS = 0
 async def handle(r, w):
+    global CONNECTIONS
+    CONNECTIONS += 1
     try:
         while True:
             head = await r.readuntil(b"\r\n\r\n")
@@ -72,7 +75,9 @@ async def handle(r, w):
                     size = bytes([len(data)]) if len(data) < 126 else bytes([126]) + len(data).to_bytes(2, "big")
                     w.write(bytes([0x80 | op]) + size + data)
                     await w.drain()
-            if path.startswith("/headers"):
+            if path.startswith("/connections"):
+                out, kind = json.dumps({"connections": CONNECTIONS}).encode(), b"application/json"
+            elif path.startswith("/headers"):
                 out, kind = json.dumps({"path": path, "headers": h, "body": len(body)}).encode(), b"application/json"
             else:
                 out, kind = PAGE, b"text/html"
@@ -267,6 +272,41 @@ def test_an_app_answers_through_its_link_in_a_plain_client_and_in_chromium(serve
             await ok(c, "delete_sandbox", sandbox_id=sid)
             status, _, body = open_link(link)
             assert status == 404 and b"no longer exists" in body, body
+
+    run(finish())
+
+
+def test_requests_reuse_kept_connections_that_never_outlive_the_exposure(server):
+    async def start():
+        async with client(server, "alice") as c:
+            sid = (await ok(c, "create_sandbox"))["sandbox_id"]
+            await start_app(c, sid)
+            return sid, (await ok(c, "expose_port", sandbox_id=sid, port=8000))["url"]
+
+    sid, link = run(start())
+    status, h, _ = request(link)
+    assert status == 303, h
+    base = urllib.parse.urljoin(link, h["location"])
+    cookie = {"Cookie": h["set-cookie"].split(";")[0]}
+    for i in range(20):
+        status, _, body = request(urllib.parse.urljoin(base, f"headers?n={i}"), headers=cookie)
+        assert status == 200 and json.loads(body)["path"] == f"/headers?n={i}", body
+    status, _, body = request(urllib.parse.urljoin(base, "connections"), headers=cookie)
+    # One after another, the requests share a connection or two to the app.
+    assert status == 200 and json.loads(body)["connections"] <= 3, body
+
+    async def unexpose():
+        async with client(server, "alice") as c:
+            await ok(c, "unexpose_port", sandbox_id=sid, port=8000)
+
+    run(unexpose())
+    # A kept connection carries nothing past the exposure.
+    status, _, body = request(urllib.parse.urljoin(base, "headers"), headers=cookie)
+    assert status == 404 and b"not exposed" in body, body
+
+    async def finish():
+        async with client(server, "alice") as c:
+            await ok(c, "delete_sandbox", sandbox_id=sid)
 
     run(finish())
 

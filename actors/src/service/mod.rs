@@ -393,11 +393,18 @@ impl Sandboxes {
             .await?
     }
 
-    /// A connection to an exposed `port` inside the sandbox, for a preview
-    /// link whose token proved the right to it (so in no tenant's scope).
-    pub async fn open_preview(&self, id: Uuid, port: u16) -> Result<PortStream> {
+    /// Whether a preview request may reach `port`: exposed, and the sandbox
+    /// not being deleted (a paused one is woken). For a preview link whose
+    /// token proved the right to it, so in no tenant's scope.
+    pub async fn let_preview_through(&self, id: Uuid, port: u16) -> Result<()> {
         self.query(Scope::Everyone, id, |reply| SandboxMsg::Preview { port, reply })
-            .await??;
+            .await?
+    }
+
+    /// A connection to an exposed `port` inside the sandbox, for a request
+    /// [`Self::let_preview_through`] lets through.
+    pub async fn open_preview(&self, id: Uuid, port: u16) -> Result<PortStream> {
+        self.let_preview_through(id, port).await?;
         self.ctx.runtime.open_port(id, port).await.map_err(|e| match e {
             PortError::Refused(why) => SandboxError::InvalidArgument(why),
             other => SandboxError::Preview(other),

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::PreviewConfig;
+use crate::http::preview::kept::Kept;
 
 pub(crate) struct Caps {
     connections: usize,
@@ -27,6 +28,8 @@ pub(crate) struct Sandbox {
     open: Arc<Semaphore>,
     /// Held while its agent opens a connection (a burst waits its turn).
     pub(crate) opening: Semaphore,
+    /// Idle connections to its apps, for the next exchanges.
+    pub(crate) kept: Kept,
     bucket: Mutex<Bucket>,
     bytes_per_second: f64,
 }
@@ -61,6 +64,7 @@ impl Caps {
                 Arc::new(Sandbox {
                     open: Arc::new(Semaphore::new(self.connections)),
                     opening: Semaphore::new(OPENING_AT_ONCE),
+                    kept: Kept::default(),
                     bucket: Mutex::new(Bucket {
                         tokens: self.bytes_per_second * 60.0,
                         at: Instant::now(),

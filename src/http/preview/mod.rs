@@ -12,6 +12,7 @@
 //! is relayed to that node as it came.
 
 mod caps;
+mod kept;
 mod relay;
 
 use std::net::SocketAddr;
@@ -33,7 +34,7 @@ use crate::http::ui::SESSION_COOKIE;
 use crate::ops::route::Holder;
 use crate::ops::Ops;
 use caps::Caps;
-use relay::{drop_hop_by_hop, is_upgrade, relay, Exchange, RelayError};
+use relay::{connect, drop_hop_by_hop, is_upgrade, relay, Connection, Exchange, Failure};
 
 /// Marks a preview relayed from the node a client reached to the node that
 /// holds the sandbox: that node serves it and never relays it again.
@@ -195,7 +196,10 @@ async fn forward(p: &Previews, target: Target, inner: String, mut req: Request) 
                 )
             }
         };
-        return answer(relay(io, req, exchange).await);
+        return answer(match connect(io).await {
+            Ok(sender) => relay(sender, Connection::Once, req, exchange).await,
+            Err(e) => Err(e.into()),
+        });
     }
     let upgrade = is_upgrade(req.headers());
     let (scheme, prefix) = match p.links.base() {
@@ -203,6 +207,20 @@ async fn forward(p: &Previews, target: Target, inner: String, mut req: Request) 
         PreviewBase::Port { origin } => (origin.split("://").next().unwrap_or("http"), Some(target.label())),
     };
     prepare(&mut req, &inner, upgrade, scheme, prefix);
+    let (req, exchange) = match exchange.share.kept.take(target.port).filter(|_| !upgrade) {
+        Some(sender) => {
+            // A kept connection skips the agent, not the sandbox's say:
+            // the port still exposed, the sandbox not going.
+            if let Err(e) = p.ops.sandboxes.let_preview_through(target.sandbox, target.port).await {
+                return refused(target, &e);
+            }
+            match relay(sender, Connection::Kept(target.port), req, exchange).await {
+                Err(Failure::Stale(back)) => *back,
+                done => return answer(done),
+            }
+        }
+        None => (req, exchange),
+    };
     let opened = {
         let _turn = exchange.share.opening.acquire().await;
         p.ops.sandboxes.open_preview(target.sandbox, target.port).await
@@ -211,7 +229,14 @@ async fn forward(p: &Previews, target: Target, inner: String, mut req: Request) 
         Ok(io) => io,
         Err(e) => return refused(target, &e),
     };
-    answer(relay(io, req, exchange).await)
+    let connection = match upgrade {
+        true => Connection::Once,
+        false => Connection::Fresh(target.port),
+    };
+    answer(match connect(io).await {
+        Ok(sender) => relay(sender, connection, req, exchange).await,
+        Err(e) => Err(e.into()),
+    })
 }
 
 /// The request as the app receives it: its path without the preview's
@@ -265,10 +290,16 @@ fn prepare(req: &mut Request, inner: &str, upgrade: bool, scheme: &str, prefix: 
     }
 }
 
-fn answer(relayed: Result<Response<Body>, RelayError>) -> Response {
+fn answer(relayed: Result<Response<Body>, Failure>) -> Response {
     match relayed {
         Ok(r) => r,
-        Err(e) => page(e.status(), &format!("The app in the sandbox did not answer: {e}.")),
+        Err(Failure::Relay(e)) => page(e.status(), &format!("The app in the sandbox did not answer: {e}.")),
+        // Only a kept connection gives its request back, and its caller
+        // opens a fresh one for it.
+        Err(Failure::Stale(..)) => page(
+            StatusCode::BAD_GATEWAY,
+            "The app in the sandbox closed the connection; try again.",
+        ),
     }
 }
 

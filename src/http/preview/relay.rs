@@ -1,7 +1,7 @@
-//! One preview exchange over a fresh connection to the sandbox's port (or
-//! to the node that holds the sandbox): the request sent, the answer
-//! streamed back, and an upgraded connection (a WebSocket) carried both
-//! ways. Every body is pumped through the sandbox's byte bucket a frame at
+//! One preview exchange over a connection to the sandbox's port (fresh or
+//! kept from an earlier exchange) or to the node that holds the sandbox:
+//! the request sent, the answer streamed back, and an upgraded connection
+//! (a WebSocket) carried both ways. Every body is pumped through the sandbox's byte bucket a frame at
 //! a time, so nothing large sits in memory, and every wait on the sandbox
 //! has a deadline: the answer's head, and each frame (the idle timeout).
 
@@ -19,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::access::connections::ConnectionPlace;
 use crate::http::preview::caps::Sandbox;
+use crate::http::preview::kept::{keep_when_ready, Sender};
 
 /// What a frame of a body may be at most when relayed as an upgraded
 /// connection's chunk.
@@ -55,17 +56,57 @@ impl RelayError {
     }
 }
 
-/// Sends `req` over `io` and answers with the app's response.
-pub(crate) async fn relay<S>(io: S, mut req: Request<Body>, ex: Exchange) -> Result<Response<Body>, RelayError>
+/// What a connection is to an exchange, and becomes after it.
+#[derive(Clone, Copy)]
+pub(crate) enum Connection {
+    /// Used for this exchange only (to another node, or for an upgrade).
+    Once,
+    /// Opened for this exchange with the port, and kept after it.
+    Fresh(u16),
+    /// Kept from an earlier exchange with the port, and kept again: a
+    /// request it turns out unable to carry is given back for a fresh one.
+    Kept(u16),
+}
+
+/// Why an exchange ended without an answer.
+pub(crate) enum Failure {
+    Relay(RelayError),
+    /// The kept connection had closed before it carried the request (or
+    /// under a request that may be sent again): here they are back.
+    Stale(Box<(Request<Body>, Exchange)>),
+}
+
+impl From<RelayError> for Failure {
+    fn from(e: RelayError) -> Self {
+        Failure::Relay(e)
+    }
+}
+
+/// HTTP/1.1 over a fresh connection to an app or a node.
+pub(crate) async fn connect<S>(io: S) -> Result<Sender, RelayError>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(RelayError::Handshake)?;
-    // Ends when the exchange does (the answer read, or the upgraded
-    // connection handed over) or the app closes.
+    // Ends when the sender is dropped and its last exchange is over (the
+    // answer read, or the upgraded connection handed over), or the app closes.
     tokio::spawn(conn.with_upgrades());
+    Ok(sender)
+}
+
+/// Sends `req` over `sender` and answers with the app's response.
+pub(crate) async fn relay(
+    mut sender: Sender,
+    connection: Connection,
+    mut req: Request<Body>,
+    ex: Exchange,
+) -> Result<Response<Body>, Failure> {
+    let again = match connection {
+        Connection::Kept(_) => resendable(&req),
+        _ => None,
+    };
     let upgrade = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
     let place = req.extensions().get::<ConnectionPlace>().cloned();
     let (parts, body) = req.into_parts();
@@ -73,11 +114,17 @@ where
         true => Body::empty(),
         false => pump(body, ex.share.clone(), ex.idle, Some(ex.max_request), None),
     };
-    let sent = sender.send_request(Request::from_parts(parts, body));
+    let sent = sender.try_send_request(Request::from_parts(parts, body));
     let mut answer = match tokio::time::timeout(ex.response_timeout, sent).await {
         Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => return Err(RelayError::Exchange(e)),
-        Err(_) => return Err(RelayError::TimedOut(ex.response_timeout)),
+        Ok(Err(mut e)) => {
+            let closed = e.error().is_canceled() || e.error().is_incomplete_message();
+            return match (connection, e.take_message().or(again.filter(|_| closed))) {
+                (Connection::Kept(_), Some(req)) => Err(Failure::Stale(Box::new((req, ex)))),
+                _ => Err(RelayError::Exchange(e.into_error()).into()),
+            };
+        }
+        Err(_) => return Err(RelayError::TimedOut(ex.response_timeout).into()),
     };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client) = upgrade {
@@ -98,19 +145,54 @@ where
     let (mut parts, body) = answer.into_parts();
     drop_hop_by_hop(&mut parts.headers, false);
     drop_server_cookies(&mut parts.headers);
-    let body = pump(body, ex.share, ex.idle, None, Some(ex.permit));
+    let after = match connection {
+        Connection::Fresh(port) | Connection::Kept(port) => Some(After {
+            share: ex.share.clone(),
+            port,
+            sender,
+        }),
+        Connection::Once => None,
+    };
+    let body = pump(body, ex.share, ex.idle, None, Some((ex.permit, after)));
     Ok(Response::from_parts(parts, body))
+}
+
+/// A copy of a request that may be sent again when a kept connection
+/// closed under it: one that changes nothing and carries no body.
+fn resendable(req: &Request<Body>) -> Option<Request<Body>> {
+    let safe = matches!(req.method().as_str(), "GET" | "HEAD" | "OPTIONS");
+    if !safe || !http_body::Body::is_end_stream(req.body()) || is_upgrade(req.headers()) {
+        return None;
+    }
+    let mut copy = Request::new(Body::empty());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    if let Some(place) = req.extensions().get::<ConnectionPlace>() {
+        copy.extensions_mut().insert(place.clone());
+    }
+    Some(copy)
+}
+
+/// The connection an answer came over, kept for the port once the answer
+/// has been read to its end.
+struct After {
+    share: Arc<Sandbox>,
+    port: u16,
+    sender: Sender,
 }
 
 /// A body passed on a frame at a time through the sandbox's bucket, ending
 /// with an error when no frame comes for `idle` or, for a request, when it
-/// grows past `limit`. `permit` is held until it ends.
+/// grows past `limit`. An answer's exchange holds its permit until the body
+/// ends, and leaves its connection to be kept when it ended whole.
 fn pump<B>(
     body: B,
     share: Arc<Sandbox>,
     idle: Duration,
     limit: Option<u64>,
-    permit: Option<OwnedSemaphorePermit>,
+    exchange: Option<(OwnedSemaphorePermit, Option<After>)>,
 ) -> Body
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -118,7 +200,7 @@ where
 {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
     tokio::spawn(async move {
-        let _permit = permit;
+        let (_permit, after) = exchange.map_or((None, None), |(p, a)| (Some(p), a));
         let mut body = std::pin::pin!(body);
         let mut total = 0u64;
         let fail = |why: String| Err(std::io::Error::other(why));
@@ -128,7 +210,12 @@ where
                     let _ = tx.send(fail(format!("no data for {} s", idle.as_secs()))).await;
                     return;
                 }
-                Ok(None) => return,
+                Ok(None) => {
+                    if let Some(After { share, port, sender }) = after {
+                        keep_when_ready(share, port, sender);
+                    }
+                    return;
+                }
                 Ok(Some(Err(e))) => {
                     let _ = tx.send(fail(e.to_string())).await;
                     return;
@@ -251,6 +338,71 @@ pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PreviewConfig;
+    use crate::http::preview::caps::Caps;
+
+    /// An app that answers a connection's first request and closes it
+    /// under the second, unanswered, as an app whose keep-alive ran out.
+    async fn closes_under_the_second_request() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut io, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = io.read(&mut buf).await;
+                    let _ = io.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+                    let _ = io.read(&mut buf).await;
+                });
+            }
+        });
+        at
+    }
+
+    async fn used_once(at: std::net::SocketAddr) -> Sender {
+        let mut sender = connect(tokio::net::TcpStream::connect(at).await.unwrap())
+            .await
+            .unwrap();
+        drop(sender.send_request(Request::new(Body::empty())).await.unwrap());
+        sender.ready().await.unwrap();
+        sender
+    }
+
+    fn exchange(caps: &Caps) -> Exchange {
+        let (permit, share) = caps.open(uuid::Uuid::new_v4()).unwrap();
+        Exchange {
+            share,
+            permit,
+            response_timeout: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            max_request: 1024,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_closed_under_a_get_gives_it_back_but_never_a_post() {
+        let at = closes_under_the_second_request().await;
+        let caps = Caps::new(&PreviewConfig::default());
+        let get = Request::get("/page").body(Body::empty()).unwrap();
+        match relay(used_once(at).await, Connection::Kept(8000), get, exchange(&caps)).await {
+            Err(Failure::Stale(back)) => assert_eq!(back.0.uri(), "/page"),
+            Err(Failure::Relay(e)) => panic!("not given back: {e}"),
+            Ok(r) => panic!("answered: {:?}", r.status()),
+        }
+        // A request that may change something is never sent twice.
+        let post = Request::post("/order").body(Body::from("one")).unwrap();
+        assert!(matches!(
+            relay(used_once(at).await, Connection::Kept(8000), post, exchange(&caps)).await,
+            Err(Failure::Relay(RelayError::Exchange(_)))
+        ));
+        // Nor is one over a fresh connection.
+        let get = Request::get("/page").body(Body::empty()).unwrap();
+        assert!(matches!(
+            relay(used_once(at).await, Connection::Fresh(8000), get, exchange(&caps)).await,
+            Err(Failure::Relay(_))
+        ));
+    }
 
     #[test]
     fn hop_by_hop_headers_go_and_an_upgrade_keeps_its_pair() {
