@@ -178,8 +178,14 @@ async def start_app(c, sid, port=8000):
     await ok(c, "write_file", sandbox_id=sid, path="app.py", content=APP)
     started = await ok(c, "start_process", sandbox_id=sid, command=f"python app.py {port}", name="app")
     assert started["process"]["state"] == "running", started
-    assert f"listening on {port}" in started["output"], started
-    return started["process"]["process_id"]
+    pid = started["process"]["process_id"]
+    # On a busy machine the app may speak after its first second: follow it.
+    seen, offset, deadline = started["output"], started["next_offset"], time.monotonic() + 60
+    while f"listening on {port}" not in seen:
+        assert time.monotonic() < deadline, seen
+        more = await ok(c, "read_process_output", sandbox_id=sid, process_id=pid, offset=offset, wait_seconds=5)
+        seen, offset = seen + more["output"], more["next_offset"]
+    return pid
 
 
 def websocket(url_or_host, path, token=None):
