@@ -444,6 +444,41 @@ impl AgentConnection {
         self.connect().await
     }
 
+    /// Removes the container and keeps its package volume: a sandbox going
+    /// to sleep on disk. The link holds no connection after.
+    pub async fn remove_container(&mut self) -> Result<()> {
+        self.drop_client();
+        self.paused = false;
+        Ok(self.ctx.runtime.remove(&self.container_id, None).await?)
+    }
+
+    /// Gives a sandbox woken from sleep a new container on its kept disks
+    /// and package volume (one a crash left under the old name is removed
+    /// first), and waits for its agent.
+    pub async fn recreate(&mut self) -> Result<()> {
+        self.check_retired()?;
+        self.drop_client();
+        self.paused = false;
+        self.ctx.runtime.remove(&self.container_id, None).await?;
+        // Its egress socket folder exists again only now.
+        self.paths = self.ctx.paths(self.paths.id);
+        self.create_container().await?;
+        self.connect().await.map(drop)
+    }
+
+    /// Creates the sandbox's container anew on its volume.
+    async fn create_container(&mut self) -> Result<()> {
+        let runtime = &self.ctx.runtime;
+        let created = runtime.create(&self.paths, Some(&self.volume)).await?;
+        if self.retirement.is_retired() {
+            // Deleted while it was being made: it must not outlive the removal.
+            let _ = runtime.remove(&created.container_id, Some(&created.volume)).await;
+            return Err(self.retirement.error(self.paths.id));
+        }
+        self.container_id = created.container_id;
+        Ok(())
+    }
+
     /// Whether the link holds no connection (none made yet, or one dropped).
     pub fn is_disconnected(&self) -> bool {
         self.client.is_none()
@@ -501,7 +536,7 @@ impl AgentConnection {
             self.client = Some(client);
             return Ok(lost_state);
         }
-        let runtime = &self.ctx.runtime;
+        let runtime = self.ctx.runtime.clone();
         // Whatever the branch, the container is left running, not frozen.
         self.paused = false;
         let notice = match runtime.state(&self.container_id).await? {
@@ -526,13 +561,7 @@ impl AgentConnection {
             }
             ContainerState::Missing => {
                 info!(sandbox = %self.paths.id, "re-creating a removed sandbox container");
-                let created = runtime.create(&self.paths, Some(&self.volume)).await?;
-                if self.retirement.is_retired() {
-                    // Deleted while it was being made: it must not outlive the removal.
-                    let _ = runtime.remove(&created.container_id, Some(&created.volume)).await;
-                    return Err(self.retirement.error(self.paths.id));
-                }
-                self.container_id = created.container_id;
+                self.create_container().await?;
                 EventCounts::bump(&self.ctx.counters.container_restarts);
                 Some("The sandbox's container had been removed and was re-created. Files in /app/results and installed packages are kept; Python variables were lost.".to_string())
             }

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::records::RecordStore;
 use crate::snapshots::Snapshots;
+use crate::status::SandboxStatus;
 use crate::usage::reading::{Subject, READING_DEADLINE};
 use crate::usage::Meter;
 use sandbox_egress::Egress;
@@ -72,10 +73,14 @@ impl Context {
     /// its proxy's) and adds what it used since its last reading to its
     /// tenant's hour; `last`: it is going, and is forgotten.
     pub async fn read_usage(&self, s: Subject, last: bool) {
-        let usage = tokio::time::timeout(READING_DEADLINE, self.runtime.usage(&s.container))
-            .await
-            .ok()
-            .and_then(Result::ok);
+        // A sleeping sandbox has no container to ask about.
+        let usage = match s.status {
+            SandboxStatus::Hibernated => None,
+            _ => tokio::time::timeout(READING_DEADLINE, self.runtime.usage(&s.container))
+                .await
+                .ok()
+                .and_then(Result::ok),
+        };
         let proxied = self.egress.moved(s.id);
         let period = Duration::from_secs(self.settings.usage.sample_seconds);
         self.meter.take_reading(s, usage, proxied, period, last);

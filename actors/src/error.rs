@@ -55,6 +55,10 @@ pub enum SandboxError {
     Snapshot(#[from] SnapshotError),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The sandbox sleeps on disk, and this call could not wake it (or is
+    /// not one that wakes it); `why` says which.
+    #[error("sandbox {id} is hibernated: {why}")]
+    Asleep { id: Uuid, why: String },
     /// A preview connection could not be opened through the agent.
     #[error("could not open a preview connection: {0}")]
     Preview(#[source] sandbox_runtime::ports::PortError),
@@ -80,6 +84,7 @@ impl SandboxError {
             SandboxError::Snapshot(SnapshotError::StoreFull { .. } | SnapshotError::NoRoom) => "quota",
             SandboxError::Snapshot(_) => "snapshot",
             SandboxError::Internal(_) => "internal",
+            SandboxError::Asleep { .. } => "asleep",
             SandboxError::Preview(_) => "preview",
         }
     }

@@ -26,6 +26,8 @@ pub enum CallKind {
     Snapshot,
     /// A call on its background processes.
     Process,
+    /// Put to sleep on disk on request.
+    Hibernate,
 }
 
 /// One call, as the history shows it.

@@ -75,7 +75,7 @@ pub use error::{AgentFailure, DockerError, Result, SandboxError, StoreError};
 pub use history::{CallKind, CallRecord};
 pub use pool::PoolStats;
 pub use resources::Resources;
-pub use results::{InstallStatus, InstallStatusKind, SandboxInfo, Uploaded};
+pub use results::{InstallStatus, InstallStatusKind, SandboxInfo, Slept, Uploaded};
 pub use sandbox::MAX_INSTALL_RECORDS;
 pub use sandbox_host::disk::{DiskUsage, DiskUse};
 pub use sandbox_runtime::agent::{Package, Progress, RunOutput, Work};

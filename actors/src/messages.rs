@@ -12,8 +12,9 @@ use crate::agent_connection::{AgentConnection, Ran};
 use crate::error::{Result, SandboxError};
 use crate::history::CallRecord;
 use crate::processes::{ProcessAnswer, ProcessOp};
+use crate::records::Hibernated;
 use crate::records::InstallRecord;
-use crate::results::{InstallStatus, SandboxInfo, Uploaded};
+use crate::results::{InstallStatus, SandboxInfo, Slept, Uploaded};
 use crate::snapshots::{SnapshotDone, SnapshotOp, SnapshotTotals};
 use crate::uploads::UploadSource;
 use sandbox_runtime::agent::{Package, Progress, Work};
@@ -66,6 +67,12 @@ pub enum SandboxMsg {
         reply: RpcReplyPort<Result<()>>,
     },
     History(RpcReplyPort<Vec<CallRecord>>),
+    /// Puts the sandbox to sleep on disk in turn with its calls (answered
+    /// with what of its Python state was written).
+    Hibernate(RpcReplyPort<Result<Slept>>),
+    /// Answered once the sandbox is awake: at once, or after a wake queued
+    /// for it (the file tools, which read its disk from the host).
+    Awake(RpcReplyPort<Result<()>>),
     /// Periodic: deletes the sandbox if its lifetime is over, pauses it if
     /// it has been idle long enough, and notices a container that died.
     Tick,
@@ -154,6 +161,10 @@ pub struct Finished {
     pub(crate) seeded: bool,
     /// Whether background processes may run now, where the job tells.
     pub(crate) processes_may_run: Option<bool>,
+    /// The sandbox went to sleep (`Some(Some(_))`) or woke (`Some(None)`).
+    pub(crate) hibernated: Option<Option<Hibernated>>,
+    /// A wake failed: the calls waiting for it are answered with this.
+    pub(crate) wake_failed: Option<String>,
 }
 
 impl Finished {
@@ -175,6 +186,8 @@ impl Finished {
             snapshots: None,
             seeded: false,
             processes_may_run: None,
+            hibernated: None,
+            wake_failed: None,
         }
     }
 }

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError, StoreError};
-use sandbox_runtime::agent::Package;
+use sandbox_runtime::agent::{Carried, Package};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 /// `"{sandbox id}/{requirement}"` → [`InstallRecord`].
@@ -89,6 +89,21 @@ pub struct SandboxRecord {
     /// Ports reachable through preview links, until unexposed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exposed_ports: Vec<u16>,
+    /// Set while the sandbox sleeps on disk (see `sandbox::hibernation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hibernated: Option<Hibernated>,
+}
+
+/// A sandbox asleep on disk: no container, its disks unmounted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hibernated {
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+    /// The fork file, on the sandbox's own results disk, that holds its
+    /// Python namespace.
+    pub slot: String,
+    /// What of the namespace was written.
+    pub python: Carried,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -329,6 +344,7 @@ mod tests {
             egress: None,
             seeding: None,
             exposed_ports: Vec::new(),
+            hibernated: None,
         }
     }
 

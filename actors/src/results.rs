@@ -9,7 +9,7 @@ use crate::records::{InstallRecord, InstallState};
 use crate::snapshots::SnapshotTotals;
 use crate::status::SandboxStatus;
 use sandbox_host::disk::DiskUsage;
-use sandbox_runtime::agent::Package;
+use sandbox_runtime::agent::{Carried, Package};
 
 /// What an install status query finds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -75,4 +75,23 @@ pub struct SandboxInfo {
     /// Ports reachable through preview links.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exposed_ports: Vec<u16>,
+    /// When it went to sleep on disk, while it sleeps.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub hibernated_since: Option<OffsetDateTime>,
+}
+
+/// What a sandbox put to sleep kept of its state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Slept {
+    /// What of its Python namespace was written to its disk.
+    pub python: Carried,
+    /// Its snapshots, whose Python copies (parked in memory) are gone;
+    /// their files and packages stay.
+    pub snapshots: usize,
+    /// It was asleep already.
+    pub already: bool,
 }

@@ -13,15 +13,18 @@ pub enum SandboxStatus {
     /// Its container stopped (killed, out of memory); the next call or the
     /// supervisor starts it again.
     Stopped,
+    /// Asleep on disk: no container; the next call wakes it.
+    Hibernated,
     Deleting,
 }
 
 impl SandboxStatus {
-    pub const ALL: [SandboxStatus; 5] = [
+    pub const ALL: [SandboxStatus; 6] = [
         SandboxStatus::Running,
         SandboxStatus::Paused,
         SandboxStatus::Restarting,
         SandboxStatus::Stopped,
+        SandboxStatus::Hibernated,
         SandboxStatus::Deleting,
     ];
 
@@ -31,6 +34,7 @@ impl SandboxStatus {
             SandboxStatus::Paused => "paused",
             SandboxStatus::Restarting => "restarting",
             SandboxStatus::Stopped => "stopped",
+            SandboxStatus::Hibernated => "hibernated",
             SandboxStatus::Deleting => "deleting",
         }
     }

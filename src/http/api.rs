@@ -25,8 +25,8 @@ use crate::http::state::AppState;
 use crate::ops::args::{SandboxRef, SnapshotRef};
 use crate::ops::error::OpsError;
 use crate::ops::results::{
-    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, PythonResult, RestoreResult,
-    SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
+    CommandResult, CreatedSandbox, DeleteResult, ForkResult, HibernateResult, InstallResult, PythonResult,
+    RestoreResult, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::ops::usage::Period;
 use crate::ops::verbs::install_package_in_sandbox::INSTALL_WAIT;
@@ -39,6 +39,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/sandboxes", get(list).post(create))
         .route("/api/sandboxes/{id}", get(show).delete(delete))
         .route("/api/sandboxes/{id}/restart", post(restart))
+        .route("/api/sandboxes/{id}/hibernate", post(hibernate))
         .route("/api/sandboxes/{id}/python", post(python))
         .route("/api/sandboxes/{id}/shell", post(shell))
         .route("/api/sandboxes/{id}/packages", get(install_status).post(install))
@@ -98,6 +99,7 @@ fn status_of(e: &SandboxError) -> StatusCode {
             StatusCode::BAD_GATEWAY
         }
         SandboxError::Ended { .. } => StatusCode::GONE,
+        SandboxError::Asleep { .. } => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Snapshot(e) => match e {
             SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
             SnapshotError::TooMany(_) => StatusCode::CONFLICT,
@@ -268,6 +270,18 @@ async fn restart(
 ) -> ApiResult<ShownSandbox> {
     let info = app.ops.restart_sandbox(&caller, SandboxRef { sandbox_id: id }).await?;
     Ok(Json(app.ops.shown(&caller, info).await))
+}
+
+async fn hibernate(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<HibernateResult> {
+    Ok(Json(
+        app.ops
+            .hibernate_sandbox(&caller, SandboxRef { sandbox_id: id })
+            .await?,
+    ))
 }
 
 async fn snapshot(

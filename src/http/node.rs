@@ -128,6 +128,7 @@ pub(crate) async fn call(
         "view_sandbox" => run(args, move |a, _| async move { ops.view_sandbox(&c, a).await }),
         "show_sandbox" => run(args, move |a, _| async move { ops.show_sandbox(&c, a).await }),
         "restart_sandbox" => run(args, move |a, _| async move { ops.restart_sandbox(&c, a).await }),
+        "hibernate_sandbox" => run(args, move |a, _| async move { ops.hibernate_sandbox(&c, a).await }),
         "start_process" => run(args, move |a, _| async move { ops.start_process(&c, a).await }),
         "list_processes" => run(args, move |a, _| async move { ops.list_processes(&c, a).await }),
         "read_process_output" => run(args, move |a, _| async move { ops.read_process_output(&c, a).await }),

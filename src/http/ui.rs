@@ -288,7 +288,8 @@ async fn sandbox_page(
 <section class="card">
 <h1 id="sandbox-name">Sandbox</h1>
 <dl id="info"></dl>
-<div class="row"><button id="restart" class="secondary">Restart</button><button id="delete" class="danger">Delete</button></div>
+<div class="row"><button id="restart" class="secondary">Restart</button><button id="hibernate" class="secondary">Hibernate</button><button id="delete" class="danger">Delete</button></div>
+<p class="muted" id="asleep" hidden>Hibernated: asleep on disk, holding no memory. Its next call (a run, a file, a process) wakes it; <button id="wake" class="secondary">Wake</button></p>
 <p class="error" id="error" hidden></p>
 </section>
 <section class="card">

@@ -30,8 +30,8 @@ use crate::mcp::tasks::Tasks;
 use crate::ops::args::{PackageRef, SandboxRef, SnapshotRef};
 use crate::ops::files::{FileListing, ReadResult, WriteResult};
 use crate::ops::results::{
-    CommandResult, CreatedSandbox, DeleteResult, ForkResult, InstallResult, ListedSandbox, PythonResult, ResetResult,
-    RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
+    CommandResult, CreatedSandbox, DeleteResult, ForkResult, HibernateResult, InstallResult, ListedSandbox,
+    PythonResult, ResetResult, RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
 };
 use crate::ops::verbs::create_sandbox::CreateSandbox;
 use crate::ops::verbs::execute_python_code::ExecutePythonCode;
@@ -327,6 +327,22 @@ impl SandboxServer {
         Parameters(args): Parameters<SandboxRef>,
     ) -> CallToolResult {
         reply(self.ops.reset_python(&self.caller(&ctx), args).await)
+    }
+
+    #[tool(
+        description = "Put an idle sandbox to sleep on disk now: its Python variables and imports are written \
+            to its disk, and its container and memory are given back. Its next call of any kind wakes it with its \
+            variables, files and packages (that call's notice says what came back); background processes end. \
+            Idle sandboxes sleep by themselves after a while; call this when you will not need one for some time.",
+        output_schema = schema_for_output::<HibernateResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn hibernate_sandbox(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(args): Parameters<SandboxRef>,
+    ) -> CallToolResult {
+        reply(self.ops.hibernate_sandbox(&self.caller(&ctx), args).await)
     }
 
     #[tool(

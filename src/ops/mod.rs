@@ -145,7 +145,14 @@ impl Ops {
                 .await
                 .unwrap_or_default();
         }
-        let root = parse_id(raw_id).and_then(|id| Ok(self.sandboxes.results_dir(caller.scope(), id)?));
+        let root = match parse_id(raw_id) {
+            Ok(id) => self
+                .sandboxes
+                .results_dir(caller.scope(), id)
+                .await
+                .map_err(OpsError::from),
+            Err(e) => Err(e),
+        };
         match root {
             Ok(root) => {
                 let span = tracing::info_span!("inline_images", files = files.len());

@@ -3,7 +3,7 @@
 //! ([`crate::mcp::results`]) and the REST API as JSON.
 
 use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
-use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo};
+use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo, Slept};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -272,6 +272,73 @@ pub struct NotCarried {
     pub reason: String,
 }
 
+impl NotCarried {
+    fn all(skipped: Vec<(String, String)>) -> Vec<Self> {
+        skipped
+            .into_iter()
+            .map(|(name, reason)| NotCarried { name, reason })
+            .collect()
+    }
+}
+
+/// How a result names what became of a Python namespace.
+fn carried_name(state: CarriedState) -> &'static str {
+    match state {
+        CarriedState::Carried => "carried",
+        CarriedState::Partial => "partial",
+        CarriedState::Fresh => "fresh",
+        CarriedState::Lost => "lost",
+    }
+}
+
+/// What `hibernate_sandbox` answers.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct HibernateResult {
+    pub success: bool,
+    pub sandbox_id: String,
+    /// What of its Python state was saved: `carried` (every variable,
+    /// function and import), `partial` (see `not_carried`), `fresh` (no
+    /// Python had run) or `lost` (none could be saved; see `not_carried`).
+    pub python: String,
+    pub python_names: u64,
+    /// Names that could not be saved, with why; `*` stands for all of them.
+    pub not_carried: Vec<NotCarried>,
+    pub message: String,
+    pub duration_ms: f64,
+}
+
+impl HibernateResult {
+    pub fn new(id: Uuid, slept: Slept, took: std::time::Duration) -> Self {
+        let python = match slept.python.python {
+            CarriedState::Carried => "its Python variables, functions and imports",
+            CarriedState::Partial => "most of its Python state (not what not_carried lists)",
+            CarriedState::Fresh => "its Python state (none had run)",
+            CarriedState::Lost => "not its Python variables (see not_carried)",
+        };
+        let snapshots = match slept.snapshots {
+            0 => String::new(),
+            n => format!(" Its {n} snapshot(s) keep their files and packages, not their Python state."),
+        };
+        let message = match slept.already {
+            true => format!("Sandbox {id} was already hibernated. Its next call wakes it."),
+            false => format!(
+                "Sandbox {id} is hibernated: it holds no memory or container; its files, installed packages and \
+                 {python} are saved on its disk. Its next call, of any kind, wakes it (that call's notice says \
+                 what came back). Background processes have ended.{snapshots}"
+            ),
+        };
+        Self {
+            success: true,
+            sandbox_id: id.to_string(),
+            python: carried_name(slept.python.python).into(),
+            python_names: slept.python.names,
+            not_carried: NotCarried::all(slept.python.skipped),
+            message,
+            duration_ms: took.as_secs_f64() * 1000.0,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ForkResult {
     pub success: bool,
@@ -314,20 +381,9 @@ impl ForkResult {
             .map(|f| ForkEntry {
                 sandbox_id: f.info.sandbox_id.to_string(),
                 name: f.info.name,
-                python: match f.python.python {
-                    CarriedState::Carried => "carried",
-                    CarriedState::Partial => "partial",
-                    CarriedState::Fresh => "fresh",
-                    CarriedState::Lost => "lost",
-                }
-                .into(),
+                python: carried_name(f.python.python).into(),
                 python_names: f.python.names,
-                not_carried: f
-                    .python
-                    .skipped
-                    .into_iter()
-                    .map(|(name, reason)| NotCarried { name, reason })
-                    .collect(),
+                not_carried: NotCarried::all(f.python.skipped),
             })
             .collect();
         Self {

@@ -75,6 +75,7 @@ async fn the_views_tool_shows_the_callers_sandbox_and_no_one_elses() {
         .ops
         .sandboxes
         .results_dir(caller.scope(), id.parse().unwrap())
+        .await
         .unwrap();
     std::fs::create_dir_all(root.join("notes")).unwrap();
     std::fs::write(root.join("notes/a.txt"), "hello").unwrap();

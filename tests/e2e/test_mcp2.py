@@ -39,6 +39,7 @@ TOOLS = {
     "stop_process",
     "expose_port",
     "unexpose_port",
+    "hibernate_sandbox",
 }
 
 

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{warn, Instrument, Span};
 
-use super::{info, join_notices, live_status, snapshot, SandboxActor, SandboxState};
+use super::{hibernation, info, join_notices, live_status, snapshot, SandboxActor, SandboxState};
 use crate::agent_connection::{AgentConnection, Ran};
 use crate::error::{Result, SandboxError};
 use crate::files::{self, ResultsPath};
@@ -16,7 +16,7 @@ use crate::history::{CallKind, CallRecord};
 use crate::install::{InstallArgs, InstallTask};
 use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
 use crate::processes;
-use crate::results::Uploaded;
+use crate::results::{Slept, Uploaded};
 use crate::snapshots::{Restored, SnapshotDone};
 use crate::uploads::{self, UploadSource};
 use crate::usage::reading::Subject;
@@ -33,6 +33,13 @@ pub(super) enum Job {
     Recover,
     /// Brings back a container that died while the sandbox was idle.
     Revive,
+    /// Puts the sandbox to sleep on disk: asked for (with whom to answer),
+    /// or after `sandbox.hibernate_after_seconds` idle.
+    Hibernate(Option<RpcReplyPort<Result<Slept>>>),
+    /// Wakes a sleeping sandbox, ahead of the call that found it asleep.
+    Wake,
+    /// Answers once the sandbox is awake (its disk is read from the host).
+    Awake(RpcReplyPort<Result<()>>),
 }
 
 impl Job {
@@ -48,7 +55,16 @@ impl Job {
             Job::Queued(Queued::Process { op, .. }) => op.verb(),
             Job::Recover => "recover",
             Job::Revive => "revive",
+            Job::Hibernate(_) => "hibernate",
+            Job::Wake => "wake",
+            Job::Awake(_) => "awake",
         }
+    }
+
+    /// Whether it needs the sandbox awake: every caller's job but a
+    /// hibernation, none of the actor's own.
+    pub(super) fn needs_waking(&self) -> bool {
+        matches!(self, Job::Run(_) | Job::Install { .. } | Job::Queued(_) | Job::Awake(_))
     }
 
     /// Answers the caller of a job that will not run.
@@ -58,7 +74,9 @@ impl Job {
                 let _ = req.reply.send(Err(error));
             }
             Job::Queued(call) => call.refuse(error),
-            Job::Install { .. } | Job::Recover | Job::Revive => {}
+            Job::Hibernate(Some(reply)) => drop(reply.send(Err(error))),
+            Job::Awake(reply) => drop(reply.send(Err(error))),
+            Job::Install { .. } | Job::Recover | Job::Revive | Job::Hibernate(None) | Job::Wake => {}
         }
     }
 }
@@ -125,9 +143,14 @@ impl SandboxActor {
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
         while state.link.is_some() && state.deletion.is_none() {
-            let Some(waiting) = state.queue.pop_front() else {
+            let Some(next) = state.queue.front() else {
                 return Ok(());
             };
+            // A call to a sleeping sandbox waits behind its wake.
+            if state.record.hibernated.is_some() && next.job.needs_waking() {
+                state.queue.push_front(QueuedJob::own(Job::Wake));
+            }
+            let waiting = state.queue.pop_front().expect("a job is queued");
             let (job, span) = waiting.start();
             let mut link = state.link.take().expect("checked");
             let me = myself.clone();
@@ -257,6 +280,10 @@ impl SandboxActor {
                         let _ = reply.send(answer);
                     });
                 }
+                // Nothing to bring back while asleep: the wake makes a container.
+                Job::Revive | Job::Recover if state.record.hibernated.is_some() => {
+                    state.link = Some(link);
+                }
                 Job::Recover => {
                     state.restarting = true;
                     spawn_job(me.clone(), span, async move {
@@ -276,6 +303,70 @@ impl SandboxActor {
                             ..Finished::job(link, None)
                         })));
                     });
+                }
+                Job::Hibernate(reply) => {
+                    let snapshots = state.snapshots.count;
+                    if let Some(asleep) = &state.record.hibernated {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Ok(Slept {
+                                python: asleep.python.clone(),
+                                snapshots,
+                                already: true,
+                            }));
+                        }
+                        state.link = Some(link);
+                        continue;
+                    }
+                    let record = state.record.clone();
+                    spawn_job(me.clone(), span, async move {
+                        let started = OffsetDateTime::now_utc();
+                        let slept = hibernation::sleep(&mut link, record).await;
+                        if let Err(e) = &slept {
+                            warn!(sandbox = %link.paths.id, error = %e, "could not put a sandbox to sleep");
+                        }
+                        // Asked for, it is a call; by the actor's own
+                        // upkeep, it is none (and no use).
+                        let call = reply
+                            .as_ref()
+                            .map(|_| outcome_record(started, CallKind::Hibernate, "hibernate", &slept, "hibernated"));
+                        let finished = Finished {
+                            hibernated: slept.as_ref().ok().map(|h| Some(h.clone())),
+                            ..Finished::job(link, call)
+                        };
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));
+                        if let Some(reply) = reply {
+                            let _ = reply.send(slept.map(|h| Slept {
+                                python: h.python,
+                                snapshots,
+                                already: false,
+                            }));
+                        }
+                    });
+                }
+                Job::Wake => {
+                    let record = state.record.clone();
+                    spawn_job(me.clone(), span, async move {
+                        let woke = hibernation::wake(&mut link, record).await;
+                        let finished = match woke {
+                            Ok(notice) => Finished {
+                                hibernated: Some(None),
+                                notice: Some(notice),
+                                ..Finished::job(link, None)
+                            },
+                            Err(e) => {
+                                warn!(sandbox = %link.paths.id, error = %e, "could not wake a sandbox");
+                                Finished {
+                                    wake_failed: Some(e.to_string()),
+                                    ..Finished::job(link, None)
+                                }
+                            }
+                        };
+                        let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));
+                    });
+                }
+                Job::Awake(reply) => {
+                    state.link = Some(link);
+                    let _ = reply.send(Ok(()));
                 }
             }
         }

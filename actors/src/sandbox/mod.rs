@@ -13,6 +13,7 @@
 //! a deadline is restarted in turn with its calls.
 
 mod deletion;
+mod hibernation;
 mod jobs;
 mod snapshot;
 
@@ -105,6 +106,9 @@ pub struct SandboxState {
     /// Background processes may run: the idle sandbox is then not paused
     /// (which would freeze them), until a listing shows none runs.
     processes_may_run: bool,
+    /// When upkeep last queued a hibernation: one that failed (a namespace
+    /// that could not be written) is tried again only a period later.
+    slept_at: Option<OffsetDateTime>,
 }
 
 impl Actor for SandboxActor {
@@ -151,6 +155,8 @@ impl Actor for SandboxActor {
         // its container may have died meanwhile; a pooled one may have been
         // frozen behind the server's back while it waited.
         let found = match started {
+            // Asleep: there is no container to ask about.
+            _ if record.hibernated.is_some() => Ok(ContainerState::Missing),
             Some(Started {
                 agent,
                 first_call: held,
@@ -167,6 +173,7 @@ impl Actor for SandboxActor {
         if let Ok(ContainerState::Paused) = found {
             link.found_paused();
         }
+        let stopped = stopped && record.hibernated.is_none();
         if stopped && !record.deleting {
             queue.push_back(QueuedJob::own(Job::Revive));
         }
@@ -189,6 +196,7 @@ impl Actor for SandboxActor {
             snapshots,
             first_call,
             processes_may_run: false,
+            slept_at: None,
         })
     }
 
@@ -288,6 +296,9 @@ impl SandboxActor {
             SandboxMsg::InstallStatus { package, reply } => {
                 if let Some(record) = state.record.installs.get(&package) {
                     let _ = reply.send(Ok(record.into()));
+                } else if state.record.hibernated.is_some() && state.deletion.is_none() {
+                    // Asleep, its venv is as last listed.
+                    let _ = reply.send(Ok(status_from_venv(&package, &state.record.packages)));
                 } else if state.deletion.is_some() {
                     let _ = reply.send(Err(state.retirement_error()));
                 } else {
@@ -327,6 +338,16 @@ impl SandboxActor {
             SandboxMsg::History(reply) => {
                 let _ = reply.send(state.history.to_vec());
             }
+            SandboxMsg::Hibernate(reply) => enqueue(state, Job::Hibernate(Some(reply))),
+            SandboxMsg::Awake(reply) => match (&state.deletion, &state.record.hibernated) {
+                (Some(_), _) => {
+                    let _ = reply.send(Err(state.retirement_error()));
+                }
+                (None, Some(_)) => enqueue(state, Job::Awake(reply)),
+                (None, None) => {
+                    let _ = reply.send(Ok(()));
+                }
+            },
             SandboxMsg::Delete { reply, by_owner } => match seeded(state) {
                 Err(e) if by_owner => {
                     let _ = reply.send(Err(e));
@@ -342,6 +363,12 @@ impl SandboxActor {
             SandboxMsg::Preview { port, reply } => {
                 let ready = match (&state.deletion, state.record.exposed_ports.contains(&port)) {
                     (Some(_), _) => Err(state.retirement_error()),
+                    (None, true) if state.record.hibernated.is_some() => Err(SandboxError::Asleep {
+                        id: state.record.id,
+                        why: "its processes ended when it went to sleep, and a preview link does not wake it. \
+                              Any call wakes it; then start the app again."
+                            .into(),
+                    }),
                     (None, false) => Err(SandboxError::InvalidArgument(format!(
                         "port {port} of sandbox {} is not exposed (expose_port makes a link to it)",
                         state.record.id
@@ -551,6 +578,19 @@ impl SandboxActor {
             );
             return;
         }
+        if state.record.hibernated.is_some() {
+            return;
+        }
+        let hibernate_after = Duration::from_secs(state.ctx.settings.sandbox.hibernate_after_seconds);
+        if !hibernate_after.is_zero()
+            && !state.processes_may_run
+            && now - state.last_used >= hibernate_after
+            && state.slept_at.is_none_or(|t| now - t >= hibernate_after)
+        {
+            state.slept_at = Some(now);
+            state.queue.push_back(QueuedJob::own(Job::Hibernate(None)));
+            return;
+        }
         let link = state.link.as_mut().expect("idle");
         if state.stopped && link.is_disconnected() {
             // An earlier attempt failed (the engine was down, say): retry.
@@ -646,6 +686,31 @@ impl SandboxActor {
         if let Some(may_run) = f.processes_may_run {
             state.processes_may_run = may_run;
         }
+        if let Some(hibernated) = f.hibernated {
+            // Asleep, nothing runs; awake, the wake wrote the record and
+            // mounted the snapshot store again.
+            state.processes_may_run = false;
+            state.stopped = false;
+            if hibernated.is_none() {
+                state.snapshots = state.ctx.snapshots.totals(state.record.id);
+            }
+            state.record.hibernated = hibernated;
+        }
+        if let Some(why) = f.wake_failed {
+            // The calls that waited for the wake hear why; the saved state
+            // stays for the next call to try again.
+            let error = || SandboxError::Asleep {
+                id: state.record.id,
+                why: format!("it could not be woken ({why}); its saved state is kept. Call again to retry."),
+            };
+            let (refused, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.queue)
+                .into_iter()
+                .partition(|w| w.job.needs_waking());
+            state.queue = kept.into();
+            for waiting in refused {
+                waiting.job.refuse(error());
+            }
+        }
         if container_changed || record_changed {
             state.ctx.store.put(state.record.clone()).await?;
         }
@@ -655,7 +720,9 @@ impl SandboxActor {
 
 /// The sandbox's state, its deletion aside.
 fn live_status(state: &SandboxState) -> SandboxStatus {
-    if state.restarting {
+    if state.record.hibernated.is_some() {
+        SandboxStatus::Hibernated
+    } else if state.restarting {
         SandboxStatus::Restarting
     } else if state.stopped {
         SandboxStatus::Stopped
@@ -684,6 +751,7 @@ fn info(state: &SandboxState) -> SandboxInfo {
         disk: state.ctx.disks.usage(r.id),
         snapshots: state.snapshots,
         exposed_ports: r.exposed_ports.clone(),
+        hibernated_since: r.hibernated.as_ref().map(|h| h.since),
     }
 }
 

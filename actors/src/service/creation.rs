@@ -240,6 +240,7 @@ impl Creation {
             egress: Some(egress),
             seeding: self.seeding,
             exposed_ports: Vec::new(),
+            hibernated: None,
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             drop(first_call);

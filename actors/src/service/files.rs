@@ -19,9 +19,10 @@ use super::Sandboxes;
 impl Sandboxes {
     /// The host folder holding a sandbox's `/app/results` (a signed link
     /// proves access with [`Scope::Everyone`]), for whoever opens files in
-    /// it through [`files`] (the inline images).
-    pub fn results_dir<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<PathBuf> {
-        self.actor(scope.into(), id)?;
+    /// it through [`files`] (the inline images). A sleeping sandbox's disk
+    /// is mounted only awake: it is woken first, in turn with its calls.
+    pub async fn results_dir<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<PathBuf> {
+        self.ask(scope.into(), id, None, SandboxMsg::Awake).await??;
         Ok(self.ctx.paths(id).results)
     }
 
@@ -34,7 +35,7 @@ impl Sandboxes {
         what: &str,
         op: impl FnOnce(&Path) -> std::result::Result<T, FileError> + Send + 'static,
     ) -> Result<T> {
-        Ok(files::bounded(self.results_dir(scope, id)?, what, op).await?)
+        Ok(files::bounded(self.results_dir(scope, id).await?, what, op).await?)
     }
 
     /// Opens a regular file under `/app/results` for serving.

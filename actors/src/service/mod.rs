@@ -36,7 +36,7 @@ use crate::pool::{Pool, PoolStats};
 use crate::processes::{self, ProcessAnswer, ProcessOp};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
 use crate::resources::{self, Resources};
-use crate::results::{InstallStatus, SandboxInfo};
+use crate::results::{InstallStatus, SandboxInfo, Slept};
 use crate::sandbox::Started;
 use crate::scope::Scope;
 use crate::snapshots::Snapshots;
@@ -350,6 +350,12 @@ impl Sandboxes {
             SandboxMsg::Queued(Queued::ResetPython { reply })
         })
         .await?
+    }
+
+    /// Puts the sandbox to sleep on disk in turn with its other calls; its
+    /// next call wakes it.
+    pub async fn hibernate<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Slept> {
+        self.ask(scope.into(), id, None, SandboxMsg::Hibernate).await?
     }
 
     /// Restarts the sandbox's container in turn with its other calls.

@@ -40,9 +40,12 @@ impl Sandboxes {
                 }
             }
             known.insert(record.id, record.container_id.clone());
-            let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
-            self.ctx.egress.attach(record.id, egress)?;
-            self.remount(&record).await?;
+            // One asleep on disk gets its proxy and its mounts when it wakes.
+            if record.hibernated.is_none() {
+                let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
+                self.ctx.egress.attach(record.id, egress)?;
+                self.remount(&record).await?;
+            }
             self.spawn(record).await?;
         }
         self.remove_unexplained(&known).await?;

@@ -62,7 +62,8 @@ impl Sandboxes {
 
     /// A sandbox's snapshots, oldest first.
     pub async fn list_snapshots<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<Vec<SnapshotInfo>> {
-        self.actor(scope.into(), id)?;
+        // A sleeping sandbox's store is unmounted: it is woken first.
+        self.ask(scope.into(), id, None, SandboxMsg::Awake).await??;
         let store = self.ctx.snapshots.clone();
         tokio::task::spawn_blocking(move || store.list(id))
             .await

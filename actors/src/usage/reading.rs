@@ -127,7 +127,7 @@ impl Meter {
             let (running, paused) = match s.status {
                 SandboxStatus::Running | SandboxStatus::Restarting => (secs, 0.0),
                 SandboxStatus::Paused => (0.0, secs),
-                SandboxStatus::Stopped | SandboxStatus::Deleting => (0.0, 0.0),
+                SandboxStatus::Stopped | SandboxStatus::Hibernated | SandboxStatus::Deleting => (0.0, 0.0),
             };
             let cpu = usage.map_or(base.cpu_seconds, |u| u.cpu_seconds);
             let network = usage.and_then(|u| u.network_bytes).unwrap_or(base.network_bytes);

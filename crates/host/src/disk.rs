@@ -354,9 +354,10 @@ impl Disks {
         Ok(remounted)
     }
 
-    /// Unmounts and deletes a sandbox's file systems (its container must be
-    /// gone). The emptied mount points are left for the caller to remove.
-    pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
+    /// Unmounts a sandbox's file systems and keeps their images (its
+    /// container must be gone): a sandbox asleep on disk holds no mount and
+    /// no loop device. [`Disks::ensure`] mounts them again.
+    pub async fn release(&self, id: Uuid) -> Result<(), DiskError> {
         let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
         mounts.push(agent_dir(&self.agents_dir, id));
         // The store whatever the cap is now: it may have been made under
@@ -365,6 +366,13 @@ impl Disks {
         for mount in &mounts {
             unmount(&self.host, mount).await?;
         }
+        Ok(())
+    }
+
+    /// Unmounts and deletes a sandbox's file systems (its container must be
+    /// gone). The emptied mount points are left for the caller to remove.
+    pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
+        self.release(id).await?;
         let dir = self.root.join(id.to_string());
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&dir)(e)),
@@ -680,6 +688,25 @@ mod tests {
         host.unmount(&results, false).unwrap();
         assert!(disks.ensure(id).await.unwrap());
         assert!(host.is_mount_point(&results));
+
+        // Asleep: nothing mounted, the images kept; awake again: all back.
+        disks.release(id).await.unwrap();
+        assert!(host.mounted().is_empty());
+        assert!(
+            root.path()
+                .join("disks")
+                .join(id.to_string())
+                .read_dir()
+                .unwrap()
+                .count()
+                >= 2
+        );
+        assert!(disks.ensure(id).await.unwrap());
+        let mut back: Vec<PathBuf> = host.mounted().into_iter().collect();
+        back.sort();
+        let mut all = vec![results.clone(), agent.clone(), packages.clone()];
+        all.sort();
+        assert_eq!(back, all);
 
         let before = host.calls().len();
         disks.remove(id).await.unwrap();

@@ -92,6 +92,10 @@ pub struct SandboxConfig {
     /// An idle sandbox is paused (frozen: memory kept, no CPU) after this
     /// long without calls, and unpaused by the next call (0: never).
     pub pause_after_seconds: u64,
+    /// An idle sandbox sleeps on disk after this long without calls (its
+    /// Python namespace written out, its container removed, its disks
+    /// unmounted), and wakes with its next call (0: never).
+    pub hibernate_after_seconds: u64,
     /// Bridged sandboxes get the server's own network, and host firewall
     /// rules keep them from the host's services and link-local addresses.
     pub isolate_host: bool,
@@ -135,6 +139,7 @@ impl Default for SandboxConfig {
             max_queued_calls: 16,
             isolate_host: true,
             pause_after_seconds: 60,
+            hibernate_after_seconds: 1800,
             results_mb: 1024,
             results_inodes: 100_000,
             packages_mb: 2048,

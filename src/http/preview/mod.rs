@@ -306,6 +306,10 @@ fn answer(relayed: Result<Response<Body>, Failure>) -> Response {
 /// Why no connection to the port could be made, for a person.
 fn refused(target: Target, e: &SandboxError) -> Response {
     let (status, message) = match e {
+        SandboxError::Asleep { why, .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("Sandbox {} is hibernated: {why}", target.sandbox),
+        ),
         SandboxError::NotFound(_) | SandboxError::Ended { .. } => (
             StatusCode::NOT_FOUND,
             format!("Sandbox {} no longer exists.", target.sandbox),

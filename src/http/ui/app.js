@@ -165,6 +165,7 @@ function sandboxPage(root) {
         el('td', {}, String(c.duration_ms)))));
     root.dataset.status = s.status;
     showPorts(s.exposed_ports);
+    return s;
   }
 
   async function loadFiles() {
@@ -288,7 +289,17 @@ function sandboxPage(root) {
       }, 'Unexpose'))));
   }
 
-  const refresh = () => Promise.all([loadInfo(), loadFiles(), loadSnapshots(), loadProcesses()]).catch(showError);
+  /**
+   * The page again. The files, snapshots and processes of a sleeping
+   * sandbox are read only when asked (reading them wakes it).
+   */
+  const refresh = () => loadInfo()
+    .then((s) => {
+      const asleep = s.status === 'hibernated';
+      document.getElementById('asleep').hidden = !asleep;
+      return Promise.all(asleep ? [] : [loadFiles(), loadSnapshots(), loadProcesses()]);
+    })
+    .catch(showError);
 
   const processForm = document.getElementById('process-form');
   processForm.addEventListener('submit', (ev) => {
@@ -387,6 +398,12 @@ function sandboxPage(root) {
 
   document.getElementById('restart').addEventListener('click', (ev) => {
     busy(ev.target.parentElement, async () => { await api('POST', `${base}/restart`); await refresh(); });
+  });
+  document.getElementById('hibernate').addEventListener('click', (ev) => {
+    busy(ev.target.parentElement, async () => { await api('POST', `${base}/hibernate`); await refresh(); });
+  });
+  document.getElementById('wake').addEventListener('click', (ev) => {
+    busy(ev.target.parentElement, async () => { await loadFiles(); await refresh(); });
   });
   document.getElementById('delete').addEventListener('click', (ev) => {
     busy(ev.target.parentElement, async () => { await api('DELETE', base); location.assign('/ui'); });

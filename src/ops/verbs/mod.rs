@@ -12,6 +12,7 @@ pub mod execute_python_code;
 pub mod execute_terminal_command;
 pub mod expose_port;
 pub mod fork_sandbox;
+pub mod hibernate_sandbox;
 pub mod install_package_in_sandbox;
 pub mod list_files;
 pub mod list_processes;

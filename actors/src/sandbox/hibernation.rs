@@ -1,0 +1,175 @@
+//! Hibernation: a sandbox idle for `sandbox.hibernate_after_seconds`, or
+//! asked to, sleeps on disk; its next call wakes it.
+//!
+//! Asleep, it holds no memory and no kernel object: its Python namespace is
+//! written to a fork file on its own results disk (as a fork carries it),
+//! its record marks it asleep (durably, before anything goes), its
+//! container is removed (the package volume stays), its disks are
+//! unmounted and its egress proxy detached. Waking mounts the disks,
+//! attaches the proxy, makes a container on them and loads the namespace
+//! into the new worker. Background processes end with the container;
+//! snapshots keep their files and packages, not the Python copies they
+//! parked in memory.
+
+use time::OffsetDateTime;
+use tracing::warn;
+use uuid::Uuid;
+
+use crate::agent_connection::AgentConnection;
+use crate::error::{Result, SandboxError};
+use crate::records::{Hibernated, SandboxRecord};
+use sandbox_runtime::agent::{Carried, CarriedState};
+
+/// Puts the sandbox `record` describes to sleep; answers with what it kept.
+/// Fails only before anything changed (the namespace could not be written,
+/// or the record not marked); past that mark, what cannot be undone now
+/// (a container the engine would not remove) is undone by the wake.
+pub(super) async fn sleep(link: &mut AgentConnection, mut record: SandboxRecord) -> Result<Hibernated> {
+    let ctx = link.ctx().clone();
+    let id = record.id;
+    let slot = Uuid::new_v4().simple().to_string();
+    let (python, _) = link.dump_python(&slot, None).await?;
+    let hibernated = Hibernated {
+        since: OffsetDateTime::now_utc(),
+        slot,
+        python,
+    };
+    record.hibernated = Some(hibernated.clone());
+    ctx.store.put(record).await?;
+    if let Err(e) = link.remove_container().await {
+        warn!(sandbox = %id, error = %e, "could not remove a hibernating sandbox's container; its wake removes it");
+    }
+    ctx.egress.detach(id);
+    if let Err(e) = ctx.disks.release(id).await {
+        warn!(sandbox = %id, error = %e, "could not unmount a hibernating sandbox's disks");
+    }
+    Ok(hibernated)
+}
+
+/// Wakes the sandbox `record` describes (asleep): its disks, its proxy, a
+/// container, its namespace; answers with the notice that says what came
+/// back. A wake that fails leaves the saved state where it was.
+pub(super) async fn wake(link: &mut AgentConnection, mut record: SandboxRecord) -> Result<String> {
+    let ctx = link.ctx().clone();
+    let id = record.id;
+    let asleep = record
+        .hibernated
+        .clone()
+        .ok_or_else(|| SandboxError::Internal("woken awake".into()))?;
+    ctx.disks.ensure(id).await?;
+    if ctx.egress.attached_policy(id).is_none() {
+        ctx.egress
+            .attach(id, record.egress.unwrap_or(ctx.egress.default_policy()))?;
+    }
+    link.recreate().await?;
+    let loaded = match asleep.python.python {
+        CarriedState::Carried | CarriedState::Partial => Some(
+            link.load_python(&asleep.slot)
+                .await
+                .map(|(carried, _)| carried)
+                .map_err(|e| e.to_string()),
+        ),
+        CarriedState::Fresh | CarriedState::Lost => None,
+    };
+    record.hibernated = None;
+    record.container_id = link.container_id.clone();
+    ctx.store.put(record).await?;
+    Ok(woke(&asleep, loaded))
+}
+
+/// What a woken sandbox tells its next caller.
+fn woke(asleep: &Hibernated, loaded: Option<std::result::Result<Carried, String>>) -> String {
+    let saved = &asleep.python;
+    let python = match (saved.python, loaded) {
+        (CarriedState::Fresh, _) => "Python: fresh (no Python had run before it slept)".to_string(),
+        (_, Some(Err(why))) => format!("Python: fresh (its saved variables could not be loaded: {why})"),
+        (_, Some(Ok(c))) if c.python == CarriedState::Lost => format!(
+            "Python: fresh (its saved variables could not be loaded: {})",
+            reasons(&c.skipped)
+        ),
+        (CarriedState::Partial, Some(Ok(c))) => format!(
+            "Python: partial ({} names back; not saved: {})",
+            c.names,
+            reasons(&saved.skipped)
+        ),
+        (_, Some(Ok(c))) => format!(
+            "Python: carried (its variables and imports are back, {} names)",
+            c.names
+        ),
+        (_, None) => format!(
+            "Python: fresh (its variables could not be saved: {})",
+            reasons(&saved.skipped)
+        ),
+    };
+    format!(
+        "The sandbox woke from hibernation (asleep since {}). {python}. Files in /app/results and installed \
+         packages are back; background processes ended when it went to sleep.",
+        asleep
+            .since
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    )
+}
+
+/// `name (why), …` of the names a dump or load left out.
+fn reasons(skipped: &[(String, String)]) -> String {
+    match skipped.is_empty() {
+        true => "no reason given".into(),
+        false => skipped
+            .iter()
+            .map(|(name, why)| format!("{name} ({why})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asleep(python: CarriedState, names: u64, skipped: &[(&str, &str)]) -> Hibernated {
+        Hibernated {
+            since: OffsetDateTime::UNIX_EPOCH,
+            slot: "s".into(),
+            python: Carried {
+                python,
+                names,
+                skipped: skipped.iter().map(|(n, w)| (n.to_string(), w.to_string())).collect(),
+            },
+        }
+    }
+
+    fn carried(python: CarriedState, names: u64) -> Option<std::result::Result<Carried, String>> {
+        Some(Ok(Carried {
+            python,
+            names,
+            skipped: vec![],
+        }))
+    }
+
+    #[test]
+    fn a_woken_sandbox_says_what_of_its_python_came_back() {
+        let all = woke(
+            &asleep(CarriedState::Carried, 3, &[]),
+            carried(CarriedState::Carried, 3),
+        );
+        assert!(all.contains("Python: carried") && all.contains("3 names"), "{all}");
+        let some = woke(
+            &asleep(CarriedState::Partial, 2, &[("sock", "TypeError: cannot pickle")]),
+            carried(CarriedState::Carried, 2),
+        );
+        assert!(
+            some.contains("Python: partial") && some.contains("sock (TypeError"),
+            "{some}"
+        );
+        let none = woke(&asleep(CarriedState::Fresh, 0, &[]), None);
+        assert!(none.contains("Python: fresh (no Python had run"), "{none}");
+        let failed = woke(&asleep(CarriedState::Carried, 3, &[]), Some(Err("agent gone".into())));
+        assert!(
+            failed.contains("Python: fresh") && failed.contains("agent gone"),
+            "{failed}"
+        );
+        let unsaved = woke(&asleep(CarriedState::Lost, 0, &[("*", "MemoryError")]), None);
+        assert!(unsaved.contains("could not be saved: * (MemoryError)"), "{unsaved}");
+    }
+}

@@ -1,0 +1,216 @@
+"""Sandboxes that sleep on disk, through the real server, Docker and the MCP
+SDK.
+
+hibernate_sandbox writes the Python namespace to the sandbox's disk,
+removes its container and unmounts its disks: nothing of it stays in the
+engine or the host's mount table. The next call wakes it with its
+variables, functions, imports, files (byte for byte, deleted ones still
+deleted) and installed packages, and says so in its notice; calls sent
+during the wake keep their order. What does not pickle (a socket) wakes as
+`partial`, named. A server killed and started again wakes it the same way.
+An idle sandbox sleeps by itself after `sandbox.hibernate_after_seconds`.
+Another tenant can neither wake, list, hibernate nor delete it, and its
+deletion leaves nothing on the host."""
+
+import asyncio
+import http.client
+import os
+import time
+import urllib.parse
+
+from mcp import Client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from harness import Server, docker, new_key
+from harness import call as ok
+
+KEYS = {name: new_key(name) for name in ("alice", "bob")}
+
+BLOB = os.urandom(300_000)
+
+
+def server(**env):
+    keys = ", ".join(f'{{name = "{n}", key_sha256 = "{sha}"}}' for n, (_, sha) in KEYS.items())
+    return Server(MCP_SANDBOX_AUTH_ENABLED="true", MCP_SANDBOX_AUTH_KEYS=f"[{keys}]", **env)
+
+
+def client(s, who):
+    headers = {"Authorization": f"Bearer {KEYS[who][0]}"}
+    return Client(streamable_http_client(s.url + "/mcp", http_client=create_mcp_http_client(headers=headers)))
+
+
+async def refused(c, tool, **args):
+    r = await c.call_tool(tool, args)
+    assert r.is_error, (tool, r.structured_content)
+    return r.content[0].text
+
+
+def host_traces(s, sid):
+    """What of the sandbox the engine and the host's mount table hold."""
+    containers = docker("ps", "-aq", "--filter", f"label=io.mcp-sandbox.sandbox={sid}").split()
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split(" ")[4] for line in f if sid in line.split(" ")[4]]
+    return containers, mounts
+
+
+def preview(s, link):
+    """(status, body) of a preview link's page, as a browser gets it: the
+    token traded for the cookie, then the page with it."""
+    u = urllib.parse.urlsplit(link)
+    host = {"Host": f"{u.hostname}:{u.port}"}
+    c = http.client.HTTPConnection("127.0.0.1", u.port, timeout=30)
+    c.request("GET", f"{u.path}?{u.query}", headers=host)
+    r = c.getresponse()
+    r.read()
+    assert r.status == 303, r.status
+    cookie = r.getheader("set-cookie").split(";")[0]
+    c.request("GET", r.getheader("location"), headers={**host, "Cookie": cookie})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    return r.status, body
+
+
+async def status_of(c, sid):
+    listed = (await ok(c, "list_sandboxes"))["sandboxes"]
+    return next((s["status"] for s in listed if s["sandbox_id"] == sid), None)
+
+
+def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
+    s = server().start()
+    try:
+
+        async def before():
+            async with client(s, "alice") as c:
+                sid = (await ok(c, "create_sandbox"))["sandbox_id"]
+                await ok(c, "install_package_in_sandbox", sandbox_id=sid, package_name="six")
+                for _ in range(120):
+                    st = await ok(c, "check_package_installation_status", sandbox_id=sid, package_name="six")
+                    if st["status"] != "installing":
+                        break
+                    await asyncio.sleep(1)
+                assert st["status"] == "success", st
+                code = (
+                    "import json, socket\n"
+                    "x = 41\n"
+                    "def f(): return x + 1\n"
+                    "class Point:\n    def __init__(self, a): self.a = a\n"
+                    "p = Point(7)\n"
+                    f"open('blob.bin', 'wb').write(bytes.fromhex('{BLOB.hex()}'))\n"
+                    "open('gone.txt', 'w').write('soon gone')\n"
+                )
+                await ok(c, "execute_python_code", sandbox_id=sid, code=code)
+                await ok(c, "execute_terminal_command", sandbox_id=sid, command="rm /app/results/gone.txt")
+                slept = await ok(c, "hibernate_sandbox", sandbox_id=sid)
+                assert slept["python"] == "carried" and slept["python_names"] >= 4, slept
+                assert await status_of(c, sid) == "hibernated"
+                again = await ok(c, "hibernate_sandbox", sandbox_id=sid)
+                assert "already" in again["message"], again
+                # Another tenant: no wake, no listing, no hibernation, no delete.
+                async with client(s, "bob") as b:
+                    for tool in ("execute_python_code", "hibernate_sandbox", "delete_sandbox", "list_files"):
+                        args = {"code": "x"} if tool == "execute_python_code" else {}
+                        text = await refused(b, tool, sandbox_id=sid, **args)
+                        assert "not found" in text, text
+                    assert sid not in [x["sandbox_id"] for x in (await ok(b, "list_sandboxes"))["sandboxes"]]
+                assert await status_of(c, sid) == "hibernated", "bob's calls woke nothing"
+                return sid
+
+        sid = asyncio.run(before())
+        containers, mounts = host_traces(s, sid)
+        assert containers == [] and mounts == [], (containers, mounts)
+
+        # The server is killed and started again: it stays asleep until called.
+        s.kill()
+        s.start()
+        assert host_traces(s, sid) == ([], [])
+
+        async def after():
+            async with client(s, "alice") as c:
+                assert await status_of(c, sid) == "hibernated"
+                ran = await ok(
+                    c,
+                    "execute_python_code",
+                    sandbox_id=sid,
+                    code="import six, hashlib, os\nprint(x, f(), p.a, json.dumps([1]), six.PY3)\n"
+                    "print(hashlib.sha256(open('blob.bin', 'rb').read()).hexdigest(), os.path.exists('gone.txt'))",
+                )
+                lines = ran["stdout"].splitlines()
+                assert lines[0] == "41 42 7 [1] True", ran
+                import hashlib
+
+                assert lines[1] == f"{hashlib.sha256(BLOB).hexdigest()} False", ran
+                assert "woke from hibernation" in ran["notice"] and "Python: carried" in ran["notice"], ran
+                assert await status_of(c, sid) == "running"
+                await ok(c, "delete_sandbox", sandbox_id=sid)
+
+        asyncio.run(after())
+    finally:
+        s.cleanup()
+
+
+def test_what_does_not_pickle_wakes_partial_calls_keep_their_order_and_deletion_leaves_nothing():
+    s = server().start()
+    try:
+
+        async def go():
+            async with client(s, "alice") as c:
+                sid = (await ok(c, "create_sandbox"))["sandbox_id"]
+                await ok(c, "execute_python_code", sandbox_id=sid, code="import socket\nsock = socket.socket()\nseen = []")
+                slept = await ok(c, "hibernate_sandbox", sandbox_id=sid)
+                assert slept["python"] == "partial", slept
+                assert [n["name"] for n in slept["not_carried"]] == ["sock"], slept
+                # A preview link wakes nothing, and says why.
+                link = (await ok(c, "expose_port", sandbox_id=sid, port=8000))["url"]
+                status, body = preview(s, link)
+                assert status == 503 and b"hibernated" in body, (status, body)
+                assert await status_of(c, sid) == "hibernated"
+
+                # Sent one after another without waiting: they run in order,
+                # after the wake the first one started.
+                async def append(i):
+                    await asyncio.sleep(i * 0.05)
+                    return await ok(c, "execute_python_code", sandbox_id=sid, code=f"seen.append({i})")
+
+                answers = await asyncio.gather(*(append(i) for i in range(4)))
+                notices = [a.get("notice") or "" for a in answers]
+                assert sum("woke from hibernation" in n for n in notices) == 1, notices
+                woke = next(n for n in notices if "woke" in n)
+                assert "Python: partial" in woke and "sock" in woke, woke
+                ran = await ok(c, "execute_python_code", sandbox_id=sid, code="print(seen, 'sock' in dir())")
+                assert ran["stdout"] == "[0, 1, 2, 3] False\n", ran
+
+                await ok(c, "hibernate_sandbox", sandbox_id=sid)
+                await ok(c, "delete_sandbox", sandbox_id=sid)
+                return sid
+
+        sid = asyncio.run(go())
+        assert host_traces(s, sid) == ([], [])
+        leftovers = [p for p in s.root.rglob("*") if sid in p.name]
+        assert leftovers == [], leftovers
+    finally:
+        s.cleanup()
+
+
+def test_an_idle_sandbox_sleeps_by_itself_and_a_file_read_wakes_it():
+    s = server(MCP_SANDBOX_SANDBOX_HIBERNATE_AFTER_SECONDS="3").start()
+    try:
+
+        async def go():
+            async with client(s, "alice") as c:
+                sid = (await ok(c, "create_sandbox"))["sandbox_id"]
+                await ok(c, "execute_python_code", sandbox_id=sid, code="y = 'still here'\nopen('n.txt','w').write('kept')")
+                deadline = time.time() + 90
+                while await status_of(c, sid) != "hibernated":
+                    assert time.time() < deadline, "never hibernated"
+                    await asyncio.sleep(1)
+                assert host_traces(s, sid)[0] == []
+                read = await ok(c, "read_file", sandbox_id=sid, path="n.txt")
+                assert read["content"] == "kept", read
+                ran = await ok(c, "execute_python_code", sandbox_id=sid, code="print(y)")
+                assert ran["stdout"] == "still here\n", ran
+                await ok(c, "delete_sandbox", sandbox_id=sid)
+
+        asyncio.run(go())
+    finally:
+        s.cleanup()
