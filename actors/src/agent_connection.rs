@@ -452,14 +452,13 @@ impl AgentConnection {
         Ok(self.ctx.runtime.remove(&self.container_id, None).await?)
     }
 
-    /// Gives a sandbox woken from sleep a new container on its kept disks
-    /// and package volume (one a crash left under the old name is removed
-    /// first), and waits for its agent.
+    /// Gives a sandbox woken from sleep (its old container removed) a new
+    /// container on its kept disks and package volume, and waits for its
+    /// agent.
     pub async fn recreate(&mut self) -> Result<()> {
         self.check_retired()?;
         self.drop_client();
         self.paused = false;
-        self.ctx.runtime.remove(&self.container_id, None).await?;
         // Its egress socket folder exists again only now.
         self.paths = self.ctx.paths(self.paths.id);
         self.create_container().await?;
@@ -484,7 +483,7 @@ impl AgentConnection {
         self.client.is_none()
     }
 
-    fn check_retired(&self) -> Result<()> {
+    pub(crate) fn check_retired(&self) -> Result<()> {
         match self.retirement.is_retired() {
             true => Err(self.retirement.error(self.paths.id)),
             false => Ok(()),

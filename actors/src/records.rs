@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError, StoreError};
+use crate::snapshots::SnapshotTotals;
 use sandbox_runtime::agent::{Carried, Package};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
@@ -104,6 +105,10 @@ pub struct Hibernated {
     pub slot: String,
     /// What of the namespace was written.
     pub python: Carried,
+    /// Its snapshots, as counted when it went to sleep: their store is not
+    /// mounted to be counted while it sleeps.
+    #[serde(default)]
+    pub snapshots: SnapshotTotals,
 }
 
 /// Handle on the database; cheap to clone. Calls block briefly (a write
@@ -201,6 +206,13 @@ impl RecordStore {
     /// Marks forks seeded (read and written in one commit, so nothing
     /// written meanwhile, a deletion say, is undone).
     pub async fn mark_seeded(&self, ids: Vec<Uuid>) -> Result<()> {
+        self.update(ids, |record| record.seeding = None).await
+    }
+
+    /// Changes records in one commit, each read and written together, so
+    /// nothing written meanwhile (a deletion, an unexposed port) is undone;
+    /// ids without a record are passed over.
+    pub async fn update(&self, ids: Vec<Uuid>, change: impl Fn(&mut SandboxRecord) + Send + 'static) -> Result<()> {
         let db = self.db.clone();
         blocking(move || {
             let txn = db.begin_write()?;
@@ -211,7 +223,7 @@ impl RecordStore {
                     .get(key.as_str())?
                     .map(|v| serde_json::from_slice::<SandboxRecord>(v.value()));
                 if let Some(Ok(mut record)) = record {
-                    record.seeding = None;
+                    change(&mut record);
                     table.insert(key.as_str(), to_json(&record)?.as_slice())?;
                 }
             }

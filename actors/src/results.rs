@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::config::EgressPolicy;
 use crate::records::{InstallRecord, InstallState};
 use crate::snapshots::SnapshotTotals;
 use crate::status::SandboxStatus;
@@ -61,6 +62,10 @@ pub struct SandboxInfo {
     pub owner: String,
     #[serde(skip, default)]
     pub container_id: String,
+    /// The egress policy it was made with (none in records older than
+    /// per-sandbox policies).
+    #[serde(skip, default)]
+    pub egress: Option<EgressPolicy>,
     pub status: SandboxStatus,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,

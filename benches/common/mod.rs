@@ -47,6 +47,15 @@ pub fn header() {
     );
 }
 
+/// A blank line, the header, and a row per series.
+pub fn table(series: &[Series]) {
+    println!();
+    header();
+    for s in series {
+        row(s);
+    }
+}
+
 pub fn row(s: &Series) {
     println!(
         "{:<52} {:>6} {:>10.3} {:>10.3} {:>10.3}",

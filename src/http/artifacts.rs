@@ -154,6 +154,12 @@ async fn serve(app: &AppState, scope: Scope<'_>, id: Uuid, path: &str) -> Respon
     let (file, len) = match app.ops.sandboxes.open_file(scope, id, target).await {
         Ok(f) => f,
         Err(SandboxError::File(FileError::Symlink(_))) => return refuse(StatusCode::FORBIDDEN, "links are not served"),
+        Err(SandboxError::Asleep { .. }) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the sandbox is hibernated and could not be woken now; try again",
+            )
+        }
         Err(_) => return not_found(),
     };
     let name = path.rsplit('/').next().unwrap_or("file");

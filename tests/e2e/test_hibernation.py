@@ -192,19 +192,35 @@ def test_what_does_not_pickle_wakes_partial_calls_keep_their_order_and_deletion_
         s.cleanup()
 
 
-def test_an_idle_sandbox_sleeps_by_itself_and_a_file_read_wakes_it():
-    s = server(MCP_SANDBOX_SANDBOX_HIBERNATE_AFTER_SECONDS="3").start()
+def test_an_idle_sandbox_sleeps_by_itself_unless_it_would_lose_state_and_a_file_read_wakes_it():
+    s = server(MCP_SANDBOX_SANDBOX_HIBERNATE_AFTER_SECONDS="3", MCP_SANDBOX_SANDBOX_RESULTS_MB="32", MCP_SANDBOX_SANDBOX_RESULTS_INODES="16384").start()
     try:
 
         async def go():
             async with client(s, "alice") as c:
                 sid = (await ok(c, "create_sandbox"))["sandbox_id"]
                 await ok(c, "execute_python_code", sandbox_id=sid, code="y = 'still here'\nopen('n.txt','w').write('kept')")
+                # One holding a socket would lose it: upkeep leaves it awake.
+                holds = (await ok(c, "create_sandbox"))["sandbox_id"]
+                await ok(c, "execute_python_code", sandbox_id=holds, code="import socket\nsock = socket.socket()")
+                # One whose namespace does not fit its disk is never put to
+                # sleep, even when asked: nothing is lost.
+                big = (await ok(c, "create_sandbox"))["sandbox_id"]
+                await ok(c, "execute_python_code", sandbox_id=big, code="import os\nblob = os.urandom(48 << 20)")
+                text = await refused(c, "hibernate_sandbox", sandbox_id=big)
+                assert "could not be saved" in text and "nothing was changed" in text, text
+                ran = await ok(c, "execute_python_code", sandbox_id=big, code="print(len(blob))")
+                assert ran["stdout"] == f"{48 << 20}\n", ran
                 deadline = time.time() + 90
                 while await status_of(c, sid) != "hibernated":
                     assert time.time() < deadline, "never hibernated"
                     await asyncio.sleep(1)
                 assert host_traces(s, sid)[0] == []
+                await asyncio.sleep(4)
+                assert await status_of(c, holds) != "hibernated"
+                assert await status_of(c, big) != "hibernated"
+                ran = await ok(c, "execute_python_code", sandbox_id=holds, code="print(type(sock).__name__)")
+                assert ran["stdout"] == "socket\n", ran
                 read = await ok(c, "read_file", sandbox_id=sid, path="n.txt")
                 assert read["content"] == "kept", read
                 ran = await ok(c, "execute_python_code", sandbox_id=sid, code="print(y)")

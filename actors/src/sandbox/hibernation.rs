@@ -16,52 +16,94 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::agent_connection::AgentConnection;
+use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError};
-use crate::records::{Hibernated, SandboxRecord};
+use crate::records::Hibernated;
+use crate::snapshots::SnapshotTotals;
+use crate::usage::reading::Subject;
 use sandbox_runtime::agent::{Carried, CarriedState};
 
-/// Puts the sandbox `record` describes to sleep; answers with what it kept.
-/// Fails only before anything changed (the namespace could not be written,
-/// or the record not marked); past that mark, what cannot be undone now
-/// (a container the engine would not remove) is undone by the wake.
-pub(super) async fn sleep(link: &mut AgentConnection, mut record: SandboxRecord) -> Result<Hibernated> {
+/// Who asked for the sleep: the actor's upkeep puts a sandbox to sleep only
+/// when nothing of its namespace would be lost; a caller may accept that
+/// what does not pickle (an open socket) is left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asked {
+    Upkeep,
+    Caller,
+}
+
+/// Puts the sandbox to sleep; answers with what it kept. Fails with
+/// nothing changed when its namespace could not be written (or, asked by
+/// upkeep, not whole) or its container not removed; the record is marked
+/// asleep before the container goes, and unmarked again if it cannot go.
+pub(super) async fn sleep(
+    link: &mut AgentConnection,
+    asked: Asked,
+    snapshots: SnapshotTotals,
+    usage: Subject,
+) -> Result<Hibernated> {
     let ctx = link.ctx().clone();
-    let id = record.id;
+    let id = link.paths.id;
     let slot = Uuid::new_v4().simple().to_string();
     let (python, _) = link.dump_python(&slot, None).await?;
+    let whole = matches!(python.python, CarriedState::Carried | CarriedState::Fresh);
+    if python.python == CarriedState::Lost || (asked == Asked::Upkeep && !whole) {
+        return Err(SandboxError::Asleep {
+            id,
+            why: format!(
+                "not put to sleep: its Python variables could not be saved ({}); nothing was changed",
+                reasons(&python.skipped)
+            ),
+        });
+    }
     let hibernated = Hibernated {
         since: OffsetDateTime::now_utc(),
         slot,
         python,
+        snapshots,
     };
-    record.hibernated = Some(hibernated.clone());
-    ctx.store.put(record).await?;
+    let marked = hibernated.clone();
+    ctx.store
+        .update(vec![id], move |r| r.hibernated = Some(marked.clone()))
+        .await?;
+    // What it used since its last sample, read while its container is there.
+    ctx.read_usage(usage, false).await;
     if let Err(e) = link.remove_container().await {
-        warn!(sandbox = %id, error = %e, "could not remove a hibernating sandbox's container; its wake removes it");
+        ctx.store.update(vec![id], |r| r.hibernated = None).await?;
+        return Err(e);
     }
     ctx.egress.detach(id);
     if let Err(e) = ctx.disks.release(id).await {
-        warn!(sandbox = %id, error = %e, "could not unmount a hibernating sandbox's disks");
+        warn!(sandbox = %id, error = %e, "could not unmount a sleeping sandbox's disks; they stay mounted");
     }
     Ok(hibernated)
 }
 
-/// Wakes the sandbox `record` describes (asleep): its disks, its proxy, a
-/// container, its namespace; answers with the notice that says what came
-/// back. A wake that fails leaves the saved state where it was.
-pub(super) async fn wake(link: &mut AgentConnection, mut record: SandboxRecord) -> Result<String> {
+/// Wakes the sleeping sandbox: its old container gone for sure, its disks,
+/// its proxy, a new container, its namespace; answers with the notice that
+/// says what came back. A wake that fails undoes what it set up and leaves
+/// the saved state where it was.
+pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress: EgressPolicy) -> Result<String> {
     let ctx = link.ctx().clone();
-    let id = record.id;
-    let asleep = record
-        .hibernated
-        .clone()
-        .ok_or_else(|| SandboxError::Internal("woken awake".into()))?;
-    ctx.disks.ensure(id).await?;
-    if ctx.egress.attached_policy(id).is_none() {
-        ctx.egress
-            .attach(id, record.egress.unwrap_or(ctx.egress.default_policy()))?;
+    let id = link.paths.id;
+    // One a crash left (or the engine would not remove) must never run on
+    // the disks mounted again.
+    link.remove_container().await?;
+    let set_up = async {
+        ctx.disks.ensure(id).await?;
+        if ctx.egress.attached_policy(id).is_none() {
+            ctx.egress.attach(id, egress)?;
+        }
+        link.recreate().await?;
+        link.check_retired()
     }
-    link.recreate().await?;
+    .await;
+    if let Err(e) = set_up {
+        let _ = link.remove_container().await;
+        ctx.egress.detach(id);
+        let _ = ctx.disks.release(id).await;
+        return Err(e);
+    }
     let loaded = match asleep.python.python {
         CarriedState::Carried | CarriedState::Partial => Some(
             link.load_python(&asleep.slot)
@@ -71,10 +113,14 @@ pub(super) async fn wake(link: &mut AgentConnection, mut record: SandboxRecord) 
         ),
         CarriedState::Fresh | CarriedState::Lost => None,
     };
-    record.hibernated = None;
-    record.container_id = link.container_id.clone();
-    ctx.store.put(record).await?;
-    Ok(woke(&asleep, loaded))
+    let container = link.container_id.clone();
+    ctx.store
+        .update(vec![id], move |r| {
+            r.hibernated = None;
+            r.container_id = container.clone();
+        })
+        .await?;
+    Ok(woke(asleep, loaded))
 }
 
 /// What a woken sandbox tells its next caller.
@@ -136,6 +182,7 @@ mod tests {
                 names,
                 skipped: skipped.iter().map(|(n, w)| (n.to_string(), w.to_string())).collect(),
             },
+            snapshots: SnapshotTotals::default(),
         }
     }
 

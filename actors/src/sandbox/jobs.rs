@@ -317,10 +317,19 @@ impl SandboxActor {
                         state.link = Some(link);
                         continue;
                     }
-                    let record = state.record.clone();
+                    let usage = Subject {
+                        status: live_status(state),
+                        ..Subject::from(&info(state))
+                    };
+                    let asked = match reply {
+                        Some(_) => hibernation::Asked::Caller,
+                        None => hibernation::Asked::Upkeep,
+                    };
+                    let totals = state.snapshots;
+                    state.sleeping = true;
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
-                        let slept = hibernation::sleep(&mut link, record).await;
+                        let slept = hibernation::sleep(&mut link, asked, totals, usage).await;
                         if let Err(e) = &slept {
                             warn!(sandbox = %link.paths.id, error = %e, "could not put a sandbox to sleep");
                         }
@@ -344,9 +353,10 @@ impl SandboxActor {
                     });
                 }
                 Job::Wake => {
-                    let record = state.record.clone();
+                    let asleep = state.record.hibernated.clone().expect("woken asleep");
+                    let egress = state.record.egress.unwrap_or(state.ctx.egress.default_policy());
                     spawn_job(me.clone(), span, async move {
-                        let woke = hibernation::wake(&mut link, record).await;
+                        let woke = hibernation::wake(&mut link, &asleep, egress).await;
                         let finished = match woke {
                             Ok(notice) => Finished {
                                 hibernated: Some(None),
@@ -366,6 +376,7 @@ impl SandboxActor {
                 }
                 Job::Awake(reply) => {
                     state.link = Some(link);
+                    state.last_used = OffsetDateTime::now_utc();
                     let _ = reply.send(Ok(()));
                 }
             }

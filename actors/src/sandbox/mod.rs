@@ -109,6 +109,8 @@ pub struct SandboxState {
     /// When upkeep last queued a hibernation: one that failed (a namespace
     /// that could not be written) is tried again only a period later.
     slept_at: Option<OffsetDateTime>,
+    /// A hibernation is the job in flight.
+    sleeping: bool,
 }
 
 impl Actor for SandboxActor {
@@ -177,7 +179,11 @@ impl Actor for SandboxActor {
         if stopped && !record.deleting {
             queue.push_back(QueuedJob::own(Job::Revive));
         }
-        let snapshots = ctx.snapshots.totals(record.id);
+        // Asleep, its store is not mounted: its figures are those it slept with.
+        let snapshots = match &record.hibernated {
+            Some(asleep) => asleep.snapshots,
+            None => ctx.snapshots.totals(record.id),
+        };
         Ok(SandboxState {
             ctx,
             record,
@@ -197,6 +203,7 @@ impl Actor for SandboxActor {
             first_call,
             processes_may_run: false,
             slept_at: None,
+            sleeping: false,
         })
     }
 
@@ -339,15 +346,20 @@ impl SandboxActor {
                 let _ = reply.send(state.history.to_vec());
             }
             SandboxMsg::Hibernate(reply) => enqueue(state, Job::Hibernate(Some(reply))),
-            SandboxMsg::Awake(reply) => match (&state.deletion, &state.record.hibernated) {
-                (Some(_), _) => {
-                    let _ = reply.send(Err(state.retirement_error()));
+            SandboxMsg::Awake(reply) => {
+                let going = state.sleeping || state.queue.iter().any(|w| matches!(w.job, Job::Hibernate(_)));
+                match (&state.deletion, state.record.hibernated.is_some() || going) {
+                    (Some(_), _) => {
+                        let _ = reply.send(Err(state.retirement_error()));
+                    }
+                    // Asleep or about to be: answered once woken again.
+                    (None, true) => enqueue(state, Job::Awake(reply)),
+                    (None, false) => {
+                        state.last_used = OffsetDateTime::now_utc();
+                        let _ = reply.send(Ok(()));
+                    }
                 }
-                (None, Some(_)) => enqueue(state, Job::Awake(reply)),
-                (None, None) => {
-                    let _ = reply.send(Ok(()));
-                }
-            },
+            }
             SandboxMsg::Delete { reply, by_owner } => match seeded(state) {
                 Err(e) if by_owner => {
                     let _ = reply.send(Err(e));
@@ -617,6 +629,7 @@ impl SandboxActor {
 
     async fn finished(&self, state: &mut SandboxState, f: Finished) -> Result<(), ActorProcessingErr> {
         state.first_call = None;
+        state.sleeping = false;
         state.restarting = false;
         // Still dead if the job said so, or if it could not reconnect either.
         state.stopped = f.still_stopped || (state.stopped && f.link.is_disconnected());
@@ -708,6 +721,19 @@ impl SandboxActor {
                 .partition(|w| w.job.needs_waking());
             state.queue = kept.into();
             for waiting in refused {
+                // An install's caller follows its record: it fails too.
+                if let Job::Install { package, .. } = &waiting.job {
+                    if let Some(tx) = state.installs.get(package) {
+                        tx.send_modify(|r| {
+                            r.status = InstallState::Failed;
+                            r.message = error().to_string();
+                            r.finished_at = Some(OffsetDateTime::now_utc());
+                        });
+                        let failed = tx.borrow().clone();
+                        state.record.installs.insert(package.clone(), failed.clone());
+                        state.ctx.store.put_install(state.record.id, failed, vec![]).await?;
+                    }
+                }
                 waiting.job.refuse(error());
             }
         }
@@ -744,6 +770,7 @@ fn info(state: &SandboxState) -> SandboxInfo {
         name: r.name.clone(),
         owner: r.owner.clone(),
         container_id: r.container_id.clone(),
+        egress: r.egress,
         status,
         created_at: r.created_at,
         expires_at: expires_at(state),

@@ -84,8 +84,14 @@ impl Sandboxes {
         // forks count against the caller's quota and live by its lifetime.
         let scope = Scope::from(owner);
         let source = self.actor(scope, id)?;
-        let SandboxInfo { name, .. } = self.query(scope, id, SandboxMsg::Info).await?;
-        let egress = self.ctx.egress.attached_policy(id).ok_or(SandboxError::NotFound(id))?;
+        let SandboxInfo { name, egress, .. } = self.query(scope, id, SandboxMsg::Info).await?;
+        // A sleeping sandbox's proxy is detached: its record says.
+        let egress = self
+            .ctx
+            .egress
+            .attached_policy(id)
+            .or(egress)
+            .unwrap_or(self.ctx.egress.default_policy());
         let allowed = options.egress.unwrap_or(self.ctx.egress.default_policy());
         if egress != allowed {
             return Err(SandboxError::InvalidArgument(format!(

@@ -40,11 +40,15 @@ impl Sandboxes {
                 }
             }
             known.insert(record.id, record.container_id.clone());
-            // One asleep on disk gets its proxy and its mounts when it wakes.
-            if record.hibernated.is_none() {
-                let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
-                self.ctx.egress.attach(record.id, egress)?;
-                self.remount(&record).await?;
+            // One asleep on disk gets its proxy and its mounts when it
+            // wakes; a sleep the last server did not finish is finished.
+            match record.hibernated {
+                Some(_) => self.finish_sleep(&record).await,
+                None => {
+                    let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
+                    self.ctx.egress.attach(record.id, egress)?;
+                    self.remount(&record).await?;
+                }
             }
             self.spawn(record).await?;
         }
@@ -112,6 +116,17 @@ impl Sandboxes {
             }
         }
         Ok(())
+    }
+
+    /// Removes what a sleeping sandbox may still hold when the server that
+    /// put it to sleep was killed half-way: its container, its mounts.
+    async fn finish_sleep(&self, record: &SandboxRecord) {
+        if let Err(e) = self.ctx.runtime.remove(&record.container_id, None).await {
+            warn!(sandbox = %record.id, error = %e, "could not remove a sleeping sandbox's container; its wake removes it");
+        }
+        if let Err(e) = self.ctx.disks.release(record.id).await {
+            warn!(sandbox = %record.id, error = %e, "could not unmount a sleeping sandbox's disks");
+        }
     }
 
     /// Mounts an adopted sandbox's capped file systems again where they are

@@ -356,23 +356,32 @@ impl Disks {
 
     /// Unmounts a sandbox's file systems and keeps their images (its
     /// container must be gone): a sandbox asleep on disk holds no mount and
-    /// no loop device. [`Disks::ensure`] mounts them again.
+    /// no loop device. Never lazily: a file system still in use (by a
+    /// container the engine failed to remove) stays mounted, so that it is
+    /// never mounted twice. [`Disks::ensure`] mounts them again.
     pub async fn release(&self, id: Uuid) -> Result<(), DiskError> {
-        let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
-        mounts.push(agent_dir(&self.agents_dir, id));
-        // The store whatever the cap is now: it may have been made under
-        // another setting.
-        mounts.push(self.snapshots_dir.join(id.to_string()));
-        for mount in &mounts {
-            unmount(&self.host, mount).await?;
+        for mount in self.mounts(id) {
+            unmount_now(&self.host, &mount).await?;
         }
         Ok(())
+    }
+
+    /// Where a sandbox's file systems are mounted: its images, its agent
+    /// folder, and its snapshot store whatever the cap is now (it may have
+    /// been made under another setting).
+    fn mounts(&self, id: Uuid) -> Vec<PathBuf> {
+        let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
+        mounts.push(agent_dir(&self.agents_dir, id));
+        mounts.push(self.snapshots_dir.join(id.to_string()));
+        mounts
     }
 
     /// Unmounts and deletes a sandbox's file systems (its container must be
     /// gone). The emptied mount points are left for the caller to remove.
     pub async fn remove(&self, id: Uuid) -> Result<(), DiskError> {
-        self.release(id).await?;
+        for mount in self.mounts(id) {
+            unmount(&self.host, &mount).await?;
+        }
         let dir = self.root.join(id.to_string());
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&dir)(e)),
