@@ -297,11 +297,12 @@ pub struct HibernateResult {
     pub success: bool,
     pub sandbox_id: String,
     /// What of its Python state was saved: `carried` (every variable,
-    /// function and import), `partial` (see `not_carried`), `fresh` (no
-    /// Python had run) or `lost` (none could be saved; see `not_carried`).
+    /// function and import), `partial` (see `not_carried`) or `fresh` (no
+    /// Python had run). A namespace that cannot be saved at all is refused
+    /// with an error, the sandbox left awake.
     pub python: String,
     pub python_names: u64,
-    /// Names that could not be saved, with why; `*` stands for all of them.
+    /// Names that could not be saved, with why.
     pub not_carried: Vec<NotCarried>,
     pub message: String,
     pub duration_ms: f64,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use tracing::warn;
 
-use super::{info, live_status, SandboxState};
+use super::{fail_install, info, live_status, SandboxState};
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::SandboxMsg;
@@ -56,10 +56,7 @@ pub(super) fn begin_deletion(
         }
         for tx in state.installs.values() {
             if tx.borrow().status == InstallState::Installing {
-                tx.send_modify(|r| {
-                    r.status = InstallState::Failed;
-                    r.message = error.to_string();
-                });
+                fail_install(tx, &error);
             }
         }
     }

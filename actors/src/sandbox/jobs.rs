@@ -305,7 +305,8 @@ impl SandboxActor {
                     });
                 }
                 Job::Hibernate(reply) => {
-                    let snapshots = state.snapshots.count;
+                    let totals = state.snapshots;
+                    let snapshots = totals.count;
                     if let Some(asleep) = &state.record.hibernated {
                         if let Some(reply) = reply {
                             let _ = reply.send(Ok(Slept {
@@ -325,7 +326,6 @@ impl SandboxActor {
                         Some(_) => hibernation::Asked::Caller,
                         None => hibernation::Asked::Upkeep,
                     };
-                    let totals = state.snapshots;
                     state.sleeping = true;
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();

@@ -724,11 +724,7 @@ impl SandboxActor {
                 // An install's caller follows its record: it fails too.
                 if let Job::Install { package, .. } = &waiting.job {
                     if let Some(tx) = state.installs.get(package) {
-                        tx.send_modify(|r| {
-                            r.status = InstallState::Failed;
-                            r.message = error().to_string();
-                            r.finished_at = Some(OffsetDateTime::now_utc());
-                        });
+                        fail_install(tx, &error());
                         let failed = tx.borrow().clone();
                         state.record.installs.insert(package.clone(), failed.clone());
                         state.ctx.store.put_install(state.record.id, failed, vec![]).await?;
@@ -742,6 +738,15 @@ impl SandboxActor {
         }
         Ok(())
     }
+}
+
+/// Ends an install that will never run: whoever follows it reads `why`.
+fn fail_install(tx: &watch::Sender<InstallRecord>, why: &SandboxError) {
+    tx.send_modify(|r| {
+        r.status = InstallState::Failed;
+        r.message = why.to_string();
+        r.finished_at = Some(OffsetDateTime::now_utc());
+    });
 }
 
 /// The sandbox's state, its deletion aside.

@@ -39,11 +39,12 @@ impl Sandboxes {
                     }
                 }
             }
-            known.insert(record.id, record.container_id.clone());
+            known.insert(record.id, current_container(&record));
             // One asleep on disk gets its proxy and its mounts when it
-            // wakes; a sleep the last server did not finish is finished.
+            // wakes; a sleep the last server did not finish is finished
+            // (a container it left is one no record explains).
             match record.hibernated {
-                Some(_) => self.finish_sleep(&record).await,
+                Some(_) => self.unmount_asleep(&record).await,
                 None => {
                     let egress = record.egress.unwrap_or(self.ctx.egress.default_policy());
                     self.ctx.egress.attach(record.id, egress)?;
@@ -72,7 +73,7 @@ impl Sandboxes {
             .all()
             .await?
             .into_iter()
-            .map(|r| (r.id, r.container_id))
+            .map(|r| (r.id, current_container(&r)))
             .collect();
         self.remove_unexplained(&known).await
     }
@@ -118,12 +119,9 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Removes what a sleeping sandbox may still hold when the server that
-    /// put it to sleep was killed half-way: its container, its mounts.
-    async fn finish_sleep(&self, record: &SandboxRecord) {
-        if let Err(e) = self.ctx.runtime.remove(&record.container_id, None).await {
-            warn!(sandbox = %record.id, error = %e, "could not remove a sleeping sandbox's container; its wake removes it");
-        }
+    /// Unmounts what a sleeping sandbox may still have mounted when the
+    /// server that put it to sleep was killed half-way.
+    async fn unmount_asleep(&self, record: &SandboxRecord) {
         if let Err(e) = self.ctx.disks.release(record.id).await {
             warn!(sandbox = %record.id, error = %e, "could not unmount a sleeping sandbox's disks");
         }
@@ -140,5 +138,14 @@ impl Sandboxes {
             }
         }
         Ok(())
+    }
+}
+
+/// The container a record's sandbox runs in: none while it sleeps, so that
+/// one a killed server left behind is removed as unexplained.
+fn current_container(record: &SandboxRecord) -> String {
+    match record.hibernated {
+        Some(_) => String::new(),
+        None => record.container_id.clone(),
     }
 }
