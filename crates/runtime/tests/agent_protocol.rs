@@ -968,7 +968,10 @@ async fn a_background_process_is_started_followed_fed_stopped_and_remembered() {
         .unwrap();
     assert_eq!(next.output, "got abc\n");
     // The cap on running processes.
-    c.start_process(&start).await.unwrap();
+    let second = c.start_process(&start).await.unwrap();
+    // Its log is made with its first output: read it before the files are counted.
+    let said = c.read_process(&second.process_id, 0, 1024, 5.0, false).await.unwrap();
+    assert_eq!(said.output, "hi there\n");
     let third = c.start_process(&start).await.unwrap_err();
     assert!(third.to_string().contains("already runs 2"), "{third}");
     // TERM after a grace of 0 kills the session: the sleep goes with it.
