@@ -59,6 +59,7 @@ stay under /app/results either way.
 # _json) and a few lines below instead of selectors, socket, signal, json and
 # subprocess, whose pure-Python layers (enum, re, threading, collections and
 # more) cost a start about 18 ms of CPU, more than the interpreter itself.
+import _ast
 import _json
 import _signal as signal
 import _socket
@@ -102,6 +103,10 @@ WORKER_PYTHON = os.environ.get("MCP_AGENT_WORKER_PYTHON") or os.path.join(VENV, 
 # from (made when the image was built; absent on the protocol tests' host).
 AGENT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
 AGENT_BYTECODE = AGENT_SOURCE + "c"
+OUTPUTS_SOURCE = os.path.join(os.path.dirname(AGENT_SOURCE), "outputs.py")
+# An uncaught exception's value and traceback as the result carries them.
+MAX_ERROR_VALUE = 2048
+MAX_ERROR_TRACEBACK = 8192
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
@@ -533,6 +538,20 @@ class Kernel:
 
         self.namespace = {"__name__": "__main__", "__builtins__": builtins}
         self.running = False
+        # The current run's outputs (made when it first shows something),
+        # what it may show (output cap, file stamp), and the module that
+        # renders them (loaded then).
+        self.outputs = None
+        self.showing = None
+        self.renderer = None
+        # `display` where IPython has it (a builtin): not a name of the
+        # namespace, so forks and hibernation never try to carry it.
+        builtins.display = self.display
+        # The figures the code saved: a run's end does not show them again.
+        from _weakrefset import WeakSet
+
+        self.saved_figures = WeakSet()
+        sys.meta_path.insert(0, PyplotHook(self.show_figures, self.saved_figures))
         signal.signal(signal.SIGINT, self.on_sigint)
         try:
             # Make the worker, not the agent, the first choice of the OOM killer.
@@ -570,6 +589,10 @@ class Kernel:
             os.close(out)
             os.close(err)
             exit_code = 0
+            error = None
+            interrupted = False
+            self.outputs = None
+            self.showing = (req.get("output_cap") or 65536, req.get("stamp") or str(time.time_ns()))
             self.running = True
             try:
                 try:
@@ -577,17 +600,26 @@ class Kernel:
                 except OSError:
                     pass
                 importlib.invalidate_caches()
-                exec(compile(req["code"], "<sandbox>", "exec"), self.namespace)
+                self.run(req["code"])
             except SystemExit as e:
                 exit_code = system_exit_code(e)
             except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
                 exit_code = 1
-                print_user_traceback(e)
+                interrupted = isinstance(e, KeyboardInterrupt)
+                error = error_of(e)
+                sys.stderr.write(error["traceback"])
             finally:
-                self.running = False
                 if os.getpid() != my_pid:
                     # A process forked by user code must never become a second worker.
                     os._exit(exit_code)
+            try:
+                if not interrupted:
+                    # The figures left open, as a notebook's cell shows them.
+                    self.show_figures(every=False)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                self.running = False
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
@@ -596,7 +628,56 @@ class Kernel:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
             os.dup2(DEVNULL, 1)
             os.dup2(DEVNULL, 2)
-            replies.write(json_dumps({"exit_code": exit_code}) + "\n")
+            reply = {"exit_code": exit_code}
+            if self.outputs is not None:
+                reply["outputs"] = self.outputs.result()
+            if error is not None:
+                reply["error"] = error
+            self.outputs = self.showing = None
+            replies.write(json_dumps(reply) + "\n")
+
+    def run(self, code):
+        """Runs `code` as a notebook cell: a last statement that is an
+        expression (not ended by `;`) is evaluated apart, and its value shown."""
+        tree = compile(code, "<sandbox>", "exec", _ast.PyCF_ONLY_AST)
+        last = None
+        if tree.body and isinstance(tree.body[-1], _ast.Expr) and not ends_with_semicolon(code, tree.body[-1]):
+            last = tree.body.pop()
+        exec(compile(tree, "<sandbox>", "exec"), self.namespace)
+        if last is not None:
+            value = eval(compile(_ast.Expression(last.value), "<sandbox>", "eval"), self.namespace)
+            if value is not None:
+                self.run_outputs().value(value)
+
+    def run_outputs(self):
+        """The current run's outputs, made on first use (the renderer is
+        loaded then: runs that show nothing never load it)."""
+        if self.outputs is None:
+            if self.renderer is None:
+                self.renderer = load_renderer()
+            cap, stamp = self.showing
+            self.outputs = self.renderer.Outputs(RESULTS, reported, cap, stamp)
+        return self.outputs
+
+    def display(self, *objs, **_options):
+        """IPython's `display`: each object becomes an output of the run, in
+        order with the others (printed text stays in stdout)."""
+        if self.showing is None:
+            # Outside a run (a thread that outlived it): nothing to show it in.
+            return
+        self.run_outputs().display(*objs)
+
+    def show_figures(self, every=True):
+        """`plt.show()` (every open figure), and a run's end (those never
+        saved): each shown as an image and closed."""
+        if self.showing is None or "matplotlib.pyplot" not in sys.modules:
+            return
+        try:
+            self.run_outputs().figures(every, self.saved_figures)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # noqa: BLE001 - the figures are the sandbox's
+            pass
 
     def carry(self, req):
         """Writes the namespace to, or reads it from, a fork file; an
@@ -823,19 +904,119 @@ def worker_main(reply_fd, request_fd):
     Kernel().serve(reply_fd, request_fd)
 
 
-def print_user_traceback(e):
-    """Print a traceback without the agent's own frames (the exec call and the
+def user_traceback(e):
+    """A traceback without the agent's own frames (the exec call and the
     interrupt handler), so it reads as if the user's code ran as a script."""
     import traceback
 
     # The file the agent's frames name: its source's, also when it runs from
     # bytecode (whose `__file__` is the bytecode's).
-    agent = print_user_traceback.__code__.co_filename
+    agent = user_traceback.__code__.co_filename
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != agent]
     lines = ["Traceback (most recent call last):\n"] if frames else []
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(e), e)
-    sys.stderr.write("".join(lines))
+    return "".join(lines)
+
+
+def error_of(e):
+    """An uncaught exception as the result carries it: its type's name, its
+    message and the traceback of the user's frames (printed to stderr as
+    well), each bounded; the traceback keeps its end, where the error is."""
+    try:
+        text = user_traceback(e)
+    except BaseException:  # noqa: BLE001 - a hostile __str__, say
+        text = f"{type(e).__name__}: (its message could not be read)\n"
+    try:
+        value = str(e)
+    except BaseException:  # noqa: BLE001 - as above
+        value = ""
+    safe = lambda t: t.encode("utf-8", "replace").decode("utf-8")  # noqa: E731 - no lone surrogates in JSON
+    return {
+        "name": type(e).__name__,
+        "value": safe(value[:MAX_ERROR_VALUE]),
+        "traceback": safe(text[-MAX_ERROR_TRACEBACK:]),
+    }
+
+
+def ends_with_semicolon(code, node):
+    """Whether the statement `node` (the last one) is followed by `;`, which
+    keeps a notebook from showing its value."""
+    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    line = lines[node.end_lineno - 1].encode("utf-8")[node.end_col_offset :].decode("utf-8", "replace")
+    rest = "\n".join([line] + lines[node.end_lineno :])
+    return rest.lstrip(" \t\n\\\x0c").startswith(";")
+
+
+def load_renderer():
+    """docker/outputs.py, beside this file, as a module of its own that
+    the sandbox's code never finds in sys.modules."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mcp_sandbox_outputs", OUTPUTS_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class PyplotHook:
+    """Makes `matplotlib.pyplot.show()` show the figures as a notebook does
+    (under the Agg backend it does nothing), and notes the figures saved
+    with `savefig` (`saved`), which a run's end does not show again: when
+    pyplot is imported, its `show` and `Figure.savefig` are replaced.
+    Imports of anything else are not touched."""
+
+    def __init__(self, show, saved):
+        self.show = show
+        self.saved = saved
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = ShowingLoader(spec.loader, self.show, self.saved)
+                return spec
+        return None
+
+
+class ShowingLoader:
+    """pyplot's own loader, whose module then gets the worker's `show`, and
+    whose `Figure` class notes its saved figures."""
+
+    def __init__(self, loader, show, saved):
+        self.loader = loader
+        self.show = show
+        self.saved = saved
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        show, saved = self.show, self.saved
+
+        def pyplot_show(*_args, **_kwargs):
+            """Shows every open figure as an image of this run's result and closes it."""
+            show(every=True)
+
+        module.show = pyplot_show
+        figure = getattr(module, "Figure", None)
+        savefig = getattr(figure, "savefig", None)
+        if savefig is None:
+            return
+
+        def noting_savefig(fig, *args, **kwargs):
+            saved.add(fig)
+            return savefig(fig, *args, **kwargs)
+
+        noting_savefig.__doc__ = savefig.__doc__
+        noting_savefig.__wrapped__ = savefig
+        figure.savefig = noting_savefig
 
 
 def system_exit_code(e):
@@ -1476,6 +1657,8 @@ class Job:
         self.worker = None
         # The fork file of a dump or load.
         self.carry_path = None
+        # An exec's answer from the worker: its outputs and error.
+        self.shown = {}
         self.out = os.path.join(SPOOL, f"{seq}.out")
         self.err = os.path.join(SPOOL, f"{seq}.err")
         self.sent = [0, 0]
@@ -1966,7 +2149,13 @@ class Agent:
             self.worker.ensure()
             job.worker = self.worker
             self.sel.register(self.worker.replies, "worker")
-            msg = {"code": req["code"], "stdout": job.out, "stderr": job.err}
+            msg = {
+                "code": req["code"],
+                "stdout": job.out,
+                "stderr": job.err,
+                "output_cap": job.cap,
+                "stamp": f"{time.strftime('%Y%m%dT%H%M%S')}-{self.seq}",
+            }
             self.worker.requests.write((json_dumps(msg) + "\n").encode())
         else:
             argv = [str(a) for a in req["argv"]]
@@ -2051,7 +2240,15 @@ class Agent:
         if not line:
             self.finish(job, None)
         elif job.kind == "exec":
-            self.finish(job, json_loads(line)["exit_code"])
+            try:
+                reply = json_loads(line)
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict) or type(reply.get("exit_code")) is not int:
+                # Not the worker's answer (the sandbox's code wrote to its pipe).
+                reply = {"exit_code": 1}
+            job.shown = reply
+            self.finish(job, reply["exit_code"])
         else:
             try:
                 reply = json_loads(line)
@@ -2156,7 +2353,14 @@ class Agent:
         }
         watched = self.watcher.changes() if self.watcher is not None else None
         changed = watched if watched is not None else self.changed_files(job.started_ns)
-        result["files"] = [reported(f) for f in changed]
+        outputs = job.shown.get("outputs")
+        if isinstance(outputs, list) and outputs:
+            result["outputs"] = outputs
+        if isinstance(job.shown.get("error"), dict):
+            result["error"] = job.shown["error"]
+        # The images the run showed are among its outputs, not its files.
+        shown = {o.get("path") for o in outputs or () if isinstance(o, dict)}
+        result["files"] = [f for f in map(reported, changed) if f not in shown]
         self.job = None
         self.send(job.conn, result)
 

@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::context::{Context, EventCounts};
 use crate::error::{AgentFailure, Result, SandboxError};
+use crate::receipt::Receipt;
 use sandbox_runtime::agent::{AgentClient, AgentError, Carried, Progress, PythonState, RunOutput, Work};
 use sandbox_runtime::spans;
 use sandbox_runtime::{ContainerState, SandboxPaths};
@@ -87,6 +88,8 @@ pub struct AgentConnection {
 pub struct Ran {
     pub output: RunOutput,
     pub notice: Option<String>,
+    /// What the run cost (the sandbox's job sets it).
+    pub receipt: Option<Receipt>,
 }
 
 impl AgentConnection {
@@ -214,6 +217,7 @@ impl AgentConnection {
                     return Ok(Ran {
                         output,
                         notice: join(attempts.notices),
+                        receipt: None,
                     });
                 }
                 Ok(Err(e)) if attempts.retry.allows(&e) => attempts.retry.prepare(self, e).await,
@@ -519,6 +523,7 @@ impl AgentConnection {
         Ok(Ran {
             output,
             notice: join(notices),
+            receipt: None,
         })
     }
 

@@ -138,7 +138,7 @@ pub(crate) async fn call(
         "unexpose_port" => run(args, move |a, _| async move { ops.unexpose_port(&c, a).await }),
         "list_result_files" => run(args, move |a, _| async move { ops.list_result_files(&c, a).await }),
         "run_images" => run(args, move |a: RunFiles, _| async move {
-            Ok::<_, OpsError>(ops.run_images(&c, &a.sandbox_id, &a.files).await)
+            Ok::<_, OpsError>(ops.run_images(&c, &a.sandbox_id, &a.shown, &a.files).await)
         }),
         // This node's own, for a listing over every node.
         "list_sandboxes" => run(args, move |(), _| async move {

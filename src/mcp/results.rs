@@ -4,6 +4,8 @@
 //! inline; a failure of the tool itself as an `isError` result with the
 //! error's message.
 
+use std::collections::HashMap;
+
 use base64::Engine;
 use rmcp::model::{CallToolResult, ContentBlock, Resource};
 use serde::Serialize;
@@ -12,6 +14,7 @@ use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::files::{Read, ReadResult};
 use crate::ops::inline_images::{ImageNote, InlineImage};
+use crate::ops::outputs::Output;
 use crate::ops::results::{CommandResult, PythonResult};
 use crate::ops::Ops;
 
@@ -25,15 +28,18 @@ pub fn success<T: Serialize>(
     let structured = serde_json::to_value(value).expect("results serialise");
     let text = serde_json::to_string_pretty(text.as_ref().unwrap_or(&structured)).expect("results serialise");
     let mut content = vec![ContentBlock::text(text)];
-    for (uri, name) in links {
-        let mime = mime_guess::from_path(&name).first().map(|m| m.to_string());
-        let mut resource = Resource::new(uri, name);
-        resource.mime_type = mime;
-        content.push(ContentBlock::resource_link(resource));
-    }
+    content.extend(links.into_iter().map(|(uri, name)| link_item(uri, name)));
     let mut result = CallToolResult::success(content);
     result.structured_content = Some(structured);
     result
+}
+
+/// A link to a file, as a `resource_link` item.
+fn link_item(uri: String, name: String) -> ContentBlock {
+    let mime = mime_guess::from_path(&name).first().map(|m| m.to_string());
+    let mut resource = Resource::new(uri, name);
+    resource.mime_type = mime;
+    ContentBlock::resource_link(resource)
 }
 
 /// A failure of the tool itself, which the model reads (`isError: true`).
@@ -62,12 +68,20 @@ pub fn image_item(image: InlineImage) -> ContentBlock {
 pub trait RunArtifacts {
     /// The files the run created or changed, and their links.
     fn files(&self) -> (&[String], &[String]);
+    /// What the run showed besides printed text (Python runs).
+    fn outputs(&self) -> &[Output] {
+        &[]
+    }
     fn set_images(&mut self, notes: Vec<ImageNote>);
 }
 
 impl RunArtifacts for PythonResult {
     fn files(&self) -> (&[String], &[String]) {
         (&self.files, &self.file_links)
+    }
+
+    fn outputs(&self) -> &[Output] {
+        &self.outputs
     }
 
     fn set_images(&mut self, notes: Vec<ImageNote>) {
@@ -85,8 +99,11 @@ impl RunArtifacts for CommandResult {
     }
 }
 
-/// A run's result: its files as resource links, then the images among
-/// them as image items, on the configured budget.
+/// A run's result, as a notebook shows a cell: the result as JSON (the
+/// outputs' texts left out of it, as they follow), then each output in
+/// order (its text as a text item; an image as its link and, within the
+/// inline budget, its picture), then the files' links and the pictures of
+/// the images among them.
 pub async fn run_reply<T: Serialize + RunArtifacts>(
     ops: &Ops,
     caller: &Caller,
@@ -97,12 +114,48 @@ pub async fn run_reply<T: Serialize + RunArtifacts>(
         Ok(result) => result,
         Err(e) => return failure(&e),
     };
-    let images = ops.run_images(caller, raw_id, result.files().0).await;
+    let shown: Vec<String> = result.outputs().iter().filter_map(|o| o.output.path.clone()).collect();
+    let images = ops.run_images(caller, raw_id, &shown, result.files().0).await;
+    let inline: Vec<String> = images
+        .notes
+        .iter()
+        .filter(|n| n.inline)
+        .map(|n| n.path.clone())
+        .collect();
+    let mut pictures: HashMap<String, InlineImage> = inline.iter().cloned().zip(images.images).collect();
     result.set_images(images.notes);
+    let mut text = serde_json::to_value(&result).expect("results serialise");
+    for output in text
+        .get_mut("outputs")
+        .and_then(|o| o.as_array_mut())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(fields) = output.as_object_mut() {
+            fields.remove("text");
+        }
+    }
+    let mut reply = success(&result, Some(text), vec![]);
+    for Output { output, link } in result.outputs() {
+        if let Some(text) = &output.text {
+            reply.content.push(ContentBlock::text(text.clone()));
+        }
+        if let (Some(path), Some(link)) = (&output.path, link) {
+            reply.content.push(link_item(link.clone(), file_name(path)));
+            if let Some(picture) = pictures.remove(path) {
+                reply.content.push(image_item(picture));
+            }
+        }
+    }
     let (files, links) = result.files();
-    let links = links.iter().cloned().zip(files.iter().map(|f| file_name(f))).collect();
-    let mut reply = success(&result, None, links);
-    reply.content.extend(images.images.into_iter().map(image_item));
+    for (link, file) in links.iter().zip(files) {
+        reply.content.push(link_item(link.clone(), file_name(file)));
+    }
+    for path in inline {
+        if let Some(picture) = pictures.remove(&path) {
+            reply.content.push(image_item(picture));
+        }
+    }
     reply
 }
 

@@ -153,12 +153,14 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Run Python code in a sandbox. State persists between calls like a notebook: variables, imports and \
-            files stay. The working folder is /app/results; files the code writes there are returned as download links \
-            (file_links), and images saved there (PNG, JPEG, GIF, WebP) also come back inline, downscaled, newest first. \
-            Save plots with plt.savefig('plot.png'), never plt.show(). Print what you want to see. \
+        description = "Run Python code in a sandbox, like a notebook cell: variables, imports and files persist between \
+            calls, and the value of a last line that is an expression comes back in outputs (a pandas DataFrame as a \
+            Markdown table with its shape; end the line with ; to hide it). display(a, b) adds outputs in order; \
+            plt.show() and figures left open come back as inline images (saved under /app/results/outputs/). \
+            Printed text is in stdout. The working folder is /app/results; files the code writes there come back as \
+            download links (file_links), images among them also inline, downscaled. \
             Install missing packages first with install_package_in_sandbox. A failing program is not a tool error: \
-            read exit_code and stderr.",
+            read exit_code, error (name, value, traceback) and stderr. receipt says what the run cost.",
         output_schema = schema_for_output::<PythonResult>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = true)
     )]

@@ -273,14 +273,15 @@ impl Inliner {
         }
     }
 
-    /// The images among a run's `files` (absolute paths in the sandbox)
-    /// under `root`: newest first, at most `inline_images_per_result`,
-    /// together within `inline_result_max_bytes`, all within [`DEADLINE`].
-    /// Images are tried until that many are shown or twice that many were
-    /// tried; the others are only linked, without a note.
-    pub async fn run(&self, root: &Path, files: &[String]) -> RunImages {
+    /// The images a run showed (`shown`, in their order) and then those
+    /// among its `files` (newest first), absolute paths in the sandbox under
+    /// `root`: at most `inline_images_per_result`, together within
+    /// `inline_result_max_bytes`, all within [`DEADLINE`]. Images are tried
+    /// until that many are shown or twice that many were tried; the others
+    /// are only linked, without a note.
+    pub async fn run(&self, root: &Path, shown: &[String], files: &[String]) -> RunImages {
         let mut out = RunImages::default();
-        if !self.may_show_any(files) {
+        if !self.may_show_any(shown) && !self.may_show_any(files) {
             return out;
         }
         let deadline = Instant::now() + DEADLINE;
@@ -289,8 +290,9 @@ impl Inliner {
         let newest = tokio::task::spawn_blocking(move || newest_first(&dir, candidates))
             .await
             .unwrap_or_default();
+        let shown = shown.iter().filter(|f| kind(f).is_some()).cloned();
         let mut left = self.result_max_bytes;
-        for path in newest.into_iter().take(2 * self.per_result) {
+        for path in shown.chain(newest).take(2 * self.per_result) {
             if out.images.len() == self.per_result || left == 0 || Instant::now() >= deadline {
                 break;
             }
@@ -758,7 +760,7 @@ mod tests {
             .map(|i| write(root.path(), &format!("{i}.png"), &small))
             .collect();
         files.push(write(root.path(), "notes.txt", b"text"));
-        let shown = inliner(3, 64 * 1024, 192 * 1024).run(root.path(), &files).await;
+        let shown = inliner(3, 64 * 1024, 192 * 1024).run(root.path(), &[], &files).await;
         assert_eq!(shown.images.len(), 3);
         let paths: Vec<&str> = shown.notes.iter().map(|n| n.path.as_str()).collect();
         assert_eq!(
@@ -773,13 +775,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn images_a_run_showed_come_first_in_their_order() {
+        let root = tempfile::tempdir().unwrap();
+        let small = png(&plot(100, 50));
+        std::fs::create_dir(root.path().join("outputs")).unwrap();
+        let shown: Vec<String> = (0..2)
+            .map(|i| write(root.path(), &format!("outputs/{i}.png"), &small))
+            .collect();
+        let files: Vec<String> = (0..2)
+            .map(|i| write(root.path(), &format!("{i}.png"), &small))
+            .collect();
+        let out = inliner(3, 64 * 1024, 192 * 1024).run(root.path(), &shown, &files).await;
+        let paths: Vec<&str> = out.notes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/app/results/outputs/0.png",
+                "/app/results/outputs/1.png",
+                "/app/results/1.png"
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn a_run_keeps_within_its_budget() {
         let root = tempfile::tempdir().unwrap();
         let files: Vec<String> = (0..3)
             .map(|i| write(root.path(), &format!("{i}.png"), &png(&noise(300, 300))))
             .collect();
         let (each, total) = (40_000, 60_000);
-        let shown = inliner(3, each, total).run(root.path(), &files).await;
+        let shown = inliner(3, each, total).run(root.path(), &[], &files).await;
         let sizes: Vec<usize> = shown.images.iter().map(|i| i.data.len()).collect();
         assert!(sizes.iter().all(|&s| s <= each), "{sizes:?}");
         assert!(sizes.iter().sum::<usize>() <= total, "{sizes:?}");
@@ -807,7 +832,7 @@ mod tests {
         let inliner = inliner(2, 64 * 1024, 192 * 1024);
 
         let shown = inliner
-            .run(root.path(), &[link.clone(), svg.clone(), big.clone()])
+            .run(root.path(), &[], &[link.clone(), svg.clone(), big.clone()])
             .await;
         assert!(shown.images.is_empty());
         let reasons: Vec<(&str, &str)> = shown
@@ -826,7 +851,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(read, NotInlined::Unreadable);
 
-        let shown = inliner.run(root.path(), &broken).await;
+        let shown = inliner.run(root.path(), &[], &broken).await;
         assert!(shown.images.is_empty());
         assert_eq!(shown.notes.len(), 4, "twice the count are tried");
     }
@@ -887,7 +912,7 @@ mod tests {
             enabled: false,
             ..crate::config::ResultsConfig::default().inline_budgets()
         });
-        let shown = off.run(root.path(), std::slice::from_ref(&file)).await;
+        let shown = off.run(root.path(), &[], std::slice::from_ref(&file)).await;
         assert!(
             shown.images.is_empty() && shown.notes.is_empty(),
             "a run says nothing when off"

@@ -19,6 +19,7 @@ pub(crate) mod directory;
 pub(crate) mod error;
 pub(crate) mod files;
 pub(crate) mod inline_images;
+pub(crate) mod outputs;
 pub(crate) mod processes;
 pub(crate) mod results;
 pub(crate) mod route;
@@ -49,10 +50,13 @@ use crate::ops::route::Holder;
 
 type Result<T> = std::result::Result<T, OpsError>;
 
-/// A run's files, whose images another node shows (`run_images`).
+/// A run's shown images and files, whose images another node shows
+/// (`run_images`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct RunFiles {
     pub sandbox_id: String,
+    #[serde(default)]
+    pub shown: Vec<String>,
     pub files: Vec<String>,
 }
 
@@ -128,16 +132,18 @@ impl Ops {
         self.metrics.observe(tool, span_id, async { call(id?).await }).await
     }
 
-    /// The images among a run's `files` as the caller's result shows them
-    /// (none when the sandbox is gone or inline images are off).
-    pub async fn run_images(&self, caller: &Caller, raw_id: &str, files: &[String]) -> RunImages {
+    /// The images a run showed (`shown`) and those among its `files` as
+    /// the caller's result shows them (none when the sandbox is gone or
+    /// inline images are off).
+    pub async fn run_images(&self, caller: &Caller, raw_id: &str, shown: &[String], files: &[String]) -> RunImages {
         if let Ok(Holder::Node { name, url }) = self.holder(caller, raw_id).await {
             // Nothing to ask the holder for when none may be shown.
-            if !self.images.may_show_any(files) {
+            if !self.images.may_show_any(shown) && !self.images.may_show_any(files) {
                 return RunImages::default();
             }
             let args = RunFiles {
                 sandbox_id: raw_id.to_string(),
+                shown: shown.to_vec(),
                 files: files.to_vec(),
             };
             return self
@@ -155,8 +161,8 @@ impl Ops {
         };
         match root {
             Ok(root) => {
-                let span = tracing::info_span!("inline_images", files = files.len());
-                self.images.run(&root, files).instrument(span).await
+                let span = tracing::info_span!("inline_images", files = files.len() + shown.len());
+                self.images.run(&root, shown, files).instrument(span).await
             }
             Err(_) => RunImages::default(),
         }

@@ -3,7 +3,8 @@
 //! ([`crate::mcp::results`]) and the REST API as JSON.
 
 use sandbox_actors::snapshots::{CarriedState, PythonState, SnapshotInfo};
-use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, SandboxInfo, Slept};
+use sandbox_actors::{CallRecord, DiskUse, Forked, InstallStatusKind, Package, Ran, Receipt, SandboxInfo, Slept};
+use sandbox_runtime::outputs::RunError;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -11,6 +12,7 @@ use uuid::Uuid;
 use crate::access::artifact_links::ArtifactLinks;
 use crate::ops::files::FileListing;
 use crate::ops::inline_images::ImageNote;
+use crate::ops::outputs::Output;
 use crate::ops::timestamps::rfc3339;
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -121,6 +123,17 @@ pub struct PythonResult {
     /// Something that happened to the sandbox since your last call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// What the run showed besides printed text, in order, as a notebook
+    /// cell shows it: the last expression's value (`main`), what it passed
+    /// to `display()`, and the figures of `plt.show()` or left open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<Output>,
+    /// An uncaught exception, also printed to `stderr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+    /// What the run cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -142,6 +155,9 @@ pub struct CommandResult {
     pub duration_ms: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// What the command cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -522,6 +538,9 @@ impl PythonResult {
             truncated: o.truncated,
             state_lost: o.state_lost,
             notice: ran.notice,
+            outputs: Output::all(o.outputs, links, sandbox),
+            error: o.error,
+            receipt: ran.receipt,
         }
     }
 }
@@ -541,6 +560,7 @@ impl CommandResult {
             truncated: o.truncated,
             duration_ms: o.duration_ms,
             notice: ran.notice,
+            receipt: ran.receipt,
         }
     }
 }

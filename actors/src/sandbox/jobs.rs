@@ -16,6 +16,7 @@ use crate::history::{CallKind, CallRecord};
 use crate::install::{InstallArgs, InstallTask};
 use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
 use crate::processes;
+use crate::receipt::Meter;
 use crate::results::{Slept, Uploaded};
 use crate::snapshots::{Restored, SnapshotDone};
 use crate::uploads::{self, UploadSource};
@@ -163,12 +164,15 @@ impl SandboxActor {
                     let notice = state.notice.take();
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
+                        let meter = Meter::start(&link);
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
                             .await;
+                        let receipt = meter.finish(&link);
                         let full = link.ctx().disks.full_notice(link.paths.id);
                         let result = result.map(|mut ran| {
                             ran.notice = join_notices(join_notices(notice, ran.notice.take()), full);
+                            ran.receipt = Some(receipt);
                             ran
                         });
                         let call = run_record(started, &req.work, &result);

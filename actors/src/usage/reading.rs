@@ -69,7 +69,7 @@ impl From<&SandboxInfo> for Subject {
 /// kill, a first process that ended and was revived): all it shows was
 /// used since then. Taking the drop for nothing would let a sandbox that
 /// restarts itself before every sample use what no bill sees.
-fn grown<T: PartialOrd + std::ops::Sub<Output = T> + Copy>(now: T, before: T) -> T {
+pub(crate) fn grown<T: PartialOrd + std::ops::Sub<Output = T> + Copy>(now: T, before: T) -> T {
     if now >= before {
         now - before
     } else {

@@ -18,6 +18,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Mutex};
 
+use crate::outputs::{Output, RunError};
+
 /// Folder of the agent's socket inside the container.
 pub const AGENT_DIR_IN_CONTAINER: &str = "/run/mcp-agent";
 pub const SOCKET_NAME: &str = "agent.sock";
@@ -293,6 +295,12 @@ pub struct RunOutput {
     /// Files under `/app/results` created or changed by the run.
     #[serde(default)]
     pub files: Vec<String>,
+    /// What a Python run showed besides its printed text, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<Output>,
+    /// A Python run's uncaught exception.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
 }
 
 impl RunOutput {
@@ -317,6 +325,8 @@ impl RunOutput {
         self.files.truncate(MAX_FILES);
         self.output_files.retain(inside);
         self.output_files.truncate(2);
+        self.outputs = Output::sanitise_all(std::mem::take(&mut self.outputs), bound);
+        self.error = self.error.map(RunError::sanitised);
         self
     }
 }
@@ -415,9 +425,10 @@ impl AgentClient {
             writer: Arc::new(Mutex::new(w)),
             fd,
             next_id: 1,
-            // stdout and stderr of at most `output_cap` bytes each, which JSON
-            // escaping can inflate up to six times, plus paths and slack.
-            max_line: 12 * output_cap + 1024 * 1024,
+            // stdout, stderr and the outputs' texts of at most `output_cap`
+            // bytes each, which JSON escaping can inflate up to six times,
+            // plus paths and slack.
+            max_line: 18 * output_cap + 1024 * 1024,
         }
     }
 

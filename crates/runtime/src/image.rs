@@ -24,6 +24,7 @@ use crate::{ImageError, Result};
 const DOCKERFILE: &[u8] = include_bytes!("../../../docker/Dockerfile");
 const AGENT: &[u8] = include_bytes!("../../../docker/agent.py");
 const EGRESS_RELAY: &[u8] = include_bytes!("../../../docker/egress_relay.py");
+const OUTPUTS: &[u8] = include_bytes!("../../../docker/outputs.py");
 const BOOTSTRAP: &[u8] = include_bytes!("../../../docker/bootstrap-rootfs.sh");
 const REGISTRY_BASE: &str = "python:3.12-slim";
 
@@ -37,6 +38,8 @@ pub fn tag(config: &SandboxConfig) -> String {
         .chain(AGENT)
         .chain(b"\0")
         .chain(EGRESS_RELAY)
+        .chain(b"\0")
+        .chain(OUTPUTS)
     {
         h ^= u64::from(*byte);
         h = h.wrapping_mul(0x0100_0000_01b3);
@@ -94,6 +97,7 @@ fn context(config: &SandboxConfig) -> Result<Vec<u8>> {
         ("Dockerfile", DOCKERFILE),
         ("agent.py", AGENT),
         ("egress_relay.py", EGRESS_RELAY),
+        ("outputs.py", OUTPUTS),
         ("ca-bundle.crt", ca.as_slice()),
     ] {
         let mut header = tar::Header::new_gnu();

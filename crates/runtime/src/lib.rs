@@ -12,12 +12,14 @@
 
 pub mod agent;
 pub mod config;
+pub mod counters;
 mod docker;
 mod error;
 #[cfg(any(test, feature = "test-runtime"))]
 pub mod fake;
 mod image;
 pub mod labels;
+pub mod outputs;
 pub mod ports;
 pub mod processes;
 pub mod spans;
@@ -120,6 +122,17 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         self.state(container_id).await
     }
     async fn usage(&self, container_id: &str) -> Result<Usage>;
+    /// The container's counters for a run's receipt, where they can be read
+    /// without the engine (which takes about a second to answer); None
+    /// elsewhere, and the receipt then leaves them out.
+    fn counters(&self, _container_id: &str) -> Option<counters::Counters> {
+        None
+    }
+    /// A mark from which the container's memory peak is read, for a run's
+    /// receipt; None where the kernel keeps none that can be reset.
+    fn peak_mark(&self, _container_id: &str) -> Option<counters::PeakMark> {
+        None
+    }
     async fn pause(&self, container_id: &str) -> Result<()>;
     async fn unpause(&self, container_id: &str) -> Result<()>;
     /// Kills and starts a container whose agent stopped answering.

@@ -2,7 +2,10 @@
 //! would cost a round trip: whether it is frozen, what it used, its first
 //! process, its network bytes.
 
+use std::path::Path;
+
 use super::*;
+use crate::counters::{Counters, PeakMark};
 
 /// Whether the processes of a container that has a cgroup here are frozen
 /// (`docker pause`, by this server or anyone); `None` where no cgroup of it
@@ -59,6 +62,42 @@ pub(super) fn cgroup_usage(container_id: &str) -> Option<Usage> {
         memory_limit_bytes: number(read(format!("{memory}/memory.limit_in_bytes"))).unwrap_or(0),
         network_bytes: network_bytes(&memory),
     })
+}
+
+/// CPU and network so far, straight from the container's cgroup (see
+/// [`crate::counters`]); None where the layout is none of Docker's usual ones.
+pub(super) fn cgroup_counters(container_id: &str) -> Option<Counters> {
+    let [v2_cgroupfs, v2_systemd, memory] = cgroup_dirs(container_id)?;
+    let v2 = [v2_cgroupfs, v2_systemd].into_iter().find_map(|dir| {
+        let stat = std::fs::read_to_string(format!("{dir}/cpu.stat")).ok()?;
+        let cpu_us = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse::<u64>().ok())?;
+        Some(Counters {
+            cpu_seconds: cpu_us as f64 / 1e6,
+            network_bytes: network_bytes(&dir),
+        })
+    });
+    v2.or_else(|| {
+        let cpu_ns = ["cpuacct", "cpu,cpuacct"].iter().find_map(|c| {
+            let text =
+                std::fs::read_to_string(format!("/sys/fs/cgroup/{c}/docker/{container_id}/cpuacct.usage")).ok()?;
+            text.trim().parse::<u64>().ok()
+        })?;
+        Some(Counters {
+            cpu_seconds: cpu_ns as f64 / 1e9,
+            network_bytes: network_bytes(&memory),
+        })
+    })
+}
+
+/// A mark on the container's cgroup from which its memory's peak is read.
+pub(super) fn cgroup_peak_mark(container_id: &str) -> Option<PeakMark> {
+    let [v2_cgroupfs, v2_systemd, memory] = cgroup_dirs(container_id)?;
+    [v2_cgroupfs, v2_systemd]
+        .iter()
+        .find_map(|dir| PeakMark::set_v2(Path::new(dir)))
+        .or_else(|| PeakMark::set_v1(Path::new(&memory)))
 }
 
 /// Bytes received and sent on the network interfaces (loopback aside) of

@@ -41,7 +41,7 @@ use crate::{image, labels, spans};
 use crate::{
     ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, Result, RuntimeError, SandboxPaths, Usage,
 };
-use cgroups::{cgroup_frozen, cgroup_pid, cgroup_usage};
+use cgroups::{cgroup_counters, cgroup_frozen, cgroup_peak_mark, cgroup_pid, cgroup_usage};
 use spec::LOOPBACK_HOSTS;
 
 /// Writes a file that sandboxes mount read-only (`/etc/hosts`,
@@ -274,6 +274,14 @@ impl ContainerRuntime for DockerRuntime {
             Some(false) => Ok(ContainerState::Running),
             None => self.state(container_id).await,
         }
+    }
+
+    fn counters(&self, container_id: &str) -> Option<crate::counters::Counters> {
+        cgroup_counters(container_id)
+    }
+
+    fn peak_mark(&self, container_id: &str) -> Option<crate::counters::PeakMark> {
+        cgroup_peak_mark(container_id)
     }
 
     async fn usage(&self, container_id: &str) -> Result<Usage> {
