@@ -1,5 +1,9 @@
-//! The token cost of results: a standard analysis run through the tools over
-//! MCP (`/mcp`), as an agent would call them: list and create a sandbox,
+//! The token cost of results. First a short analysis (load and describe a
+//! CSV, plot it, answer a question) in three calls, written twice: printing
+//! and saving the plot, as agents had to before notebook results, and as
+//! notebook cells (last expressions, a figure left open); calls, tokens and
+//! images of each, in one run. Then a standard analysis run through the
+//! tools over MCP (`/mcp`), as an agent would call them: list and create a sandbox,
 //! install pandas, matplotlib and openpyxl (polling the install), upload a
 //! CSV, load and describe it with pandas, plot two charts with matplotlib,
 //! write an Excel file with openpyxl, delete the sandbox. It runs once on a
@@ -161,14 +165,29 @@ const EXCEL: &str = "summary = df.pivot_table(index='region', columns='product',
     with pd.ExcelWriter('summary.xlsx', engine='openpyxl') as w:\n    summary.to_excel(w, sheet_name='revenue')\n\
     df.to_excel(w, sheet_name='data', index=False)\nprint(summary.round(0))";
 
-/// The analysis on the server at `base`; the cost of every call.
-async fn analysis(base: &str, uploads: &std::path::Path) -> Vec<Cost> {
-    let client = McpClient::http(reqwest::Client::new(), base).await;
-    let mut a = Agent {
-        client: &client,
-        calls: vec![],
-    };
-    a.call("list_sandboxes", json!({})).await;
+/// The short analysis (load and describe the CSV, plot it, answer which
+/// region earned most) in three calls, written as agents wrote it before
+/// notebook results: printing, and saving the plot.
+const PRINTED: [&str; 3] = [
+    "import pandas as pd\ndf = pd.read_csv('sales.csv', parse_dates=['date'])\nprint(df.shape)\nprint(df.describe())",
+    "import matplotlib.pyplot as plt\n\
+     monthly = df.set_index('date').groupby('region')['revenue'].resample('MS').sum().unstack(0)\n\
+     monthly.plot(figsize=(8, 4.5), title='Monthly revenue by region')\nplt.savefig('monthly.png')\nprint('saved')",
+    "print(df.groupby('region')['revenue'].sum().idxmax())",
+];
+
+/// The same analysis written as notebook cells: last expressions and a
+/// figure left open.
+const NOTEBOOK: [&str; 3] = [
+    "import pandas as pd\ndf = pd.read_csv('sales.csv', parse_dates=['date'])\ndf.describe()",
+    "import matplotlib.pyplot as plt\n\
+     monthly = df.set_index('date').groupby('region')['revenue'].resample('MS').sum().unstack(0)\n\
+     monthly.plot(figsize=(8, 4.5), title='Monthly revenue by region');",
+    "df.groupby('region')['revenue'].sum().idxmax()",
+];
+
+/// A sandbox with the packages and the CSV, its calls counted in `a`.
+async fn prepared(a: &mut Agent<'_>, uploads: &std::path::Path) -> String {
     let sid = a.call("create_sandbox", json!({"name": "analysis"})).await["sandbox_id"]
         .as_str()
         .unwrap()
@@ -186,6 +205,48 @@ async fn analysis(base: &str, uploads: &std::path::Path) -> Vec<Cost> {
         json!({"sandbox_id": sid, "local_file_path": csv.display().to_string()}),
     )
     .await;
+    sid
+}
+
+/// The three calls of the short analysis, written as `cells`, on the
+/// server at `base`; the cost of each.
+async fn short_analysis(base: &str, uploads: &std::path::Path, cells: [&str; 3]) -> Vec<Cost> {
+    let client = McpClient::http(reqwest::Client::new(), base).await;
+    let mut a = Agent {
+        client: &client,
+        calls: vec![],
+    };
+    let sid = prepared(&mut a, uploads).await;
+    a.calls.clear();
+    let mut answers = vec![];
+    for cell in cells {
+        let out = a.python(&sid, cell).await;
+        answers.push(out);
+    }
+    let answer = answers[2]["stdout"].as_str().unwrap_or_default().trim().to_string();
+    let value = answers[2]["outputs"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_matches('\'');
+    assert!(
+        !answer.is_empty() || !value.is_empty(),
+        "the question is answered: {}",
+        answers[2]
+    );
+    let calls = a.calls.clone();
+    a.call("delete_sandbox", json!({"sandbox_id": sid})).await;
+    calls
+}
+
+/// The analysis on the server at `base`; the cost of every call.
+async fn analysis(base: &str, uploads: &std::path::Path) -> Vec<Cost> {
+    let client = McpClient::http(reqwest::Client::new(), base).await;
+    let mut a = Agent {
+        client: &client,
+        calls: vec![],
+    };
+    a.call("list_sandboxes", json!({})).await;
+    let sid = prepared(&mut a, uploads).await;
     a.python(&sid, DESCRIBE).await;
     for chart in [CHART_MONTHLY, CHART_PRODUCTS] {
         let out = a.python(&sid, chart).await;
@@ -252,12 +313,37 @@ async fn main() {
         env.push(("MCP_SANDBOX_SANDBOX_CA_BUNDLE", ca.display().to_string()));
     }
     let mut runs = vec![];
+    let mut short = vec![];
     for inline in [true, false] {
         let mut env = env.clone();
         env.push(("MCP_SANDBOX_RESULTS_INLINE_IMAGES", inline.to_string()));
         let server = Server::start(&bin, &env).await;
         runs.push(analysis(&server.base, uploads.path()).await);
+        if inline {
+            for cells in [PRINTED, NOTEBOOK] {
+                short.push(short_analysis(&server.base, uploads.path(), cells).await);
+            }
+        }
     }
+    let printed = table("the short analysis in 3 calls, printing and saving the plot", &short[0]);
+    let notebook = table(
+        "the short analysis in 3 calls, as notebook cells (last expressions, a figure left open)",
+        &short[1],
+    );
+    println!(
+        "\nnotebook cells: {} calls, {} tokens ({} text, {} in {} images) against {} calls, {} tokens ({} text, {} in {} images) printing: {:.2} ×",
+        short[1].len(),
+        notebook.tokens(),
+        notebook.text_tokens(),
+        notebook.image_tokens,
+        notebook.images,
+        short[0].len(),
+        printed.tokens(),
+        printed.text_tokens(),
+        printed.image_tokens,
+        printed.images,
+        notebook.tokens() as f64 / printed.tokens() as f64
+    );
     let with = table(
         "with inline images (defaults: 64 KiB each, 192 KiB a result, 3 a result)",
         &runs[0],

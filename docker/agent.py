@@ -105,8 +105,11 @@ AGENT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.p
 AGENT_BYTECODE = AGENT_SOURCE + "c"
 OUTPUTS_SOURCE = os.path.join(os.path.dirname(AGENT_SOURCE), "outputs.py")
 # An uncaught exception's value and traceback as the result carries them.
+MAX_ERROR_NAME = 200
 MAX_ERROR_VALUE = 2048
 MAX_ERROR_TRACEBACK = 8192
+# Outputs the agent passes on from one run (the worker keeps 32 and a note).
+MAX_OUTPUTS = 33
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_CONNS = 16
 MAX_FILES = 1000
@@ -547,11 +550,7 @@ class Kernel:
         # `display` where IPython has it (a builtin): not a name of the
         # namespace, so forks and hibernation never try to carry it.
         builtins.display = self.display
-        # The figures the code saved: a run's end does not show them again.
-        from _weakrefset import WeakSet
-
-        self.saved_figures = WeakSet()
-        sys.meta_path.insert(0, PyplotHook(self.show_figures, self.saved_figures))
+        sys.meta_path.insert(0, PyplotHook(self.show_figures))
         signal.signal(signal.SIGINT, self.on_sigint)
         try:
             # Make the worker, not the agent, the first choice of the OOM killer.
@@ -592,7 +591,11 @@ class Kernel:
             error = None
             interrupted = False
             self.outputs = None
-            self.showing = (req.get("output_cap") or 65536, req.get("stamp") or str(time.time_ns()))
+            self.showing = (
+                req.get("output_cap") or 65536,
+                req.get("stamp") or str(time.time_ns()),
+                req.get("deadline") or time.monotonic() + 30,
+            )
             self.running = True
             try:
                 try:
@@ -655,8 +658,8 @@ class Kernel:
         if self.outputs is None:
             if self.renderer is None:
                 self.renderer = load_renderer()
-            cap, stamp = self.showing
-            self.outputs = self.renderer.Outputs(RESULTS, reported, cap, stamp)
+            cap, stamp, deadline = self.showing
+            self.outputs = self.renderer.Outputs(RESULTS, reported, cap, stamp, deadline)
         return self.outputs
 
     def display(self, *objs, **_options):
@@ -668,12 +671,12 @@ class Kernel:
         self.run_outputs().display(*objs)
 
     def show_figures(self, every=True):
-        """`plt.show()` (every open figure), and a run's end (those never
-        saved): each shown as an image and closed."""
+        """`plt.show()` (every open figure), and a run's end (those changed
+        since last saved): each shown as an image and closed."""
         if self.showing is None or "matplotlib.pyplot" not in sys.modules:
             return
         try:
-            self.run_outputs().figures(every, self.saved_figures)
+            self.run_outputs().figures(every)
         except KeyboardInterrupt:
             raise
         except BaseException:  # noqa: BLE001 - the figures are the sandbox's
@@ -931,12 +934,23 @@ def error_of(e):
         value = str(e)
     except BaseException:  # noqa: BLE001 - as above
         value = ""
-    safe = lambda t: t.encode("utf-8", "replace").decode("utf-8")  # noqa: E731 - no lone surrogates in JSON
     return {
-        "name": type(e).__name__,
-        "value": safe(value[:MAX_ERROR_VALUE]),
-        "traceback": safe(text[-MAX_ERROR_TRACEBACK:]),
+        "name": utf8_head(type(e).__name__, MAX_ERROR_NAME),
+        "value": utf8_head(value, MAX_ERROR_VALUE),
+        "traceback": utf8_tail(text, MAX_ERROR_TRACEBACK),
     }
+
+
+def utf8_head(text, most):
+    """The start of `text` within `most` bytes of UTF-8, without lone
+    surrogates (the answer crosses JSON twice)."""
+    return text.encode("utf-8", "replace")[:most].decode("utf-8", "ignore")
+
+
+def utf8_tail(text, most):
+    """The end of `text` within `most` bytes of UTF-8, as `utf8_head`."""
+    data = text.encode("utf-8", "replace")
+    return data[len(data) - min(most, len(data)) :].decode("utf-8", "ignore")
 
 
 def ends_with_semicolon(code, node):
@@ -961,14 +975,14 @@ def load_renderer():
 
 class PyplotHook:
     """Makes `matplotlib.pyplot.show()` show the figures as a notebook does
-    (under the Agg backend it does nothing), and notes the figures saved
-    with `savefig` (`saved`), which a run's end does not show again: when
-    pyplot is imported, its `show` and `Figure.savefig` are replaced.
-    Imports of anything else are not touched."""
+    (under the Agg backend it does nothing), and a saved figure count as
+    drawn (its `stale` flag cleared, as a draw clears it), so that a run's
+    end shows only figures changed since they were saved: when pyplot is
+    imported, its `show` and `Figure.savefig` are replaced. Imports of
+    anything else are not touched."""
 
-    def __init__(self, show, saved):
+    def __init__(self, show):
         self.show = show
-        self.saved = saved
 
     def find_spec(self, name, path=None, target=None):
         if name != "matplotlib.pyplot":
@@ -979,26 +993,29 @@ class PyplotHook:
                 continue
             spec = find(name, path, target)
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = ShowingLoader(spec.loader, self.show, self.saved)
+                spec.loader = ShowingLoader(spec.loader, self.show)
                 return spec
         return None
 
 
 class ShowingLoader:
     """pyplot's own loader, whose module then gets the worker's `show`, and
-    whose `Figure` class notes its saved figures."""
+    whose `Figure.savefig` leaves the figure drawn. Anything else is the
+    wrapped loader's."""
 
-    def __init__(self, loader, show, saved):
+    def __init__(self, loader, show):
         self.loader = loader
         self.show = show
-        self.saved = saved
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        show, saved = self.show, self.saved
+        show = self.show
 
         def pyplot_show(*_args, **_kwargs):
             """Shows every open figure as an image of this run's result and closes it."""
@@ -1010,13 +1027,19 @@ class ShowingLoader:
         if savefig is None:
             return
 
-        def noting_savefig(fig, *args, **kwargs):
-            saved.add(fig)
-            return savefig(fig, *args, **kwargs)
+        def drawn_savefig(fig, *args, **kwargs):
+            result = savefig(fig, *args, **kwargs)
+            # Saving drew it; only a later change makes it stale again
+            # (savefig restores the dpi it drew at, which marks it stale).
+            try:
+                fig.stale = False
+            except Exception:  # noqa: BLE001 - the figure is the sandbox's
+                pass
+            return result
 
-        noting_savefig.__doc__ = savefig.__doc__
-        noting_savefig.__wrapped__ = savefig
-        figure.savefig = noting_savefig
+        drawn_savefig.__doc__ = savefig.__doc__
+        drawn_savefig.__wrapped__ = savefig
+        figure.savefig = drawn_savefig
 
 
 def system_exit_code(e):
@@ -2155,6 +2178,8 @@ class Agent:
                 "stderr": job.err,
                 "output_cap": job.cap,
                 "stamp": f"{time.strftime('%Y%m%dT%H%M%S')}-{self.seq}",
+                # CLOCK_MONOTONIC, the same in every process of the sandbox.
+                "deadline": job.deadline,
             }
             self.worker.requests.write((json_dumps(msg) + "\n").encode())
         else:
@@ -2353,13 +2378,14 @@ class Agent:
         }
         watched = self.watcher.changes() if self.watcher is not None else None
         changed = watched if watched is not None else self.changed_files(job.started_ns)
-        outputs = job.shown.get("outputs")
-        if isinstance(outputs, list) and outputs:
+        outputs = checked_outputs(job.shown.get("outputs"))
+        if outputs:
             result["outputs"] = outputs
-        if isinstance(job.shown.get("error"), dict):
-            result["error"] = job.shown["error"]
+        error = job.shown.get("error")
+        if isinstance(error, dict) and all(isinstance(error.get(k), str) for k in ("name", "value", "traceback")):
+            result["error"] = {k: error[k] for k in ("name", "value", "traceback")}
         # The images the run showed are among its outputs, not its files.
-        shown = {o.get("path") for o in outputs or () if isinstance(o, dict)}
+        shown = {o["path"] for o in outputs if "path" in o}
         result["files"] = [f for f in map(reported, changed) if f not in shown]
         self.job = None
         self.send(job.conn, result)
@@ -2441,6 +2467,23 @@ class Agent:
                     except BlockingIOError:
                         pass
             self.tick()
+
+
+def checked_outputs(outputs):
+    """The outputs of the worker's answer that have the shape it gives them
+    (its pipe is writable by the sandbox's code), at most MAX_OUTPUTS."""
+    kept = []
+    for o in outputs if isinstance(outputs, list) else ():
+        if len(kept) == MAX_OUTPUTS:
+            break
+        if not isinstance(o, dict) or not isinstance(o.get("type"), str):
+            continue
+        item = {"type": o["type"], "bytes": o.get("bytes") if type(o.get("bytes")) is int else 0}
+        for key, kind in (("text", str), ("path", str), ("width", int), ("height", int), ("main", bool), ("cut", bool)):
+            if type(o.get(key)) is kind:
+                item[key] = o[key]
+        kept.append(item)
+    return kept
 
 
 def collect_output(path, cap, job_id, name):

@@ -45,13 +45,15 @@ RICH = (
 )
 
 
+# Seconds of a run's deadline left to it after the last render.
+MARGIN = 0.5
+# Types whose repr is the interpreter's own, shown even when no time is left.
+PLAIN = (int, float, complex, bool, str, bytes)
+
+
 class RenderTimeout(BaseException):
     """A render ran past its time (a BaseException: code that catches
     Exception does not swallow it)."""
-
-
-def _alarm(_sig, _frame):
-    raise RenderTimeout
 
 
 def utf8_size(text):
@@ -78,15 +80,19 @@ class Outputs:
     """One run's outputs, in order, within the run's budget (`cap` bytes of
     text in all); `results` is the results folder, `stamp` names its files."""
 
-    def __init__(self, results, reported, cap, stamp):
+    def __init__(self, results, reported, cap, stamp, deadline):
         self.results = results
         self.reported = reported
         self.left = max(1024, int(cap))
         self.stamp = stamp
+        # Renders end MARGIN before the run's deadline (CLOCK_MONOTONIC).
+        self.deadline = float(deadline) - MARGIN
         self.items = []
         self.dropped = 0
         self.images = 0
         self.render_left = RENDER_TOTAL
+        # Whether the timer's signal is for a render (it may arrive just after one).
+        self.rendering = False
 
     # ---- what a run shows -------------------------------------------------
     def value(self, obj):
@@ -99,11 +105,11 @@ class Outputs:
         for obj in objs:
             self.show(obj)
 
-    def figures(self, every, saved):
+    def figures(self, every):
         """The open matplotlib figures, each closed once shown: all of them
         (`plt.show()`), or, as a run ends, those with something drawn that
-        were never saved (`saved`: a saved figure is a file of the run,
-        shown as one, and is left open, as before)."""
+        changed since they were last saved (a saved figure is a file of the
+        run, shown as one, and is left open, as before)."""
         pyplot = sys.modules.get("matplotlib.pyplot")
         helpers = sys.modules.get("matplotlib._pylab_helpers")
         if pyplot is None or helpers is None:
@@ -115,7 +121,7 @@ class Outputs:
         for manager in managers:
             try:
                 fig = manager.canvas.figure
-                if not (every or (fig not in saved and has_content(fig))):
+                if not (every or (fig.stale and has_content(fig))):
                     continue
                 self.show(fig)
                 pyplot.close(fig)
@@ -144,6 +150,8 @@ class Outputs:
         item = self.timed(lambda: self.render(obj))
         if item is None:
             item = self.timed(lambda: text_item("text", cut(repr(obj), MAX_TEXT)[0]))
+        if item is None and type(obj) in PLAIN:
+            item = text_item("text", cut(repr(obj), MAX_TEXT)[0])
         if item is None:
             item = text_item("text", f"<{type_name(obj)} object: it could not be shown>")
         if main:
@@ -157,29 +165,42 @@ class Outputs:
         self.items.append(item)
 
     def timed(self, make):
-        """`make()` under a timer, within the run's render budget: None when
-        it failed, ran out of time or answered nothing usable."""
-        budget = min(RENDER_SECONDS, self.render_left)
+        """`make()` under a timer, within the run's render budget and
+        deadline: None when it failed, ran out of time or answered nothing
+        usable. Off the main thread (display() from a thread) there is no
+        timer, nor where a handler this process cannot restore has SIGALRM."""
+        budget = min(RENDER_SECONDS, self.render_left, self.deadline - time.monotonic())
         if budget <= 0:
             return None
         started = time.monotonic()
         try:
-            previous = signal.signal(signal.SIGALRM, _alarm)
+            previous = signal.getsignal(signal.SIGALRM)
+            timed = previous is not None
+            if timed:
+                signal.signal(signal.SIGALRM, self.alarm)
         except ValueError:
-            # Not the main thread (display() from a thread): no timer there.
-            previous = None
-        timer = signal.setitimer(signal.ITIMER_REAL, budget) if previous is not None else (0, 0)
+            timed = False
+        timer = signal.setitimer(signal.ITIMER_REAL, budget) if timed else (0, 0)
+        self.rendering = timed
         try:
             return make()
         except (RenderTimeout, Exception):  # noqa: BLE001 - the object's own methods failed
             return None
         finally:
-            if previous is not None:
+            # The signal raises nothing once this is cleared, should it come now.
+            self.rendering = False
+            elapsed = time.monotonic() - started
+            self.render_left -= elapsed
+            if timed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
                 if timer[0] > 0:
-                    signal.setitimer(signal.ITIMER_REAL, *timer)
-            self.render_left -= time.monotonic() - started
+                    # The sandbox's own timer, less the time the render took.
+                    signal.setitimer(signal.ITIMER_REAL, max(0.001, timer[0] - elapsed), timer[1])
+
+    def alarm(self, _sig, _frame):
+        if self.rendering:
+            raise RenderTimeout
 
     def render(self, obj):
         """The form an LLM is served best by, or None (the caller falls back
@@ -188,14 +209,14 @@ class Outputs:
             return self.figure(obj)
         frame = frame_markdown(obj)
         if frame is not None:
-            return text_item("markdown", frame)
+            return text_item("markdown", cut(frame, MAX_TEXT)[0])
         for method, form in RICH:
-            data = rich(obj, method)
-            if data is None:
-                continue
             if form == "html" and not default_repr(obj):
                 # Markup costs an LLM more than the object's own repr says.
                 return None
+            data = rich(obj, method)
+            if data is None:
+                continue
             item = self.rich_item(form, data)
             if item is not None:
                 return item
@@ -231,17 +252,27 @@ class Outputs:
     def figure(self, fig):
         if self.images >= MAX_IMAGES:
             return text_item("text", f"<a figure: at most {MAX_IMAGES} images per run>")
-        path = self.next_path("png")
-        fig.savefig(path, format="png", dpi="figure")
-        return self.image_item(path)
+        return self.written("png", lambda f: fig.savefig(f, format="png", dpi="figure"))
 
     def image(self, data, form):
         if self.images >= MAX_IMAGES:
             return text_item("text", f"<an image: at most {MAX_IMAGES} images per run>")
-        path = self.next_path({"jpeg": "jpg"}.get(form, form))
+        return self.written({"jpeg": "jpg"}.get(form, form), lambda f: f.write(data))
+
+    def written(self, ext, write):
+        """An image output of a new file that `write(file)` fills: never a
+        file that was there (nor a link), and none left half-written."""
+        path = self.next_path(ext)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+        except BaseException:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            raise
         return self.image_item(path)
 
     def next_path(self, ext):

@@ -202,6 +202,8 @@ def test_dataframes_and_figures_come_back_without_print_or_savefig(server):
             assert (out["outputs"][0]["width"], out["outputs"][0]["height"]) == (640, 480)
             _, out = await run(c, sid, "plt.figure(); plt.plot([2, 1]); plt.savefig('saved.png')")
             assert "outputs" not in out and out["files"] == ["/app/results/saved.png"], out
+            _, out = await run(c, sid, "plt.title('changed since saved');")
+            assert [o["type"] for o in out["outputs"]] == ["image"], out.get("outputs")
             await call(c, "delete_sandbox", sandbox_id=sid)
 
     asyncio.run(go())

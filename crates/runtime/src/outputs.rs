@@ -128,9 +128,22 @@ impl RunError {
         Self {
             name: bounded(self.name, 200),
             value: bounded(self.value, MAX_ERROR_VALUE),
-            traceback: bounded(self.traceback, MAX_ERROR_TRACEBACK),
+            traceback: tail(self.traceback, MAX_ERROR_TRACEBACK),
         }
     }
+}
+
+/// The end of `text` within `max` bytes, on a character boundary, marked
+/// when cut: a traceback's end says what was raised.
+fn tail(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("… {}", &text[start..])
 }
 
 #[cfg(test)]
@@ -202,6 +215,15 @@ mod tests {
         }
         .sanitised();
         assert!(e.name.len() <= 204 && e.value.len() <= MAX_ERROR_VALUE + 4);
+        assert!(e.traceback.len() <= MAX_ERROR_TRACEBACK + 4);
+        let last = "KeyError: 'ключ'";
+        let e = RunError {
+            name: "KeyError".into(),
+            value: "'ключ'".into(),
+            traceback: format!("{}{last}", "ж".repeat(10_000)),
+        }
+        .sanitised();
+        assert!(e.traceback.ends_with(last), "the end of a traceback is kept");
         assert!(e.traceback.len() <= MAX_ERROR_TRACEBACK + 4);
     }
 }
