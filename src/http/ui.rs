@@ -301,6 +301,7 @@ async fn sandbox_page(
 <div class="output" id="python-out" hidden>
 <p>Exit code <code id="python-exit"></code> · <span id="python-duration"></span> ms</p>
 <pre id="python-stdout" class="stdout"></pre>
+<div id="python-outputs" class="outputs"></div>
 <pre id="python-stderr" class="stderr"></pre>
 </div>
 </section>
@@ -313,6 +314,7 @@ async fn sandbox_page(
 <div class="output" id="shell-out" hidden>
 <p>Exit code <code id="shell-exit"></code></p>
 <pre id="shell-stdout" class="stdout"></pre>
+<div id="shell-outputs" class="outputs"></div>
 <pre id="shell-stderr" class="stderr"></pre>
 </div>
 </section>

@@ -145,6 +145,19 @@ def test_a_sandbox_from_creation_to_deletion(server, browser):
     expect(preview).to_have_count(1)
     page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=preview.element_handle())
     assert preview.evaluate("img => img.naturalWidth") == 64
+    # ... and shown under the run that made it.
+    shown = page.locator("#python-outputs img.shown")
+    expect(shown).to_have_count(1)
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=shown.element_handle())
+    assert shown.evaluate("img => img.naturalWidth") == 64
+
+    # The last expression's value and display(), in order, as text (HTML too).
+    page.fill("#code", "class H:\n    def _repr_html_(self): return '<b id=\"injected\">h</b>'\ndisplay(H())\n6 * 7")
+    page.click("#python-form button")
+    expect(page.locator("#python-outputs pre.shown")).to_have_count(2)
+    expect(page.locator("#python-outputs pre.shown.html")).to_have_text('<b id="injected">h</b>')
+    expect(page.locator("#python-outputs pre.shown.text")).to_have_text("42")
+    expect(page.locator("#injected")).to_have_count(0)
 
     # A failing program shows its stderr and exit code.
     page.fill("#code", "import sys\nprint('bad', file=sys.stderr)\nsys.exit(3)")

@@ -328,6 +328,23 @@ function sandboxPage(root) {
     document.getElementById(`${prefix}-stderr`).textContent = (r.notice ? `[notice] ${r.notice}\n` : '') + r.stderr;
     const duration = document.getElementById(`${prefix}-duration`);
     if (duration) duration.textContent = r.duration_ms.toFixed(1);
+    document.getElementById(`${prefix}-outputs`).replaceChildren(...runOutputs(r));
+  }
+
+  /** What a run showed, in order (values, display(), figures), then the
+   * images among its files: text as text (HTML too: it is the sandbox's),
+   * images from their links. */
+  function runOutputs(r) {
+    const picture = (link, path) => el('a', { href: link, target: '_blank', rel: 'noopener' },
+      el('img', { class: 'shown', src: local(link), alt: path }));
+    const shown = (r.outputs || []).map((o) => (o.type === 'image'
+      ? picture(o.link, o.path)
+      : el('pre', { class: `shown ${o.type}` }, o.text)));
+    const images = (r.files || []).map((path, i) => [path, r.file_links[i]])
+      .filter(([path, link]) => link && /\.(png|jpe?g|gif|webp|svg)$/i.test(path))
+      .slice(0, 3)
+      .map(([path, link]) => picture(link, path));
+    return [...shown, ...images];
   }
 
   /** Submits the run form `prefix`-form: its field `key` goes to the API, the result to `prefix`-out. */
