@@ -535,6 +535,9 @@ impl Config {
                 .collect(),
             min_free_disk_mb: self.limits.min_free_disk_mb,
             max_sandboxes_total: self.limits.max_sandboxes_total,
+            live_cap: Default::default(),
+            max_hibernated_total: self.limits.max_hibernated_total,
+            max_hibernated_per_tenant: self.limits.max_hibernated_per_tenant,
             egress_total_connections: sandbox_actors::config::DEFAULT_EGRESS_TOTAL,
         })
     }

@@ -57,10 +57,12 @@ async fn start_sandboxes(
     config: &Config,
     config_path: Option<&Path>,
     egress_total: usize,
+    limits: &Arc<Limits>,
 ) -> anyhow::Result<Arc<Sandboxes>> {
     guard_host(config);
     let mut settings = config.settings(config_path)?;
     settings.egress_total_connections = egress_total;
+    settings.live_cap = live_cap(limits);
     let sandboxes = Sandboxes::start(settings)
         .await
         .context("starting the sandbox service")?;
@@ -72,13 +74,14 @@ async fn start_sandboxes(
 pub(crate) fn ops(
     config: &Config,
     sandboxes: Arc<Sandboxes>,
+    limits: Arc<Limits>,
     signer: Option<LinkSigner>,
     previews: Option<PreviewLinks>,
     cluster: Option<Arc<Cluster>>,
 ) -> anyhow::Result<Ops> {
     Ok(Ops {
         sandboxes,
-        limits: limits(config, signer.as_ref())?,
+        limits,
         links: ArtifactLinks::new(&config.public_url(), signer),
         previews,
         metrics: Arc::new(Metrics::default()),
@@ -111,7 +114,14 @@ fn join_cluster(config: &Config, sandboxes: &Arc<Sandboxes>) -> anyhow::Result<O
     Ok(Some(Arc::new(joined)))
 }
 
-fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Result<Arc<Limits>> {
+/// Each tenant's most live sandboxes as the domain asks for them when a
+/// hibernated one wakes: what its key or tier says, as creations are checked.
+pub(crate) fn live_cap(limits: &Arc<Limits>) -> sandbox_actors::config::LiveCap {
+    let limits = limits.clone();
+    sandbox_actors::config::LiveCap::new(move |tenant| limits.max_sandboxes(tenant))
+}
+
+pub(crate) fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Result<Arc<Limits>> {
     let mut keys = Keys::from_config(&config.auth, config.guest.enabled)?;
     if let Some(signer) = signer.filter(|_| config.guest.enabled) {
         keys = keys.with_guests(GuestKeys::new(signer.clone(), &config.guest));
@@ -208,7 +218,8 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let signer = signer(&config, config_path)?;
     let previews = previews(&config, config_path)?;
     let files = connections::raise_open_file_limit(&config.limits, config.proxied_connections_per_sandbox())?;
-    let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
+    let limits = limits(&config, signer.as_ref())?;
+    let sandboxes = start_sandboxes(&config, config_path, files.egress_connections, &limits).await?;
     let (open_files, egress_connections) = (files.limit, files.egress_connections);
     let addr = std::net::SocketAddr::new(config.server.host, config.server.port);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -219,6 +230,7 @@ pub async fn http(config: Config, config_path: Option<&Path>) -> anyhow::Result<
     let ops = ops(
         &config,
         sandboxes.clone(),
+        limits,
         signer.clone(),
         previews.clone(),
         cluster.clone(),
@@ -291,10 +303,11 @@ pub async fn stdio(config: Config, config_path: Option<&Path>) -> anyhow::Result
         ..config.limits.clone()
     };
     let files = connections::raise_open_file_limit(&limits, config.proxied_connections_per_sandbox())?;
-    let sandboxes = start_sandboxes(&config, config_path, files.egress_connections).await?;
+    let limits = self::limits(&config, None)?;
+    let sandboxes = start_sandboxes(&config, config_path, files.egress_connections, &limits).await?;
     let tasks = Tasks::new(config.tasks.clone());
     let handler = SandboxServer::new(
-        ops(&config, sandboxes.clone(), None, None, None)?,
+        ops(&config, sandboxes.clone(), limits, None, None, None)?,
         tasks,
         Some(Caller::local()),
     );

@@ -40,12 +40,47 @@ pub struct Settings {
     /// New sandboxes and installs are refused while the state or results
     /// folder's file system has less free space than this (0: never).
     pub min_free_disk_mb: u64,
-    /// Sandboxes the server may hold (`limits.max_sandboxes_total`): the
-    /// pool fills only the room the live ones leave under it.
+    /// Live sandboxes the server may hold (`limits.max_sandboxes_total`):
+    /// the pool fills only the room the live ones leave under it, and a
+    /// hibernated one wakes only into room under it.
     pub max_sandboxes_total: usize,
+    /// Each tenant's most live sandboxes, which a wake may not exceed
+    /// (creations are checked against the caller's quota).
+    pub live_cap: LiveCap,
+    /// Hibernated sandboxes the server may hold, and one tenant
+    /// (`limits.max_hibernated_total`, `limits.max_hibernated_per_tenant`).
+    pub max_hibernated_total: usize,
+    pub max_hibernated_per_tenant: usize,
     /// Connections the egress proxy may hold for all sandboxes together:
     /// what the server's open-file limit leaves for them.
     pub egress_total_connections: usize,
+}
+
+/// A tenant's most live sandboxes, as the server's keys and tiers say
+/// (they may change while it runs); unlimited by default.
+#[derive(Clone)]
+pub struct LiveCap(Arc<dyn Fn(&str) -> usize + Send + Sync>);
+
+impl LiveCap {
+    pub fn new(of: impl Fn(&str) -> usize + Send + Sync + 'static) -> Self {
+        Self(Arc::new(of))
+    }
+
+    pub fn of(&self, tenant: &str) -> usize {
+        (self.0)(tenant)
+    }
+}
+
+impl Default for LiveCap {
+    fn default() -> Self {
+        Self::new(|_| usize::MAX)
+    }
+}
+
+impl std::fmt::Debug for LiveCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LiveCap")
+    }
 }
 
 impl Settings {
@@ -60,6 +95,9 @@ impl Settings {
             usage: UsageConfig::default(),
             processes: ProcessesConfig::default(),
             max_sandboxes_total: usize::MAX,
+            live_cap: LiveCap::default(),
+            max_hibernated_total: usize::MAX,
+            max_hibernated_per_tenant: usize::MAX,
             egress_total_connections: DEFAULT_EGRESS_TOTAL,
             state_dir: root.join("state"),
             results_dir: root.join("results"),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use crate::census::Census;
 use crate::config::Settings;
 use crate::records::RecordStore;
 use crate::snapshots::Snapshots;
@@ -33,6 +34,8 @@ pub struct Context {
     /// refuses its owner's calls only while that fork is under way (a mark
     /// its actor could not clear never locks the sandbox).
     pub forks: Mutex<HashSet<Uuid>>,
+    /// Which sandboxes are awake and which asleep, for the caps.
+    pub census: Census,
 }
 
 impl Context {

@@ -42,6 +42,7 @@
 //!   sandboxes take from the host and the free-disk guard.
 
 mod agent_connection;
+mod census;
 pub mod config;
 mod context;
 mod error;

@@ -4,6 +4,7 @@
 //! deletes sandboxes whose lifetime is over.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ const REAP_EVERY: Duration = Duration::from_secs(2);
 pub struct Registered {
     pub owner: String,
     pub actor: ActorRef<SandboxMsg>,
+    /// Hibernated: turned by its actor (see [`crate::census`]).
+    pub asleep: Arc<AtomicBool>,
 }
 
 /// Sandbox id → actor; written by the supervisor, read by the front end.
@@ -56,11 +59,13 @@ impl Supervisor {
         started: Option<Started>,
     ) -> Result<ActorRef<SandboxMsg>, SpawnErr> {
         let (id, owner) = (record.id, record.owner.clone());
+        let asleep = Arc::new(AtomicBool::new(record.hibernated.is_some()));
         let args = SandboxArgs {
             ctx: state.ctx.clone(),
             record,
             notice,
             started,
+            asleep: asleep.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, SandboxActor, args, myself.get_cell()).await?;
         state.by_actor.insert(actor.get_id(), id);
@@ -69,6 +74,7 @@ impl Supervisor {
             Registered {
                 owner,
                 actor: actor.clone(),
+                asleep,
             },
         );
         Ok(actor)

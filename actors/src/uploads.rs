@@ -305,25 +305,17 @@ impl Packer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{PackagesConfig, SandboxConfig, UploadsConfig};
+    use crate::config::UploadsConfig;
 
     fn settings(allowed: &Path, state: &Path) -> Settings {
         Settings {
-            sandbox: SandboxConfig::default(),
-            packages: PackagesConfig::default(),
             uploads: UploadsConfig {
                 allowed_dirs: vec![allowed.to_path_buf()],
                 ..Default::default()
             },
-            pool: Default::default(),
-            usage: Default::default(),
-            processes: Default::default(),
             state_dir: state.to_path_buf(),
             results_dir: state.join("results"),
-            protected: vec![],
-            min_free_disk_mb: 0,
-            max_sandboxes_total: usize::MAX,
-            egress_total_connections: crate::config::DEFAULT_EGRESS_TOTAL,
+            ..Settings::under(state)
         }
     }
 

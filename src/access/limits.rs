@@ -33,10 +33,15 @@ pub struct LimitsConfig {
     pub ip_requests_per_second: u32,
     /// Sandbox creations per minute per tenant.
     pub creations_per_minute: u32,
-    /// Sandboxes one tenant may hold (a key's `max_sandboxes` overrides it).
+    /// Live sandboxes one tenant may hold (a key's `max_sandboxes`
+    /// overrides it); hibernated ones count against the caps below instead.
     pub max_sandboxes_per_tenant: usize,
-    /// Sandboxes the whole server may hold.
+    /// Live sandboxes the whole server may hold.
     pub max_sandboxes_total: usize,
+    /// Hibernated sandboxes one tenant may hold.
+    pub max_hibernated_per_tenant: usize,
+    /// Hibernated sandboxes the whole server may hold.
+    pub max_hibernated_total: usize,
     /// Open MCP sessions (SSE streams, Streamable HTTP sessions) per tenant.
     pub max_sessions_per_tenant: usize,
     /// Open MCP sessions on the whole server.
@@ -74,6 +79,8 @@ impl Default for LimitsConfig {
             creations_per_minute: 10,
             max_sandboxes_per_tenant: 3,
             max_sandboxes_total: 50,
+            max_hibernated_per_tenant: 20,
+            max_hibernated_total: 1000,
             max_sessions_per_tenant: 100,
             max_sessions_total: 2000,
             session_idle_seconds: 600,

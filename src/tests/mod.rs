@@ -70,14 +70,16 @@ impl App {
         ];
         env.extend(defaults.iter().chain(vars).map(|(k, v)| (k.to_string(), v.to_string())));
         let config = Config::load(None, env.into_iter()).expect("a valid configuration");
-        let settings = config.settings(None).unwrap();
+        let signer = crate::serve::signer(&config, None).unwrap();
+        let limits = crate::serve::limits(&config, signer.as_ref()).unwrap();
+        let mut settings = config.settings(None).unwrap();
+        settings.live_cap = crate::serve::live_cap(&limits);
         let fake = FakeRuntime::new(settings.sandbox.output_cap_bytes);
         let host = Arc::new(sandbox_host::recording::Recorder::new());
         let sandboxes = Sandboxes::on_fake(settings, &fake, host)
             .await
             .expect("start on the fake runtime");
-        let signer = crate::serve::signer(&config, None).unwrap();
-        let ops = crate::serve::ops(&config, Arc::new(sandboxes), signer.clone(), None, None).unwrap();
+        let ops = crate::serve::ops(&config, Arc::new(sandboxes), limits, signer.clone(), None, None).unwrap();
         let tasks = Tasks::new(config.tasks.clone());
         Self {
             config,

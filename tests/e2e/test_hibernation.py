@@ -230,3 +230,44 @@ def test_an_idle_sandbox_sleeps_by_itself_unless_it_would_lose_state_and_a_file_
         asyncio.run(go())
     finally:
         s.cleanup()
+
+
+def test_sleeping_sandboxes_count_against_caps_of_their_own():
+    """Live caps count the awake; hibernated ones have caps of their own; a
+    wake needs room under the live caps, and one refused leaves the sandbox
+    asleep with its state."""
+    s = server(
+        MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT="2",
+        MCP_SANDBOX_LIMITS_MAX_HIBERNATED_PER_TENANT="1",
+        MCP_SANDBOX_SANDBOX_HIBERNATE_AFTER_SECONDS="0",
+    ).start()
+    try:
+
+        async def go():
+            async with client(s, "alice") as c:
+                a = (await ok(c, "create_sandbox", name="a"))["sandbox_id"]
+                b = (await ok(c, "create_sandbox", name="b"))["sandbox_id"]
+                assert "2" in await refused(c, "create_sandbox", name="c")
+                await ok(c, "execute_python_code", sandbox_id=a, code="kept = 'from a'")
+                await ok(c, "hibernate_sandbox", sandbox_id=a)
+                # Asleep, it leaves its live place to a new sandbox.
+                new = (await ok(c, "create_sandbox", name="c"))["sandbox_id"]
+                why = await refused(c, "hibernate_sandbox", sandbox_id=b)
+                assert "max_hibernated_per_tenant" in why, why
+                assert await status_of(c, b) == "running"
+                # No live room: the wake is refused, and a stays asleep with its state.
+                why = await refused(c, "execute_python_code", sandbox_id=a, code="print(kept)")
+                assert "live sandboxes, your most" in why and "hibernate or delete one" in why, why
+                assert await status_of(c, a) == "hibernated"
+                await ok(c, "delete_sandbox", sandbox_id=new)
+                out = await ok(c, "execute_python_code", sandbox_id=a, code="print(kept)")
+                assert out["stdout"] == "from a\n", out
+                assert await status_of(c, a) == "running"
+                # Awake again, it frees its hibernated place.
+                await ok(c, "hibernate_sandbox", sandbox_id=b)
+                for sid in (a, b):
+                    await ok(c, "delete_sandbox", sandbox_id=sid)
+
+        asyncio.run(go())
+    finally:
+        s.cleanup()

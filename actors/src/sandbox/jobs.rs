@@ -1,6 +1,7 @@
 //! The jobs a sandbox actor queues, and the tasks that carry them out while
 //! holding the sandbox's link.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -330,11 +331,27 @@ impl SandboxActor {
                         Some(_) => hibernation::Asked::Caller,
                         None => hibernation::Asked::Upkeep,
                     };
+                    let ctx = state.ctx.clone();
+                    if let Err(e) = ctx
+                        .census
+                        .fall_asleep(&state.asleep, &state.record.owner, &ctx.settings)
+                    {
+                        // No room among the hibernated: it stays awake.
+                        tracing::info!(sandbox = %state.record.id, error = %e, "a sandbox stays awake");
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Err(e));
+                        }
+                        state.link = Some(link);
+                        continue;
+                    }
+                    let flag = state.asleep.clone();
                     state.sleeping = true;
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let slept = hibernation::sleep(&mut link, asked, totals, usage).await;
                         if let Err(e) = &slept {
+                            // Still awake: it counts among the live ones again.
+                            flag.store(false, Ordering::Release);
                             warn!(sandbox = %link.paths.id, error = %e, "could not put a sandbox to sleep");
                         }
                         // Asked for, it is a call; by the actor's own
@@ -359,8 +376,18 @@ impl SandboxActor {
                 Job::Wake => {
                     let asleep = state.record.hibernated.clone().expect("woken asleep");
                     let egress = state.record.egress.unwrap_or(state.ctx.egress.default_policy());
+                    let ctx = state.ctx.clone();
+                    let room = ctx.census.wake(&state.asleep, &state.record.owner, &ctx.settings);
+                    let flag = state.asleep.clone();
                     spawn_job(me.clone(), span, async move {
-                        let woke = hibernation::wake(&mut link, &asleep, egress).await;
+                        let woke = match room {
+                            Ok(()) => hibernation::wake(&mut link, &asleep, egress).await,
+                            Err(e) => Err(e),
+                        };
+                        if woke.is_err() {
+                            // Still asleep: it counts among the hibernated again.
+                            flag.store(true, Ordering::Release);
+                        }
                         let finished = match woke {
                             Ok(notice) => Finished {
                                 hibernated: Some(None),

@@ -18,6 +18,7 @@ mod jobs;
 mod snapshot;
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,8 @@ pub struct SandboxArgs {
     /// a burst of creations keeps busy, was most of what a burst of claims
     /// from the warm pool waited on.
     pub started: Option<Started>,
+    /// Its flag in the census: whether it is hibernated.
+    pub asleep: Arc<AtomicBool>,
 }
 
 /// What the creation of a sandbox knows of it: its container runs.
@@ -111,6 +114,8 @@ pub struct SandboxState {
     slept_at: Option<OffsetDateTime>,
     /// A hibernation is the job in flight.
     sleeping: bool,
+    /// Its flag in the census (see [`crate::census`]).
+    asleep: Arc<AtomicBool>,
 }
 
 impl Actor for SandboxActor {
@@ -128,6 +133,7 @@ impl Actor for SandboxActor {
             mut record,
             notice,
             started,
+            asleep,
         } = args;
         // An install that was running when the server (or this actor) went
         // away has no one to finish it.
@@ -204,6 +210,7 @@ impl Actor for SandboxActor {
             processes_may_run: false,
             slept_at: None,
             sleeping: false,
+            asleep,
         })
     }
 

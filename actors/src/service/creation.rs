@@ -77,14 +77,15 @@ impl Sandboxes {
         registry.values().filter(|e| e.owner == owner).count()
     }
 
-    /// Counts `owner`'s sandboxes (and those being created) against `quota`
-    /// and holds `places` more until the returned guard is dropped, so
-    /// concurrent creations cannot exceed it.
+    /// Counts `owner`'s live sandboxes (and those being created) against
+    /// `quota` and holds `places` more until the returned guard is dropped,
+    /// so concurrent creations cannot exceed it. Hibernated sandboxes count
+    /// against caps of their own (see [`crate::census`]).
     pub(super) fn reserve(&self, owner: &str, quota: Quota, places: usize) -> Result<Reservation> {
         let mut pending = self.pending.lock().expect("pending lock");
-        let registry = self.registry.read().expect("registry lock");
-        let mine = registry.values().filter(|e| e.owner == owner).count() + pending.get(owner).copied().unwrap_or(0);
-        let total = registry.len() + pending.values().sum::<usize>();
+        let census = &self.ctx.census;
+        let mine = census.count(Some(owner), false) + pending.get(owner).copied().unwrap_or(0);
+        let total = census.count(None, false) + pending.values().sum::<usize>();
         if mine + places > quota.per_owner {
             return Err(SandboxError::TooMany {
                 have: mine,

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use crate::census::Census;
 use crate::config::Settings;
 use crate::context::{Context, EventCounts};
 use crate::error::{DockerError, Result, SandboxError, StoreError};
@@ -145,7 +146,9 @@ impl Sandboxes {
     ) -> Result<Self> {
         let meter = Meter::open(store.clone(), &settings.usage).await?;
         let disks = settings.disks(host);
+        let registry = Registry::default();
         let ctx = Arc::new(Context {
+            census: Census::new(registry.clone()),
             runtime,
             store,
             meter,
@@ -157,7 +160,6 @@ impl Sandboxes {
             settings,
         });
         ctx.disks.check().await?;
-        let registry = Registry::default();
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
             .await
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
@@ -173,10 +175,10 @@ impl Sandboxes {
         me.reconcile().await?;
         // Filled only now: reconciling would remove pooled sandboxes, which
         // have no record.
-        let (registry, pending) = (me.registry.clone(), me.pending.clone());
+        let (ctx, pending) = (me.ctx.clone(), me.pending.clone());
         let total = me.ctx.settings.max_sandboxes_total;
         let room = Box::new(move || {
-            let live = registry.read().expect("registry lock").len();
+            let live = ctx.census.count(None, false);
             let creating: usize = pending.lock().expect("pending lock").values().sum();
             total.saturating_sub(live + creating)
         });
