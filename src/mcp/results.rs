@@ -100,7 +100,7 @@ impl RunArtifacts for CommandResult {
 }
 
 /// A run's result, as a notebook shows a cell: the result as JSON (the
-/// outputs' texts left out of it, as they follow), then each output in
+/// outputs' texts and links left out of it, as they follow), then each output in
 /// order (its text as a text item; an image as its link and, within the
 /// inline budget, its picture), then the files' links and the pictures of
 /// the images among them.
@@ -132,7 +132,9 @@ pub async fn run_reply<T: Serialize + RunArtifacts>(
         .flatten()
     {
         if let Some(fields) = output.as_object_mut() {
+            // Both follow as items of their own.
             fields.remove("text");
+            fields.remove("link");
         }
     }
     let mut reply = success(&result, Some(text), vec![]);

@@ -194,7 +194,7 @@ def test_dataframes_and_figures_come_back_without_print_or_savefig(server):
             picture = next(b for b in r.content if b.type == "image")
             assert png_size(base64.b64decode(picture.data)) == (400, 300)
             link = next(b for b in r.content if b.type == "resource_link")
-            assert link.uri == image["link"]
+            assert link.uri == image["link"] and image["link"] not in r.content[0].text
 
             # A figure left open is shown as the run ends; one saved is not shown twice.
             _, out = await run(c, sid, "plt.plot([1, 2]);")
