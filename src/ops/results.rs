@@ -13,7 +13,7 @@ use crate::access::artifact_links::ArtifactLinks;
 use crate::ops::files::FileListing;
 use crate::ops::inline_images::ImageNote;
 use crate::ops::outputs::Output;
-use crate::ops::timestamps::rfc3339;
+use crate::ops::timestamps::{millis, rfc3339};
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct CreatedSandbox {
@@ -351,7 +351,7 @@ impl HibernateResult {
             python_names: slept.python.names,
             not_carried: NotCarried::all(slept.python.skipped),
             message,
-            duration_ms: took.as_secs_f64() * 1000.0,
+            duration_ms: millis(took),
         }
     }
 }
@@ -414,7 +414,7 @@ impl ForkResult {
                 "Made {n} new sandbox{} with copies of {what}; {python}. Use their sandbox_id like any other.",
                 if n == 1 { "" } else { "es" }
             ),
-            duration_ms: took.as_secs_f64() * 1000.0,
+            duration_ms: millis(took),
             notice: forked.notice,
         }
     }

@@ -44,7 +44,9 @@ async fn the_tools_run_a_sandbox_from_creation_to_deletion_in_order() {
     assert_eq!(ids, [json!(id)]);
 
     // A reset empties the namespace in turn with the calls around it.
-    alice.ok("reset_python", json!({"sandbox_id": id})).await;
+    let reset = alice.ok("reset_python", json!({"sandbox_id": id})).await;
+    let took = reset["duration_ms"].to_string();
+    assert!(took.split('.').nth(1).is_none_or(|f| f.len() <= 3), "{took}");
     let after = alice
         .ok("execute_python_code", json!({"sandbox_id": id, "code": "get x"}))
         .await;

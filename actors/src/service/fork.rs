@@ -61,6 +61,30 @@ pub struct Forked {
     pub notice: Option<String>,
 }
 
+/// The names of `count` forks of a sandbox named `name`: its base (a
+/// fork's name without its ` fork N`, so forks of forks do not grow names)
+/// and numbers past the highest its owner's sandboxes (`taken`) use, so no
+/// two are named alike.
+fn fork_names<'a>(name: &str, taken: impl Iterator<Item = &'a str>, count: usize) -> Vec<String> {
+    let base = fork_number(name).map_or(name, |(base, _)| base);
+    let base: String = base.chars().take(MAX_NAME - 10).collect();
+    let highest = taken
+        .filter_map(fork_number)
+        .filter(|(b, _)| *b == base)
+        .map(|(_, n)| n)
+        .max()
+        .unwrap_or(0);
+    (1..=count)
+        .map(|i| format!("{base} fork {}", highest + i as u64))
+        .collect()
+}
+
+/// `("a", 3)` for `"a fork 3"`.
+fn fork_number(name: &str) -> Option<(&str, u64)> {
+    let (base, n) = name.rsplit_once(" fork ")?;
+    Some((base, n.parse().ok()?))
+}
+
 impl Sandboxes {
     /// Makes `count` new sandboxes for `owner` from its sandbox `id` as it
     /// is now, or from its snapshot `from`, within `quota`. `options` are
@@ -104,13 +128,13 @@ impl Sandboxes {
         resources::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, count)?;
         let fork = Uuid::new_v4();
-        let creations: Vec<Creation> = (1..=count)
-            .map(|i| {
-                let name = format!("{} fork {i}", name.chars().take(MAX_NAME - 10).collect::<String>());
-                Creation {
-                    seeding: Some(fork),
-                    ..self.creation(owner, name, egress, options.lifetime)
-                }
+        let records = self.ctx.store.all().await?;
+        let taken = records.iter().filter(|r| r.owner == owner).map(|r| r.name.as_str());
+        let creations: Vec<Creation> = fork_names(&name, taken, count)
+            .into_iter()
+            .map(|name| Creation {
+                seeding: Some(fork),
+                ..self.creation(owner, name, egress, options.lifetime)
             })
             .collect();
         // Cancelled when this call is dropped (the caller hung up): claims
@@ -348,4 +372,19 @@ fn seed(
             (other, _) => Err(unexpected(other)),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forks_are_numbered_past_the_names_taken() {
+        assert_eq!(fork_names("a", [].into_iter(), 2), ["a fork 1", "a fork 2"]);
+        let taken = ["a", "a fork 1", "a fork 2", "b fork 9", "a fork x"];
+        assert_eq!(fork_names("a", taken.into_iter(), 1), ["a fork 3"]);
+        assert_eq!(fork_names("a fork 1", taken.into_iter(), 2), ["a fork 3", "a fork 4"]);
+        let long = "é".repeat(200);
+        assert!(fork_names(&long, [].into_iter(), 1)[0].chars().count() <= MAX_NAME);
+    }
 }

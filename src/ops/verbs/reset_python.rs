@@ -6,6 +6,7 @@ use crate::ops::args::SandboxRef;
 use crate::ops::error::OpsError;
 use crate::ops::results::ResetResult;
 use crate::ops::route::forward_if_elsewhere;
+use crate::ops::timestamps::millis;
 use crate::ops::Ops;
 
 impl Ops {
@@ -18,7 +19,7 @@ impl Ops {
                 success: true,
                 message: "Python was reset: variables and imports are gone; files and installed packages are kept."
                     .into(),
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                duration_ms: millis(started.elapsed()),
                 notice,
             })
         })

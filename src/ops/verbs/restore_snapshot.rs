@@ -8,6 +8,7 @@ use crate::ops::args::{parse_snapshot_id, SnapshotRef};
 use crate::ops::error::OpsError;
 use crate::ops::results::RestoreResult;
 use crate::ops::route::forward_if_elsewhere;
+use crate::ops::timestamps::millis;
 use crate::ops::Ops;
 
 impl Ops {
@@ -34,7 +35,7 @@ impl Ops {
                 python: python.into(),
                 packages_restored: restored.packages,
                 message: format!("{message} {packages} as they were at the snapshot."),
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                duration_ms: millis(started.elapsed()),
                 notice,
             })
         })

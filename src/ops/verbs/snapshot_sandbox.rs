@@ -9,6 +9,7 @@ use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
 use crate::ops::results::SnapshotResult;
 use crate::ops::route::forward_if_elsewhere;
+use crate::ops::timestamps::millis;
 use crate::ops::Ops;
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -42,7 +43,7 @@ impl Ops {
                 sandbox_id: id.to_string(),
                 message: format!("{message}{packages}. restore_snapshot with this snapshot_id brings them back."),
                 snapshot: info.into(),
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                duration_ms: millis(started.elapsed()),
                 notice,
             })
         })
