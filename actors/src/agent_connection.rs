@@ -212,8 +212,9 @@ impl AgentConnection {
                 return Err(self.retirement.error(self.paths.id));
             };
             match result {
-                Ok(Ok(output)) => {
+                Ok(Ok(mut output)) => {
                     self.connected_before = true;
+                    output.state_lost |= attempts.python_lost;
                     return Ok(Ran {
                         output,
                         notice: join(attempts.notices),
@@ -357,6 +358,7 @@ impl AgentConnection {
         self.wake().await?;
         Ok(Attempts {
             notices: Vec::new(),
+            python_lost: false,
             retry: Retry::new(),
             retired: self.retirement.token.clone(),
         })
@@ -366,6 +368,7 @@ impl AgentConnection {
     async fn attempt(&mut self, attempts: &mut Attempts) -> Result<()> {
         if let Some(n) = self.connect().await? {
             attempts.notices.push(n);
+            attempts.python_lost = true;
         }
         Ok(())
     }
@@ -602,6 +605,9 @@ impl AgentConnection {
 /// ends it when the sandbox is deleted.
 struct Attempts {
     notices: Vec<String>,
+    /// A connection had to be made anew: every notice of one says the
+    /// Python variables were lost.
+    python_lost: bool,
     retry: Retry,
     retired: CancellationToken,
 }

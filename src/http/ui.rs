@@ -38,6 +38,8 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 pub fn routes() -> Router<AppState> {
     Router::new()
+        // The server's address alone, as a person types it, leads to the UI.
+        .route("/", get(|| async { Redirect::to("/ui") }))
         .route("/ui", get(sandboxes_page))
         .route("/ui/", get(sandboxes_page))
         .route("/ui/sandboxes/{id}", get(sandbox_page))

@@ -311,3 +311,16 @@ async fn a_session_answers_only_the_tenant_that_opened_it() {
     let text = mine.text().await.unwrap();
     assert!(text.contains("create_sandbox"), "{text}");
 }
+
+#[tokio::test]
+async fn the_server_s_address_alone_leads_to_the_web_ui() {
+    let app = App::start(&[]).await;
+    let (api, _serving) = api(&app).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let answer = http.get(format!("{}/", api.base)).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    assert_eq!(answer.headers()["location"], "/ui");
+}

@@ -162,7 +162,7 @@ impl SandboxActor {
                         state.link = Some(link);
                         continue;
                     }
-                    let notice = state.notice.take();
+                    let (notice, python_lost) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let meter = Meter::start(&link);
@@ -173,6 +173,7 @@ impl SandboxActor {
                         let full = link.ctx().disks.full_notice(link.paths.id);
                         let result = result.map(|mut ran| {
                             ran.notice = join_notices(join_notices(notice, ran.notice.take()), full);
+                            ran.output.state_lost |= python_lost;
                             ran.receipt = Some(receipt);
                             ran
                         });
@@ -224,7 +225,7 @@ impl SandboxActor {
                     });
                 }
                 Job::Queued(Queued::ResetPython { reply }) => {
-                    let notice = state.notice.take();
+                    let (notice, _) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let result = link.reset_python().await.map(|n| join_notices(notice, n));
@@ -234,7 +235,7 @@ impl SandboxActor {
                     });
                 }
                 Job::Queued(Queued::Snapshot { op, reply }) => {
-                    let notice = state.notice.take();
+                    let (notice, _) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let what = op.to_string();
@@ -261,7 +262,7 @@ impl SandboxActor {
                     });
                 }
                 Job::Queued(Queued::Process { op, reply }) => {
-                    let notice = state.notice.take();
+                    let (notice, _) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
                         let carried = processes::carry_out(&mut link, &op).await;

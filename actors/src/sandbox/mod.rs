@@ -116,6 +116,17 @@ pub struct SandboxState {
     sleeping: bool,
     /// Its flag in the census (see [`crate::census`]).
     asleep: Arc<AtomicBool>,
+    /// `notice` says Python variables were lost (a restart on request): the
+    /// run that tells it says `state_lost` too.
+    python_lost: bool,
+}
+
+impl SandboxState {
+    /// What to tell the next call, and whether it says Python variables were
+    /// lost; both are told once.
+    fn take_notice(&mut self) -> (Option<String>, bool) {
+        (self.notice.take(), std::mem::take(&mut self.python_lost))
+    }
 }
 
 impl Actor for SandboxActor {
@@ -211,6 +222,7 @@ impl Actor for SandboxActor {
             slept_at: None,
             sleeping: false,
             asleep,
+            python_lost: false,
         })
     }
 
@@ -656,6 +668,7 @@ impl SandboxActor {
                     "The sandbox was restarted on request: Python variables were lost; files and packages are kept."
                         .into(),
                 );
+                state.python_lost = true;
             }
             state.remember(call);
         }

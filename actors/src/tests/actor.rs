@@ -93,6 +93,10 @@ async fn a_restart_on_request_loses_python_state_and_keeps_the_container() {
     assert_eq!(s.fake.count(|e| *e == Event::Restarted(container.clone())), 1);
     let ran = s.run(id, "get x").await.unwrap();
     assert_eq!(ran.output.exit_code, 1, "the namespace should be fresh");
+    assert!(ran.notice.is_some_and(|n| n.contains("variables were lost")));
+    assert!(ran.output.state_lost, "the run that tells of the loss says it");
+    let ran = s.run(id, "set x 2").await.unwrap();
+    assert!(!ran.output.state_lost && ran.notice.is_none(), "told once");
     assert_eq!(s.container(id), container);
 }
 

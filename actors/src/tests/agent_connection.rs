@@ -46,6 +46,7 @@ async fn a_stopped_container_is_started_again_and_the_caller_told() {
     s.fake.kill(&container, false);
     let ran = s.run(id, "get x").await.unwrap();
     assert_eq!(ran.output.exit_code, 1, "a restart loses the namespace");
+    assert!(ran.output.state_lost, "and the run says so");
     let notice = ran.notice.expect("a notice");
     assert!(notice.contains("had stopped (exit code 137)"), "{notice}");
     assert_eq!(s.fake.count(|e| *e == Event::Started(container.clone())), 1);
