@@ -824,6 +824,17 @@ def clear_forks():
             os.unlink(os.path.join(FORKS, name))
     except OSError:
         pass
+    remove_empty_folders()
+
+
+def remove_empty_folders():
+    """Removes the folder of fork files and the agent's own folder in the
+    results when nothing is left in them (the user sees the results)."""
+    for folder in (FORKS, os.path.join(RESULTS, PRIVATE)):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 def carried_names(namespace):
@@ -899,6 +910,7 @@ def load_namespace(namespace, path):
             os.unlink(path)
         except OSError:
             pass
+        remove_empty_folders()
     namespace.update(names)
     return carried("carried", len(names))
 

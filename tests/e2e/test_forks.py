@@ -70,8 +70,9 @@ def test_forks_carry_a_dataframe_a_function_a_file_and_a_package(server):
             listed = {s["sandbox_id"]: s for s in (await call(c, "list_sandboxes"))["sandboxes"]}
             for fork_id in ids:
                 assert any(p["name"] == "pandas" for p in listed[fork_id]["installed_packages"]), listed[fork_id]
-            left = (await call(c, "execute_terminal_command", sandbox_id=sid, command="ls -A /app/results/.mcp-sandbox/fork"))
-            assert left["stdout"] == "", "nothing of the fork stays in the source"
+            for where in [sid, *ids]:
+                left = await call(c, "execute_terminal_command", sandbox_id=where, command="ls -A /app/results")
+                assert ".mcp-sandbox" not in left["stdout"].split(), f"nothing of the fork stays in {where}"
         finally:
             for fork_id in ids:
                 await call(c, "delete_sandbox", sandbox_id=fork_id)

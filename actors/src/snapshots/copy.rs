@@ -615,13 +615,22 @@ fn modified(st: &libc::stat) -> Option<SystemTime> {
 /// to the new file `dst` (the server's): read through a descriptor of the
 /// inode that was checked, at most `max` bytes. Whatever has that name is
 /// then unlinked from the sandbox, taken or not (a file left there would
-/// hold its disk). A link or anything else than a file on the way fails it.
+/// hold its disk), and the folders on its way that it leaves empty. A link
+/// or anything else than a file on the way fails it.
 pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Result<u64, CopyError> {
     let (name, folders) = rel.split_last().expect("a file's name");
     let parent = open_folder(root, folders)?;
     let name = OsStr::new(name);
     let taken = copy_out(&parent, name, dst, max);
     let removed = symlink_proof::remove_at(&parent, name, 0);
+    for depth in (0..folders.len()).rev() {
+        let emptied = open_folder(root, &folders[..depth])
+            .ok()
+            .is_some_and(|dir| symlink_proof::remove_empty_at(&dir, OsStr::new(folders[depth])).is_ok());
+        if !emptied {
+            break;
+        }
+    }
     if taken.is_err() {
         let _ = fs::remove_file(dst);
     }
@@ -771,9 +780,15 @@ mod tests {
         fs::write(sandbox.join(".mcp-sandbox/fork/f.pickle"), "namespace").unwrap();
         assert_eq!(take_file(&sandbox, &FORK_FILE, &server.join("p"), 100).unwrap(), 9);
         assert!(
-            !sandbox.join(".mcp-sandbox/fork/f.pickle").exists(),
-            "moved, not copied"
+            !sandbox.join(".mcp-sandbox").exists(),
+            "moved, not copied, and the folders it leaves empty gone"
         );
+        // A folder with something else in it stays.
+        fs::create_dir_all(sandbox.join(".mcp-sandbox/fork")).unwrap();
+        fs::create_dir_all(sandbox.join(".mcp-sandbox/output")).unwrap();
+        fs::write(sandbox.join(".mcp-sandbox/fork/f.pickle"), "namespace").unwrap();
+        take_file(&sandbox, &FORK_FILE, &server.join("q"), 100).unwrap();
+        assert!(!sandbox.join(".mcp-sandbox/fork").exists() && sandbox.join(".mcp-sandbox/output").is_dir());
         let other = tmp.path().join("other");
         fs::create_dir(&other).unwrap();
         place_file(&server.join("p"), &other, &FORK_FILE, 4242).unwrap();

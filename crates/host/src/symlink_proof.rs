@@ -213,6 +213,14 @@ pub fn chown_at(dir: &OwnedFd, name: &OsStr, uid: u32) -> std::io::Result<()> {
     check(unsafe { libc::fchownat(dir.as_raw_fd(), c.as_ptr(), uid, uid, libc::AT_SYMLINK_NOFOLLOW) })
 }
 
+/// Removes the folder `name` in `dir` if it is empty; a folder with
+/// something in it, a link or a file fails it and stays.
+pub fn remove_empty_at(dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
+    let c = c_name(name)?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) })
+}
+
 /// Removes `name` from `dir` whatever it is; a folder with everything in it,
 /// each level opened from the one above, at most `depth` levels deep.
 pub fn remove_at(dir: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Result<()> {
