@@ -172,11 +172,12 @@ def test_a_sandbox_from_creation_to_deletion(server, browser):
     expect(page.locator("#shell-stdout")).to_contain_text("from-shell")
 
     # Upload from the browser: the file is listed and its bytes arrive.
-    upload = Path(tempfile.mkdtemp()) / "données 1.csv"
-    upload.write_text("a,b\n1,2\n")
-    page.set_input_files("#file", str(upload))
-    page.click("#upload-form button")
-    expect(page.locator("#upload-status")).to_contain_text("/app/results/données 1.csv")
+    with tempfile.TemporaryDirectory() as folder:
+        upload = Path(folder) / "données 1.csv"
+        upload.write_text("a,b\n1,2\n")
+        page.set_input_files("#file", str(upload))
+        page.click("#upload-form button")
+        expect(page.locator("#upload-status")).to_contain_text("/app/results/données 1.csv")
     expect(page.locator('#files tr[data-path="données 1.csv"]')).to_have_count(1)
     status, ran = api(server, "POST", f"/api/sandboxes/{sandbox_id}/shell", ALICE, {"command": "cat 'données 1.csv'"})
     assert status == 200 and ran["stdout"] == "a,b\n1,2\n"

@@ -4,8 +4,22 @@
 
 const csrf = document.querySelector('meta[name="csrf-token"]')?.content || '';
 
-/** Calls the REST API; throws an Error with the server's message on failure. */
+/** Calls the REST API; throws an Error with the server's message on failure.
+ * A rate refusal that says to retry within a few seconds is waited out and
+ * sent again (twice at most): the page's own refreshes may have used a small
+ * tier's burst just before a person's click. */
 async function api(method, path, body, raw) {
+  for (let tries = 0; ; tries += 1) {
+    try {
+      return await apiOnce(method, path, body, raw);
+    } catch (e) {
+      if (!(e.retryAfter <= 5) || tries === 2) throw e;
+      await new Promise((done) => { setTimeout(done, e.retryAfter * 1000); });
+    }
+  }
+}
+
+async function apiOnce(method, path, body, raw) {
   const headers = { 'X-CSRF-Token': csrf, Accept: 'application/json' };
   let payload;
   if (raw !== undefined) {
@@ -19,7 +33,11 @@ async function api(method, path, body, raw) {
   const text = await response.text();
   let data;
   try { data = JSON.parse(text); } catch { data = { error: text || response.statusText }; }
-  if (!response.ok) throw new Error(data.error || `${response.status} ${response.statusText}`);
+  if (!response.ok) {
+    const error = new Error(data.error || `${response.status} ${response.statusText}`);
+    if (response.status === 429) error.retryAfter = Number(response.headers.get('Retry-After') || NaN);
+    throw error;
+  }
   return data;
 }
 
