@@ -124,20 +124,24 @@ pub async fn run_reply<T: Serialize + RunArtifacts>(
         .collect();
     let mut pictures: HashMap<String, InlineImage> = inline.iter().cloned().zip(images.images).collect();
     result.set_images(images.notes);
-    let mut text = serde_json::to_value(&result).expect("results serialise");
-    for output in text
-        .get_mut("outputs")
-        .and_then(|o| o.as_array_mut())
-        .into_iter()
-        .flatten()
-    {
-        if let Some(fields) = output.as_object_mut() {
-            // Both follow as items of their own.
-            fields.remove("text");
-            fields.remove("link");
+    // A result without outputs is its JSON alone, made once.
+    let text = (!result.outputs().is_empty()).then(|| {
+        let mut text = serde_json::to_value(&result).expect("results serialise");
+        for output in text
+            .get_mut("outputs")
+            .and_then(|o| o.as_array_mut())
+            .into_iter()
+            .flatten()
+        {
+            if let Some(fields) = output.as_object_mut() {
+                // Both follow as items of their own.
+                fields.remove("text");
+                fields.remove("link");
+            }
         }
-    }
-    let mut reply = success(&result, Some(text), vec![]);
+        text
+    });
+    let mut reply = success(&result, text, vec![]);
     for Output { output, link } in result.outputs() {
         if let Some(text) = &output.text {
             reply.content.push(ContentBlock::text(text.clone()));
