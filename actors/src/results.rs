@@ -94,9 +94,9 @@ pub struct SandboxInfo {
 pub struct Slept {
     /// What of its Python namespace was written to its disk.
     pub python: Carried,
-    /// Its snapshots, whose Python copies (parked in memory) are gone;
-    /// their files and packages stay.
-    pub snapshots: usize,
+    /// What of each snapshot's Python copy (parked in memory) was written
+    /// out to its store; their files and packages stay.
+    pub snapshots: Vec<(Uuid, Carried)>,
     /// It was asleep already.
     pub already: bool,
 }

@@ -197,7 +197,9 @@ pub struct SnapshotEntry {
     pub label: Option<String>,
     pub created_at: String,
     /// `saved`: Python variables and imports were saved; `fresh`: no Python
-    /// had run, so a restore starts Python afresh.
+    /// had run, so a restore starts Python afresh; `lost`: they could not
+    /// be written to disk when the sandbox went to sleep, so a restore
+    /// starts Python afresh.
     pub python: String,
     /// Whether installed packages were saved with the files.
     pub packages_saved: bool,
@@ -216,8 +218,9 @@ impl From<SnapshotInfo> for SnapshotEntry {
             label: s.label,
             created_at: rfc3339(s.created_at),
             python: match s.python {
-                PythonState::Parked => "saved",
-                _ => "fresh",
+                PythonState::Parked | PythonState::Saved | PythonState::Restored => "saved",
+                PythonState::Fresh => "fresh",
+                PythonState::Lost => "lost",
             }
             .into(),
             packages_saved,
@@ -320,8 +323,21 @@ pub struct HibernateResult {
     pub python_names: u64,
     /// Names that could not be saved, with why.
     pub not_carried: Vec<NotCarried>,
+    /// The snapshots whose Python state was kept in memory: what of it was
+    /// written to disk (a `lost` one restores files and packages, and a
+    /// fresh Python).
+    pub snapshots: Vec<SnapshotWritten>,
     pub message: String,
     pub duration_ms: f64,
+}
+
+/// What of a snapshot's Python state a sleep wrote to disk.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotWritten {
+    pub snapshot_id: String,
+    /// `carried`, `partial` (see `not_carried`) or `lost`.
+    pub python: String,
+    pub not_carried: Vec<NotCarried>,
 }
 
 impl HibernateResult {
@@ -332,9 +348,19 @@ impl HibernateResult {
             CarriedState::Fresh => "its Python state (none had run)",
             CarriedState::Lost => "not its Python variables (see not_carried)",
         };
-        let snapshots = match slept.snapshots {
-            0 => String::new(),
-            n => format!(" Its {n} snapshot(s) keep their files and packages, not their Python state."),
+        let lost = slept
+            .snapshots
+            .iter()
+            .filter(|(_, c)| c.python == CarriedState::Lost)
+            .count();
+        let snapshots = match (slept.snapshots.len(), lost) {
+            (0, _) => String::new(),
+            (n, 0) => format!(" The Python state of its {n} snapshot(s) was written to disk as well."),
+            (n, lost) => format!(
+                " The Python state of {} of its {n} snapshot(s) was written to disk; {lost} lost theirs (see \
+                 snapshots): restored, they bring back their files and packages and a fresh Python.",
+                n - lost
+            ),
         };
         let message = match slept.already {
             true => format!("Sandbox {id} was already hibernated. Its next call wakes it."),
@@ -350,6 +376,15 @@ impl HibernateResult {
             python: carried_name(slept.python.python).into(),
             python_names: slept.python.names,
             not_carried: NotCarried::all(slept.python.skipped),
+            snapshots: slept
+                .snapshots
+                .into_iter()
+                .map(|(id, c)| SnapshotWritten {
+                    snapshot_id: id.to_string(),
+                    python: carried_name(c.python).into(),
+                    not_carried: NotCarried::all(c.skipped),
+                })
+                .collect(),
             message,
             duration_ms: millis(took),
         }

@@ -8,6 +8,8 @@ variables, functions, imports, files (byte for byte, deleted ones still
 deleted) and installed packages, and says so in its notice; calls sent
 during the wake keep their order. What does not pickle (a socket) wakes as
 `partial`, named. A server killed and started again wakes it the same way.
+The Python copies its snapshots parked in memory are written to disk with
+the sleep: restored after the wake, or forked, they bring Python back.
 An idle sandbox sleeps by itself after `sandbox.hibernate_after_seconds`.
 Another tenant can neither wake, list, hibernate nor delete it, and its
 deletion leaves nothing on the host."""
@@ -100,9 +102,14 @@ def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
                     "open('gone.txt', 'w').write('soon gone')\n"
                 )
                 await ok(c, "execute_python_code", sandbox_id=sid, code=code)
+                # A snapshot's Python copy, parked in memory, is written out
+                # with the sleep.
+                snap = (await ok(c, "snapshot_sandbox", sandbox_id=sid))["snapshot_id"]
+                await ok(c, "execute_python_code", sandbox_id=sid, code="y = 'after the snapshot'")
                 await ok(c, "execute_terminal_command", sandbox_id=sid, command="rm /app/results/gone.txt")
                 slept = await ok(c, "hibernate_sandbox", sandbox_id=sid)
-                assert slept["python"] == "carried" and slept["python_names"] >= 4, slept
+                assert slept["python"] == "carried" and slept["python_names"] >= 5, slept
+                assert slept["snapshots"] == [{"snapshot_id": snap, "python": "carried", "not_carried": []}], slept
                 assert await status_of(c, sid) == "hibernated"
                 again = await ok(c, "hibernate_sandbox", sandbox_id=sid)
                 assert "already" in again["message"], again
@@ -114,9 +121,9 @@ def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
                         assert "not found" in text, text
                     assert sid not in [x["sandbox_id"] for x in (await ok(b, "list_sandboxes"))["sandboxes"]]
                 assert await status_of(c, sid) == "hibernated", "bob's calls woke nothing"
-                return sid
+                return sid, snap
 
-        sid = asyncio.run(before())
+        sid, snap = asyncio.run(before())
         containers, mounts = host_traces(s, sid)
         assert containers == [] and mounts == [], (containers, mounts)
 
@@ -142,6 +149,20 @@ def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
                 assert lines[1] == f"{hashlib.sha256(BLOB).hexdigest()} False", ran
                 assert "woke from hibernation" in ran["notice"] and "Python: carried" in ran["notice"], ran
                 assert await status_of(c, sid) == "running"
+                listed = (await ok(c, "list_snapshots", sandbox_id=sid))["snapshots"]
+                assert [(x["snapshot_id"], x["python"]) for x in listed] == [(snap, "saved")], listed
+                # Restored from disk, as often as asked; a fork of it carries it.
+                check = "print(x, p.a, 'y' in dir(), os.path.exists('gone.txt'))"
+                for _ in range(2):
+                    await ok(c, "execute_python_code", sandbox_id=sid, code="x = -1; y = 1")
+                    back = await ok(c, "restore_snapshot", sandbox_id=sid, snapshot_id=snap)
+                    assert back["python"] == "restored", back
+                    ran = await ok(c, "execute_python_code", sandbox_id=sid, code="import os\n" + check)
+                    assert ran["stdout"] == "41 7 False True\n", ran
+                fork = (await ok(c, "fork_sandbox", sandbox_id=sid, snapshot_id=snap))["forks"][0]["sandbox_id"]
+                ran = await ok(c, "execute_python_code", sandbox_id=fork, code="import os\n" + check)
+                assert ran["stdout"] == "41 7 False True\n", ran
+                await ok(c, "delete_sandbox", sandbox_id=fork)
                 await ok(c, "delete_sandbox", sandbox_id=sid)
 
         asyncio.run(after())
@@ -157,9 +178,13 @@ def test_what_does_not_pickle_wakes_partial_calls_keep_their_order_and_deletion_
             async with client(s, "alice") as c:
                 sid = (await ok(c, "create_sandbox"))["sandbox_id"]
                 await ok(c, "execute_python_code", sandbox_id=sid, code="import socket\nsock = socket.socket()\nseen = []")
+                snap = (await ok(c, "snapshot_sandbox", sandbox_id=sid))["snapshot_id"]
                 slept = await ok(c, "hibernate_sandbox", sandbox_id=sid)
                 assert slept["python"] == "partial", slept
                 assert [n["name"] for n in slept["not_carried"]] == ["sock"], slept
+                [written] = slept["snapshots"]
+                assert (written["snapshot_id"], written["python"]) == (snap, "partial"), slept
+                assert [n["name"] for n in written["not_carried"]] == ["sock"], slept
                 # A preview link wakes nothing, and says why.
                 link = (await ok(c, "expose_port", sandbox_id=sid, port=8000))["url"]
                 status, body = preview(s, link)

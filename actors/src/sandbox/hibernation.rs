@@ -7,9 +7,9 @@
 //! container is removed (the package volume stays), its disks are
 //! unmounted and its egress proxy detached. Waking mounts the disks,
 //! attaches the proxy, makes a container on them and loads the namespace
-//! into the new worker. Background processes end with the container;
-//! snapshots keep their files and packages, not the Python copies they
-//! parked in memory.
+//! into the new worker. Background processes end with the container; the
+//! Python copies snapshots parked in memory are written out to their store
+//! first ([`super::snapshot::write_out`]).
 
 use time::OffsetDateTime;
 use tracing::warn;
@@ -19,7 +19,6 @@ use crate::agent_connection::AgentConnection;
 use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError};
 use crate::records::Hibernated;
-use crate::snapshots::SnapshotTotals;
 use crate::usage::reading::Subject;
 use sandbox_runtime::agent::{Carried, CarriedState};
 
@@ -39,11 +38,14 @@ pub(super) enum Asked {
 pub(super) async fn sleep(
     link: &mut AgentConnection,
     asked: Asked,
-    snapshots: SnapshotTotals,
     usage: Subject,
-) -> Result<Hibernated> {
+) -> Result<(Hibernated, Vec<(Uuid, Carried)>)> {
     let ctx = link.ctx().clone();
     let id = link.paths.id;
+    // First the snapshots' copies: the sandbox's own namespace file must be
+    // the last the agent writes (each dump clears the fork files before it).
+    let kept = super::snapshot::write_out(link, asked == Asked::Upkeep).await?;
+    let snapshots = ctx.snapshots.totals(id);
     let slot = Uuid::new_v4().simple().to_string();
     let (python, _) = link.dump_python(&slot, None).await?;
     let whole = matches!(python.python, CarriedState::Carried | CarriedState::Fresh);
@@ -76,7 +78,7 @@ pub(super) async fn sleep(
     if let Err(e) = ctx.disks.release(id).await {
         warn!(sandbox = %id, error = %e, "could not unmount a sleeping sandbox's disks; they stay mounted");
     }
-    Ok(hibernated)
+    Ok((hibernated, kept))
 }
 
 /// Wakes the sleeping sandbox: its old container gone for sure, its disks,
@@ -158,7 +160,7 @@ fn woke(asleep: &Hibernated, loaded: Option<std::result::Result<Carried, String>
 }
 
 /// `name (why), …` of the names a dump or load left out.
-fn reasons(skipped: &[(String, String)]) -> String {
+pub(super) fn reasons(skipped: &[(String, String)]) -> String {
     match skipped.is_empty() {
         true => "no reason given".into(),
         false => skipped
@@ -172,6 +174,7 @@ fn reasons(skipped: &[(String, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshots::SnapshotTotals;
 
     fn asleep(python: CarriedState, names: u64, skipped: &[(&str, &str)]) -> Hibernated {
         Hibernated {

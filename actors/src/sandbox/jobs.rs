@@ -311,13 +311,11 @@ impl SandboxActor {
                     });
                 }
                 Job::Hibernate(reply) => {
-                    let totals = state.snapshots;
-                    let snapshots = totals.count;
                     if let Some(asleep) = &state.record.hibernated {
                         if let Some(reply) = reply {
                             let _ = reply.send(Ok(Slept {
                                 python: asleep.python.clone(),
-                                snapshots,
+                                snapshots: vec![],
                                 already: true,
                             }));
                         }
@@ -349,7 +347,7 @@ impl SandboxActor {
                     state.sleeping = true;
                     spawn_job(me.clone(), span, async move {
                         let started = OffsetDateTime::now_utc();
-                        let slept = hibernation::sleep(&mut link, asked, totals, usage).await;
+                        let slept = hibernation::sleep(&mut link, asked, usage).await;
                         if let Err(e) = &slept {
                             // Still awake: it counts among the live ones again.
                             flag.store(false, Ordering::Release);
@@ -361,12 +359,12 @@ impl SandboxActor {
                             .as_ref()
                             .map(|_| outcome_record(started, CallKind::Hibernate, "hibernate", &slept, "hibernated"));
                         let finished = Finished {
-                            hibernated: slept.as_ref().ok().map(|h| Some(h.clone())),
+                            hibernated: slept.as_ref().ok().map(|(h, _)| Some(h.clone())),
                             ..Finished::job(link, call)
                         };
                         let _ = me.send_message(SandboxMsg::Done(Box::new(finished)));
                         if let Some(reply) = reply {
-                            let _ = reply.send(slept.map(|h| Slept {
+                            let _ = reply.send(slept.map(|(h, snapshots)| Slept {
                                 python: h.python,
                                 snapshots,
                                 already: false,

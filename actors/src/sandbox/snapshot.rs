@@ -8,11 +8,14 @@ use time::OffsetDateTime;
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use super::hibernation::reasons;
 use super::join_notices;
 use crate::agent_connection::AgentConnection;
 use crate::error::{Result, SandboxError};
 use crate::resources;
-use crate::snapshots::{merge, slot, Carried, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp};
+use crate::snapshots::{
+    merge, slot, Carried, CarriedState, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp,
+};
 
 /// The longest a fork's new sandbox waits for its turn to load: past the
 /// fork's own wait for its source (15 minutes) and, in any ordinary run,
@@ -64,9 +67,13 @@ pub(super) async fn carry_out(link: &mut AgentConnection, op: SnapshotOp) -> Res
         SnapshotOp::Restore { snapshot } => {
             let info = store.find(id, snapshot)?;
             let started = Instant::now();
-            let (python, notice) = link
-                .restore_python(&slot(snapshot), info.python == PythonState::Parked)
-                .await?;
+            let (python, notice) = match info.python {
+                PythonState::Saved => load_saved(link, &info).await?,
+                state => {
+                    link.restore_python(&slot(snapshot), state == PythonState::Parked)
+                        .await?
+                }
+            };
             let resumed = started.elapsed();
             store.restore(&link.paths, &info).await?;
             info!(
@@ -91,6 +98,8 @@ pub(super) async fn carry_out(link: &mut AgentConnection, op: SnapshotOp) -> Res
             let from = from.map(|s| store.find(id, s)).transpose()?;
             let started = Instant::now();
             let (python, notice) = match &from {
+                // Its namespace is in its store: the export copies it.
+                Some(s) if s.python == PythonState::Saved => (Carried::whole(), None),
                 Some(s) if s.python != PythonState::Parked => (Carried::fresh(), None),
                 _ => {
                     let parked = from.as_ref().map(|s| slot(s.snapshot_id));
@@ -139,6 +148,83 @@ pub(super) async fn carry_out(link: &mut AgentConnection, op: SnapshotOp) -> Res
             Ok((SnapshotDone::Deleted, None))
         }
     }
+}
+
+/// Restores a snapshot's namespace written out at a sleep: the file placed
+/// in the results, a fresh worker, the file loaded into it. A file that
+/// cannot be placed or read leaves Python fresh, and the notice says why.
+async fn load_saved(link: &mut AgentConnection, info: &SnapshotInfo) -> Result<(PythonState, Option<String>)> {
+    let store = link.ctx().snapshots.clone();
+    let file = Uuid::new_v4();
+    let placed = store.place_python(&link.paths, info, file).await;
+    let (_, notice) = link.restore_python(&slot(info.snapshot_id), false).await?;
+    let loaded = match placed {
+        Ok(()) => link.load_python(&slot(file)).await.map(|(carried, _)| carried),
+        Err(e) => Err(e.into()),
+    };
+    let lost = |why: String| {
+        let said = format!("The Python state saved in this snapshot could not be loaded ({why}); Python starts with a fresh namespace.");
+        Ok((PythonState::Lost, join_notices(notice.clone(), Some(said))))
+    };
+    match loaded {
+        Ok(c) if c.python == CarriedState::Lost => lost(reasons(&c.skipped)),
+        Ok(_) => Ok((PythonState::Restored, notice)),
+        Err(e) => {
+            store.discard_python(&link.paths, file).await;
+            lost(e.to_string())
+        }
+    }
+}
+
+/// Writes the Python copy each snapshot parked out to the snapshot's store,
+/// before the sandbox goes to sleep (its container, with the copies, goes);
+/// answers what became of each. Each file is moved out as soon as it is
+/// written (the agent clears fork files before each dump). With
+/// `only_whole`, a copy that would not be written whole stops it: the
+/// snapshots written out before it stay so (restored the same), the others
+/// keep their copies.
+pub(super) async fn write_out(link: &mut AgentConnection, only_whole: bool) -> Result<Vec<(Uuid, Carried)>> {
+    let store = link.ctx().snapshots.clone();
+    let id = link.paths.id;
+    let parked: Vec<Uuid> = store
+        .list(id)
+        .into_iter()
+        .filter(|s| s.python == PythonState::Parked)
+        .map(|s| s.snapshot_id)
+        .collect();
+    let mut kept = Vec::with_capacity(parked.len());
+    for snapshot in parked {
+        let file = Uuid::new_v4();
+        let (mut python, _) = link.dump_python(&slot(file), Some(&slot(snapshot))).await?;
+        let written = match python.python {
+            CarriedState::Carried => store.keep_python(&link.paths, snapshot, file).await,
+            CarriedState::Partial if !only_whole => store.keep_python(&link.paths, snapshot, file).await,
+            CarriedState::Partial => {
+                store.discard_python(&link.paths, file).await;
+                return Err(SandboxError::Asleep {
+                    id,
+                    why: format!(
+                        "not put to sleep: the Python state of snapshot {snapshot} could not be saved whole ({}); \
+                         its other Python states stay as they were",
+                        reasons(&python.skipped)
+                    ),
+                });
+            }
+            // The copy was gone (its sandbox's code ended it).
+            CarriedState::Fresh | CarriedState::Lost => store.set_python(id, snapshot, PythonState::Lost),
+        };
+        match written {
+            // Its namespace is on disk: the copy's memory is given back.
+            Ok(()) if python.python != CarriedState::Lost => forget(link, snapshot, PythonState::Parked).await,
+            Ok(()) => {}
+            Err(e) => python = Carried::lost(e.to_string()),
+        }
+        if python.python == CarriedState::Fresh {
+            python = Carried::lost("its parked copy was gone".into());
+        }
+        kept.push((snapshot, python));
+    }
+    Ok(kept)
 }
 
 /// Ends a snapshot's parked Python copy. One that cannot be reached is left

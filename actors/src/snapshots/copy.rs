@@ -620,9 +620,27 @@ fn modified(st: &libc::stat) -> Option<SystemTime> {
 pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Result<u64, CopyError> {
     let (name, folders) = rel.split_last().expect("a file's name");
     let parent = open_folder(root, folders)?;
-    let name = OsStr::new(name);
-    let taken = copy_out(&parent, name, dst, max);
-    let removed = symlink_proof::remove_at(&parent, name, 0);
+    let taken = copy_out(&parent, OsStr::new(name), dst, max);
+    let removed = remove_file_at(root, rel, parent);
+    if taken.is_err() {
+        let _ = fs::remove_file(dst);
+    }
+    let copied = taken?;
+    removed?;
+    Ok(copied)
+}
+
+/// Removes whatever has the name `rel` beneath `root` (a sandbox's folder)
+/// and the folders on its way that it leaves empty, without following links.
+pub(crate) fn remove_file(root: &Path, rel: &[&str]) -> Result<(), CopyError> {
+    let (_, folders) = rel.split_last().expect("a file's name");
+    remove_file_at(root, rel, open_folder(root, folders)?)
+}
+
+/// [`remove_file`], given the folder that holds the file.
+fn remove_file_at(root: &Path, rel: &[&str], parent: OwnedFd) -> Result<(), CopyError> {
+    let (name, folders) = rel.split_last().expect("a file's name");
+    let removed = symlink_proof::remove_at(&parent, OsStr::new(name), 0);
     for depth in (0..folders.len()).rev() {
         let emptied = open_folder(root, &folders[..depth])
             .ok()
@@ -631,12 +649,7 @@ pub(crate) fn take_file(root: &Path, rel: &[&str], dst: &Path, max: u64) -> Resu
             break;
         }
     }
-    if taken.is_err() {
-        let _ = fs::remove_file(dst);
-    }
-    let copied = taken?;
-    removed?;
-    Ok(copied)
+    Ok(removed?)
 }
 
 /// Copies the regular file `name` in `dir` to the new file `dst`, at most

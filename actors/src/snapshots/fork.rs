@@ -22,18 +22,24 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::copy;
-use super::{bounded, bounded_until, slot, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots};
+use super::{bounded, bounded_until, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots};
 use crate::error::CopyError;
 use sandbox_host::SANDBOX_UID;
-use sandbox_runtime::agent::{Carried, CarriedState};
+use sandbox_runtime::agent::{Carried, CarriedState, PythonState};
 use sandbox_runtime::SandboxPaths;
 
-/// The agent's fork file of `fork`, beneath the results folder.
-fn fork_file(fork: Uuid) -> [String; 3] {
-    [".mcp-sandbox".into(), "fork".into(), format!("{}.pickle", slot(fork))]
+/// The agent's fork file of `slot` (a fork's, or a snapshot's Python state
+/// carried out of or into the sandbox), beneath the results folder.
+pub(super) fn fork_file(slot: Uuid) -> [String; 3] {
+    [
+        ".mcp-sandbox".into(),
+        "fork".into(),
+        format!("{}.pickle", super::slot(slot)),
+    ]
 }
 
-const PYTHON: &str = "python.pickle";
+/// A namespace on the host: a fork's, or a snapshot's written out.
+pub(super) const PYTHON: &str = "python.pickle";
 
 /// What a fork carries, on the host until the last new sandbox is seeded.
 #[derive(Debug)]
@@ -141,7 +147,16 @@ impl Snapshots {
                 let rel = fork_file(fork);
                 let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
                 let max = store.budget(Folder::Results).bytes;
-                if let Err(e) = copy::take_file(&paths.results, &rel, &export.dir.join(PYTHON), max) {
+                let file = export.dir.join(PYTHON);
+                // A snapshot written out at a sleep holds its namespace in
+                // its store; any other was written by the agent just now.
+                let taken = match from.as_ref().filter(|s| s.python == PythonState::Saved) {
+                    Some(s) => std::fs::copy(store.python_file(paths.id, s.snapshot_id), &file)
+                        .map(drop)
+                        .map_err(CopyError::from),
+                    None => copy::take_file(&paths.results, &rel, &file, max).map(drop),
+                };
+                if let Err(e) = taken {
                     export.python = Carried::lost(format!("could not take the namespace out of the sandbox: {e}"));
                 }
             }

@@ -3,7 +3,9 @@
 //! A snapshot has two halves that live in different places:
 //! - the Python state: a parked copy-on-write fork of the sandbox's Python
 //!   worker, inside the container (`docker/agent.py`), so its memory is
-//!   charged to the sandbox's own limit and it ends with the container;
+//!   charged to the sandbox's own limit and it ends with the container,
+//!   unless written out to the store when the sandbox goes to sleep
+//!   ([`python`]);
 //! - the files and packages: copies of `/app/results` and of the package
 //!   volume on the host ([`copy`]), each saved once per content in
 //!   `state_dir/snapshots/<sandbox>/trees/<fingerprint>/` and shared by every
@@ -25,6 +27,7 @@
 
 mod copy;
 mod fork;
+mod python;
 mod reserve;
 
 use std::collections::HashSet;
@@ -404,13 +407,7 @@ impl Snapshots {
                 return Err(SnapshotError::Save(CopyError::Stopped));
             }
             let dir = store.dir(id).join(info.snapshot_id.to_string());
-            let written = serde_json::to_vec_pretty(&info)
-                .map_err(io::Error::from)
-                .and_then(|meta| {
-                    std::fs::create_dir(&dir)?;
-                    std::fs::write(dir.join("meta.tmp"), meta)?;
-                    std::fs::rename(dir.join("meta.tmp"), dir.join(META))
-                });
+            let written = std::fs::create_dir(&dir).and_then(|()| store.write_meta(id, &info));
             if let Err(e) = written {
                 let _ = std::fs::remove_dir_all(&dir);
                 store.collect_garbage(id);
@@ -506,8 +503,9 @@ impl Snapshots {
         }
     }
 
-    /// Counts the bytes the sandbox's saved folders take on the host (a
-    /// file linked from several counted once, by the blocks it holds) into `usage.json`, which
+    /// Counts the bytes the sandbox's saved folders and written-out
+    /// namespaces take on the host (a file linked from several counted
+    /// once, by the blocks it holds) into `usage.json`, which
     /// [`Self::totals`] reads. The folders are the server's own: walked by
     /// path, links never followed.
     fn measure(&self, sandbox: Uuid) {
@@ -524,6 +522,11 @@ impl Snapshots {
         }
         let (mut seen, mut bytes) = (HashSet::new(), 0);
         walk(&self.trees(sandbox), &mut seen, &mut bytes);
+        for snapshot in self.list(sandbox) {
+            if let Ok(meta) = std::fs::metadata(self.python_file(sandbox, snapshot.snapshot_id)) {
+                bytes += meta.blocks() * 512;
+            }
+        }
         let usage = serde_json::to_vec(&StoreUse { bytes }).expect("serialisable");
         if let Err(e) = std::fs::write(self.dir(sandbox).join(USAGE), usage) {
             warn!(sandbox = %sandbox, error = %e, "could not record the disk the snapshots take");

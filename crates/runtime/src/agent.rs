@@ -181,6 +181,10 @@ struct PythonAnswer {
 pub enum PythonState {
     /// A parked copy of the worker holds (or gave back) the namespace.
     Parked,
+    /// The namespace is a file in the snapshot's store: its parked copy
+    /// was written out when the sandbox went to sleep (the copy ended with
+    /// the container). A restore loads it into a fresh worker.
+    Saved,
     /// The namespace was back as it was.
     Restored,
     /// No worker ran: the state is a fresh namespace.
@@ -225,6 +229,16 @@ impl Carried {
     pub fn fresh() -> Self {
         Self {
             python: CarriedState::Fresh,
+            names: 0,
+            skipped: vec![],
+        }
+    }
+
+    /// Everything carried, the names not counted: a namespace written
+    /// before (whose file the reader counts).
+    pub fn whole() -> Self {
+        Self {
+            python: CarriedState::Carried,
             names: 0,
             skipped: vec![],
         }
