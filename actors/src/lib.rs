@@ -84,5 +84,5 @@ pub use sandbox_host::disk::{DiskUsage, DiskUse};
 pub use sandbox_runtime::agent::{Package, Progress, RunOutput, Work};
 pub use sandbox_runtime::{RuntimeError, Usage};
 pub use scope::Scope;
-pub use service::{CreateOptions, Fork, Forked, Quota, Sandboxes, Stats, MAX_FORKS};
+pub use service::{CreateOptions, Fork, Forked, Held, Quota, Sandboxes, Stats, MAX_FORKS};
 pub use status::SandboxStatus;

@@ -1,14 +1,15 @@
 //! The cluster's directory as the operations use it (only with a
 //! `[cluster]` section): a new sandbox enters it before its creation is
 //! acknowledged, within its tenant's and the cluster's quotas counted over
-//! every node; a deleted one leaves it; and [`keep_in_step`] brings it back
-//! in line with the sandboxes this node holds (those that expired or went
-//! idle leave it, and any this node holds that it lacks enter it).
+//! every node (hibernated sandboxes left out); a deleted one leaves it; and
+//! [`keep_in_step`] brings it back in line with the sandboxes this node
+//! holds (those that expired or went idle leave it, any this node holds that
+//! it lacks enter it, and each is marked asleep or awake as it is).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_actors::{SandboxError, Scope};
+use sandbox_actors::{Held, SandboxError, Scope};
 use sandbox_cluster::{Cluster, ClusterError, Entry};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -134,22 +135,45 @@ pub async fn keep_in_step(ops: Ops, cluster: Arc<Cluster>, stop: CancellationTok
                 continue;
             }
         };
-        let held = ops.sandboxes.owners();
+        let held = ops.sandboxes.held();
         for id in &listed {
-            if !held.iter().any(|(h, _)| h == id) {
+            if !held.iter().any(|h| h.id == *id) {
                 info!(sandbox = %id, "a sandbox this node no longer holds leaves the directory");
                 ops.leave_directory(*id).await;
             }
         }
-        for (id, owner) in held.iter().filter(|(id, _)| !listed.contains(id)) {
-            let entry = Entry {
-                node: node.clone(),
-                tenant: owner.clone(),
-            };
-            match cluster.directory.claim(*id, &entry).await {
-                Ok(()) => info!(sandbox = %id, "a sandbox this node holds enters the directory"),
-                Err(e) => warn!(sandbox = %id, error = %e, "a sandbox this node holds is not in the directory"),
+        for h in held.iter().filter(|h| !listed.contains(&h.id)) {
+            match cluster.directory.claim(h.id, &entry(&node, h)).await {
+                Ok(()) => info!(sandbox = %h.id, "a sandbox this node holds enters the directory"),
+                Err(e) => warn!(sandbox = %h.id, error = %e, "a sandbox this node holds is not in the directory"),
             }
+        }
+        mark_sleepers(&cluster, &node, &held).await;
+    }
+}
+
+/// The directory's entry of a sandbox this node holds.
+fn entry(node: &str, held: &Held) -> Entry {
+    Entry {
+        node: node.to_string(),
+        tenant: held.owner.clone(),
+    }
+}
+
+/// Marks this node's hibernated sandboxes asleep in the directory, and the
+/// woken ones awake, so that the quotas over every node count live
+/// sandboxes only (within [`IN_STEP_EVERY`] of a change).
+async fn mark_sleepers(cluster: &Cluster, node: &str, held: &[Held]) {
+    let marked = match cluster.directory.asleep_on(node).await {
+        Ok(marked) => marked,
+        Err(e) => {
+            warn!(error = %e, "could not read this node's hibernated sandboxes from the directory");
+            return;
+        }
+    };
+    for h in held.iter().filter(|h| h.asleep != marked.contains(&h.id)) {
+        if let Err(e) = cluster.directory.mark_asleep(h.id, &entry(node, h), h.asleep).await {
+            warn!(sandbox = %h.id, error = %e, "could not mark a sandbox asleep or awake in the directory");
         }
     }
 }

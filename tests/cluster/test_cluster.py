@@ -72,6 +72,33 @@ def test_a_tenant_s_quota_holds_over_every_node(cluster):
     cluster.delete("n1", BOB, bob)
 
 
+def test_hibernated_sandboxes_leave_the_quota_of_live_ones_over_every_node(cluster):
+    # Alice at her three; one of them, asleep, makes room for a fourth once
+    # the directory marks it asleep (within a few seconds; creations are
+    # rate-limited, so they are not polled); woken, it counts again.
+    made = [(node, cluster.create(node, ALICE)) for node in ("n1", "n2", "n3")]
+    status, body = cluster.api("n1", "POST", "/api/sandboxes", ALICE, {})
+    assert status == 429, body
+    status, body = cluster.api("n3", "POST", f"/api/sandboxes/{made[1][1]}/hibernate", ALICE, {})
+    assert status == 200 and body["sandbox_id"] == made[1][1], body
+    time.sleep(12)  # past two rounds of the directory's upkeep (5 s each)
+    status, fourth = cluster.api("n1", "POST", "/api/sandboxes", ALICE, {})
+    assert status == 201, fourth
+    assert cluster.total() == 4
+    status, ran = cluster.api("n1", "POST", f"/api/sandboxes/{made[1][1]}/python", ALICE, {"code": "print(1)"})
+    assert status == 200 and "woke from hibernation" in ran["notice"], ran
+    # Woken, it counts again: with the fourth gone she is at her three.
+    cluster.delete("n1", ALICE, fourth["sandbox_id"])
+    time.sleep(12)
+    status, body = cluster.api("n3", "POST", "/api/sandboxes", ALICE, {})
+    if status == 201:
+        cluster.delete("n3", ALICE, body["sandbox_id"])
+    assert status == 429 and "already have 3" in body["error"], body
+    for node, sid in made:
+        cluster.delete(node, ALICE, sid)
+    assert cluster.total() == 0
+
+
 def test_a_sandbox_made_through_one_node_is_used_through_every_node_in_order(cluster):
     sid = cluster.create("n1", ALICE)
     path = f"/api/sandboxes/{sid}"

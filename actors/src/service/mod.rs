@@ -88,6 +88,16 @@ pub struct Stats {
 /// Tenants whose month's usage the metrics show.
 pub const TOP_TENANTS: usize = 10;
 
+/// A sandbox that belongs to someone, as the cluster's directory lists it.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub id: Uuid,
+    pub owner: String,
+    /// Hibernated: it holds no memory, and the quotas of live sandboxes
+    /// leave it out.
+    pub asleep: bool,
+}
+
 pub struct Sandboxes {
     ctx: Arc<Context>,
     registry: Registry,
@@ -478,10 +488,18 @@ impl Sandboxes {
         }
     }
 
-    /// The sandboxes that belong to someone, with their owners.
-    pub fn owners(&self) -> Vec<(Uuid, String)> {
+    /// The sandboxes that belong to someone, with their owners and whether
+    /// each is hibernated.
+    pub fn held(&self) -> Vec<Held> {
         let registry = self.registry.read().expect("registry lock");
-        registry.iter().map(|(id, r)| (*id, r.owner.clone())).collect()
+        registry
+            .iter()
+            .map(|(id, r)| Held {
+                id: *id,
+                owner: r.owner.clone(),
+                asleep: r.asleep.load(std::sync::atomic::Ordering::Acquire),
+            })
+            .collect()
     }
 
     /// Whether sandbox `id` is one of this server's (anyone's).

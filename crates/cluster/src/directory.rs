@@ -5,7 +5,9 @@
 //! them, and only by the node that holds it (or by `cluster forget` for a
 //! node that will not return). Entries are not bound to a lease: a node
 //! that dies leaves its sandboxes in the directory, `unreachable` until it
-//! comes back, because their files are on its disks.
+//! comes back, because their files are on its disks. A hibernated sandbox
+//! keeps its entry and is marked asleep beside it: the quotas count live
+//! sandboxes only, as one node's do.
 
 use std::sync::Arc;
 
@@ -73,8 +75,35 @@ impl Directory {
             .if_value(&key, &found.value)
             .delete(&key)
             .delete(&format!("{}{id}", self.keys.tenant(&entry.tenant)))
-            .delete(&format!("{}{id}", self.keys.held(node)));
+            .delete(&format!("{}{id}", self.keys.held(node)))
+            .delete(&format!("{}{id}", self.keys.asleep(&entry.tenant)));
         Ok(self.etcd.txn(txn).await?)
+    }
+
+    /// Marks `id`, whose entry is `entry`, asleep (hibernated) or awake in
+    /// the index the quotas of live sandboxes leave out; only while that
+    /// entry stands, so that no mark outlives it. False when it did not.
+    pub async fn mark_asleep(&self, id: Uuid, entry: &Entry, asleep: bool) -> Result<bool> {
+        let key = format!("{}{id}", self.keys.asleep(&entry.tenant));
+        let txn = Txn::new().if_value(
+            &self.keys.sandbox(id),
+            &serde_json::to_vec(entry).expect("serialisable"),
+        );
+        let txn = match asleep {
+            true => txn.put(&key, entry.node.as_bytes()),
+            false => txn.delete(&key),
+        };
+        Ok(self.etcd.txn(txn).await?)
+    }
+
+    /// The sandboxes `node` marked asleep.
+    pub async fn asleep_on(&self, node: &str) -> Result<Vec<Uuid>> {
+        let all = self.etcd.prefix(&self.keys.asleep_all()).await?;
+        Ok(all
+            .iter()
+            .filter(|kv| kv.value == node.as_bytes())
+            .filter_map(|kv| Uuid::parse_str(kv.key.rsplit('/').next()?).ok())
+            .collect())
     }
 
     pub async fn lookup(&self, id: Uuid) -> Result<Option<Entry>> {
@@ -93,14 +122,16 @@ impl Directory {
         Ok(names.iter().filter_map(|n| Uuid::parse_str(n).ok()).collect())
     }
 
-    /// How many sandboxes `tenant` has on every node.
+    /// How many live (not hibernated) sandboxes `tenant` has on every node.
     pub async fn count_of_tenant(&self, tenant: &str) -> Result<u64> {
-        Ok(self.etcd.count(&self.keys.tenant(tenant)).await?)
+        let all = self.etcd.count(&self.keys.tenant(tenant)).await?;
+        Ok(all.saturating_sub(self.etcd.count(&self.keys.asleep(tenant)).await?))
     }
 
-    /// How many sandboxes the cluster holds.
+    /// How many live (not hibernated) sandboxes the cluster holds.
     pub async fn count(&self) -> Result<u64> {
-        Ok(self.etcd.count(&self.keys.sandboxes()).await?)
+        let all = self.etcd.count(&self.keys.sandboxes()).await?;
+        Ok(all.saturating_sub(self.etcd.count(&self.keys.asleep_all()).await?))
     }
 
     /// The sandboxes `node` holds.

@@ -8,6 +8,8 @@
 //! - `tenants/<tenant digest>/<id>` and `held/<node>/<id>`: the same,
 //!   indexed, so that a tenant's sandboxes are counted and a node's listed
 //!   without reading every sandbox's entry;
+//! - `asleep/<tenant digest>/<id>`: a hibernated sandbox (valued with its
+//!   node), which the quotas of live sandboxes leave out;
 //! - `guests/<address digest>/<key>`: a guest key issued to an address,
 //!   bound to an hour's lease;
 //! - `usage/<node>`: the node's tenants' usage this month, for budgets.
@@ -60,17 +62,23 @@ impl Keys {
     /// A tenant's index: its name hashed, so that any name makes one safe
     /// key.
     pub(crate) fn tenant(&self, tenant: &str) -> String {
-        let digest = Sha256::digest(tenant.as_bytes());
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}tenants/{hex}/", self.prefix)
+        format!("{}tenants/{}/", self.prefix, digest(tenant))
+    }
+
+    /// Every hibernated sandbox of the cluster.
+    pub(crate) fn asleep_all(&self) -> String {
+        format!("{}asleep/", self.prefix)
+    }
+
+    /// A tenant's hibernated sandboxes.
+    pub(crate) fn asleep(&self, tenant: &str) -> String {
+        format!("{}{}/", self.asleep_all(), digest(tenant))
     }
 
     /// The guest keys issued to one client address in the last hour (the
     /// address hashed, as a tenant's name is).
     pub(crate) fn guests(&self, address: &str) -> String {
-        let digest = Sha256::digest(address.as_bytes());
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}guests/{hex}/", self.prefix)
+        format!("{}guests/{}/", self.prefix, digest(address))
     }
 
     pub(crate) fn usages(&self) -> String {
@@ -84,6 +92,12 @@ impl Keys {
     pub(crate) fn held(&self, node: &str) -> String {
         format!("{}held/{node}/", self.prefix)
     }
+}
+
+/// A name hashed into one safe key segment.
+fn digest(name: &str) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

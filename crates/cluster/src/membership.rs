@@ -37,7 +37,8 @@ use crate::keys::Keys;
 pub struct Capacity {
     /// Pooled sandboxes ready to be claimed.
     pub ready: usize,
-    /// Sandboxes that belong to someone.
+    /// Sandboxes that belong to someone and are awake (a hibernated one
+    /// holds no memory).
     pub live: usize,
     /// The host's memory not yet promised to a sandbox.
     pub free_memory_mb: u64,

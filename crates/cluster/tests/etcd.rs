@@ -89,10 +89,29 @@ async fn the_directory_takes_each_id_once_and_counts_by_tenant() {
     both.sort();
     assert_eq!(held, both);
 
+    // A hibernated sandbox keeps its entry; the counts of live ones leave
+    // it out until it wakes; no mark outlives its entry.
+    assert!(dir.mark_asleep(x, &on_a("alice"), true).await.unwrap());
+    assert_eq!(dir.asleep_on("a").await.unwrap(), vec![x]);
+    assert_eq!(dir.count_of_tenant("alice").await.unwrap(), 0);
+    assert_eq!(dir.count().await.unwrap(), 1);
+    assert_eq!(dir.lookup(x).await.unwrap(), Some(on_a("alice")));
+    assert!(
+        !dir.mark_asleep(x, &stolen, true).await.unwrap(),
+        "only its own entry is marked"
+    );
+    assert!(dir.mark_asleep(x, &on_a("alice"), false).await.unwrap());
+    assert_eq!(dir.count_of_tenant("alice").await.unwrap(), 1);
+    assert_eq!(dir.count().await.unwrap(), 2);
+    assert!(dir.mark_asleep(x, &on_a("alice"), true).await.unwrap());
+
     assert!(!dir.release(x, "b").await.unwrap(), "only the holder removes an entry");
     assert!(dir.release(x, "a").await.unwrap());
     assert_eq!(dir.lookup(x).await.unwrap(), None);
     assert_eq!(dir.count_of_tenant("alice").await.unwrap(), 0);
+    assert!(dir.asleep_on("a").await.unwrap().is_empty(), "its mark went with it");
+    assert!(!dir.mark_asleep(x, &on_a("alice"), true).await.unwrap());
+    assert_eq!(dir.count().await.unwrap(), 1);
     assert_eq!(dir.held_by("a").await.unwrap(), vec![y]);
     a.leave().await;
 
