@@ -8,7 +8,8 @@
 //! the server followed by a restart, and a restart of the Docker engine.
 //!
 //! Checked throughout and at the end: every acknowledged write is intact
-//! unless its sandbox was deleted on purpose; every call is answered within
+//! unless its sandbox was deleted on purpose; a sandbox asleep on disk
+//! through the engine's restart wakes with its variables and files; every call is answered within
 //! its deadline with a result or a tool error (no hang, no protocol error,
 //! no HTTP 5xx but 503 while the engine is down); `/health` answers within
 //! 1 s whenever the server runs; after the final deletes nothing of the
@@ -548,6 +549,7 @@ async fn injector(soak: Arc<Soak>, seed: u64, schedule: Schedule, server_id: Str
     let mut probe: Option<String> = None;
     let mut round: Vec<&'static str> = Vec::new();
     let mut rounds_done = 0;
+    let mut sleepers = Vec::new();
     while !soak.stop.load(Ordering::SeqCst) {
         if round.is_empty() {
             if schedule.rounds.is_some_and(|n| rounds_done == n) {
@@ -636,8 +638,11 @@ async fn injector(soak: Arc<Soak>, seed: u64, schedule: Schedule, server_id: Str
                 reconnect(&soak, &mut c, KEYS[0], false).await;
             }
             "engine" => {
+                // A sandbox asleep on disk outlives the engine's restart.
+                let sleeper = put_to_sleep(&soak, &c, rng.random()).await;
                 soak.engine_down.store(true, Ordering::SeqCst);
                 restart_engine().await;
+                sleepers.extend(sleeper);
             }
             _ => unreachable!(),
         }
@@ -679,6 +684,9 @@ async fn injector(soak: Arc<Soak>, seed: u64, schedule: Schedule, server_id: Str
         if soak.engine_down.swap(false, Ordering::SeqCst) {
             *soak.engine_back.lock().unwrap() = Some(Instant::now());
         }
+        for sleeper in sleepers.drain(..) {
+            wakes_intact(&soak, &c, sleeper).await;
+        }
         let mut l = soak.ledger.lock().unwrap();
         let stats = l.faults.entry(fault).or_default();
         stats.injected += 1;
@@ -691,6 +699,50 @@ async fn injector(soak: Arc<Soak>, seed: u64, schedule: Schedule, server_id: Str
             ));
         }
     }
+}
+
+/// A sandbox of its own, with a variable and a file of `secret`, put to
+/// sleep on disk; none (and a violation) when that fails.
+async fn put_to_sleep(soak: &Soak, c: &McpClient, secret: u64) -> Option<(String, u64)> {
+    let made = async {
+        let sid = call(soak, c, "create_sandbox", json!({"name": "sleeper"})).await.ok()?["sandbox_id"]
+            .as_str()?
+            .to_string();
+        let code = format!("secret = {secret}\nopen('secret.txt', 'w').write(str(secret))");
+        call(soak, c, "execute_python_code", json!({"sandbox_id": sid, "code": code}))
+            .await
+            .ok()?;
+        let slept = call(soak, c, "hibernate_sandbox", json!({"sandbox_id": sid}))
+            .await
+            .ok()?;
+        (slept["python"] == "carried").then_some((sid, secret))
+    };
+    let made = made.await;
+    if made.is_none() {
+        soak.ledger
+            .lock()
+            .unwrap()
+            .violations
+            .push("could not put a sandbox to sleep before a fault".into());
+    }
+    made
+}
+
+/// Wakes a sandbox [`put_to_sleep`] before a fault: its variable and its
+/// file must be back. Then deletes it.
+async fn wakes_intact(soak: &Soak, c: &McpClient, (sid, secret): (String, u64)) {
+    let code = "print(secret, open('secret.txt').read())";
+    let ran = call(soak, c, "execute_python_code", json!({"sandbox_id": sid, "code": code})).await;
+    let intact = matches!(&ran, Ok(v) if v["stdout"] == format!("{secret} {secret}\n")
+        && v["notice"].as_str().is_some_and(|n| n.contains("woke from hibernation")));
+    if !intact {
+        soak.ledger
+            .lock()
+            .unwrap()
+            .violations
+            .push(format!("a sandbox asleep through a fault did not wake intact: {ran:?}"));
+    }
+    let _ = call(soak, c, "delete_sandbox", json!({"sandbox_id": sid})).await;
 }
 
 /// Reads every acknowledged file of every sandbox back and checks it.
