@@ -11,7 +11,16 @@
 //! `--min-available-mb` or a step's creations fail: that is the measured
 //! ceiling and what bounds it. Every sandbox is deleted at the end.
 //!
+//! With `--hibernate-after S` (and `--awake A`, default 200), idle
+//! sandboxes sleep on disk after S seconds instead of pausing, at most A
+//! are awake at once (`limits.max_sandboxes_total`; hibernated ones have a
+//! cap of their own, set past `--n`), and each step waits until its
+//! sandboxes sleep: the rows then show what sleeping sandboxes cost (kernel
+//! objects should follow the awake ones only, the server's RSS stay small)
+//! and the probes' `print(1)` is mostly a wake.
+//!
 //! `cargo build --release && cargo bench --bench density [-- --n 1000 --step 100 --parallel 4]`
+//! `cargo bench --bench density -- --n 10000 --step 200 --hibernate-after 5`
 
 mod common;
 
@@ -81,6 +90,38 @@ async fn print_one(c: &McpClient, id: &str) -> Result<Duration, String> {
     }
 }
 
+/// How many sandboxes a `list_sandboxes` answer shows hibernated.
+fn hibernated(listed: &serde_json::Value) -> usize {
+    listed["sandboxes"]
+        .as_array()
+        .map_or(0, |all| all.iter().filter(|s| s["status"] == "hibernated").count())
+}
+
+/// Waits (at most `limit`) until all but the last step's few of `live`
+/// sandboxes sleep: a step's sleeps take the time of their dumps and
+/// container removals.
+async fn asleep_by_now(c: &McpClient, live: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match c.try_tool("list_sandboxes", json!({})).await {
+            Ok(l) if hibernated(&l) + live / 50 >= live => return,
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
+/// Waits (at most `limit`) until `count` more sandboxes fit under the cap
+/// of awake ones: the probes' wakes of the step before fall asleep again.
+async fn room_for(c: &McpClient, count: usize, awake: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match c.try_tool("list_sandboxes", json!({})).await {
+            Ok(l) if l["sandboxes"].as_array().map_or(0, Vec::len) - hibernated(&l) + count <= awake => return,
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let bin: String = arg("--bin", "target/release/mcp-sandbox".to_string());
@@ -90,15 +131,28 @@ async fn main() -> std::process::ExitCode {
     let pause_after: u64 = arg("--pause-after", 5);
     let probes: usize = arg("--probes", 50);
     let floor_mb: f64 = arg("--min-available-mb", 3072.0);
+    let hibernate_after: u64 = arg("--hibernate-after", 0);
+    let awake: usize = arg("--awake", 200);
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("density.toml");
     let mut text = String::from("# Written by benches/density.rs for one run.\n[limits]\n");
     for (key, value) in load_limits(n + 10, 200) {
-        text.push_str(&format!("{key} = {value}\n"));
+        match (key, hibernate_after) {
+            ("max_sandboxes_per_tenant" | "max_sandboxes_total", 1..) => text.push_str(&format!("{key} = {awake}\n")),
+            _ => text.push_str(&format!("{key} = {value}\n")),
+        }
+    }
+    if hibernate_after > 0 {
+        text.push_str(&format!(
+            "max_hibernated_per_tenant = {}\nmax_hibernated_total = {}\n",
+            n + 10,
+            n + 10
+        ));
     }
     text.push_str(&format!(
-        "\n[sandbox]\nmax_lifetime_seconds = {LOAD_SANDBOX_LIFETIME_SECONDS}\npause_after_seconds = {pause_after}\n\n[pool]\nmin = 0\nmax = 0\n"
+        "\n[sandbox]\nmax_lifetime_seconds = {LOAD_SANDBOX_LIFETIME_SECONDS}\npause_after_seconds = {pause_after}\n\
+         hibernate_after_seconds = {hibernate_after}\n\n[pool]\nmin = 0\nmax = 0\n"
     ));
     std::fs::write(&config, &text).unwrap();
     println!("density: up to {n} sandboxes, {step} a step, {parallel} at a time; server {bin}");
@@ -116,14 +170,17 @@ async fn main() -> std::process::ExitCode {
         meminfo_mb("MemAvailable")
     );
     println!();
-    println!("| live | created in s | host MiB in use | MiB per sandbox | server RSS MiB | server fds | loop devices | mounts | firewall rules | list ms | /metrics ms | print(1) p50 ms | p99 ms | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| live | asleep | created in s | host MiB in use | MiB per sandbox | server RSS MiB | server fds | loop devices | mounts | firewall rules | list ms | /metrics ms | print(1) p50 ms | p99 ms | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
 
     let mut live: Vec<String> = vec![];
     let mut errors: Vec<String> = vec![];
     let mut stopped = None;
     while live.len() < n {
         let count = step.min(n - live.len());
+        if hibernate_after > 0 {
+            room_for(&c, count, awake, Duration::from_secs(120)).await;
+        }
         let t = Instant::now();
         let made: Vec<Result<String, String>> = futures_util::stream::iter(live.len()..live.len() + count)
             .map(|i| make(&c, i))
@@ -138,15 +195,22 @@ async fn main() -> std::process::ExitCode {
                 Err(e) => errors.push(e),
             }
         }
-        // Let the step's sandboxes go idle and pause, as most of a full
-        // host's do.
-        tokio::time::sleep(Duration::from_secs(pause_after + 2)).await;
+        // Let the step's sandboxes go idle and pause (or sleep), as most of
+        // a full host's do.
+        tokio::time::sleep(Duration::from_secs(pause_after.max(hibernate_after) + 2)).await;
+        if hibernate_after > 0 {
+            asleep_by_now(&c, live.len(), Duration::from_secs(120)).await;
+        }
         let t = Instant::now();
         let listed = c.try_tool("list_sandboxes", json!({})).await;
         let list_ms = t.elapsed().as_secs_f64() * 1000.0;
-        if let Err(e) = listed {
-            errors.push(format!("list_sandboxes: {e:?}"));
-        }
+        let asleep = match &listed {
+            Ok(l) => hibernated(l),
+            Err(e) => {
+                errors.push(format!("list_sandboxes: {e:?}"));
+                0
+            }
+        };
         let t = Instant::now();
         let scraped = http.get(format!("{}/metrics", server.base)).send().await;
         let metrics_ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -167,7 +231,7 @@ async fn main() -> std::process::ExitCode {
         let s = Series::new("print(1)", times);
         let used = used_mb() - base_used;
         println!(
-            "| {} | {:.1} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {} |",
+            "| {} | {asleep} | {:.1} | {:.0} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {} |",
             live.len(),
             took.as_secs_f64(),
             used,

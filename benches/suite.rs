@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
-use common::mcp::{print_series, McpClient, Server};
+use common::mcp::{loop_print, print_series, McpClient, Server};
 use common::{arg, docker_exec, Series};
 use serde_json::{json, Value};
 
@@ -119,35 +119,17 @@ async fn baseline_create(docker: &Docker, image: &str, n: usize) -> Vec<Duration
 /// N clients, each with its own sandbox, looping `print(1)` for `secs`.
 async fn looping(base: &str, clients: usize, secs: u64) -> (Vec<Duration>, usize, Vec<String>) {
     let http = reqwest::Client::new();
-    let start = Instant::now() + Duration::from_secs(5);
-    let mut handles = vec![];
+    let mut pairs = vec![];
     for _ in 0..clients {
-        let (http, base) = (http.clone(), base.to_string());
-        handles.push(tokio::spawn(async move {
-            let c = McpClient::http(http, &base).await;
-            let (sid, _) = create(&c).await;
-            let args = json!({"sandbox_id": sid, "code": PRINT});
-            c.tool("execute_python_code", args.clone()).await.unwrap();
-            tokio::time::sleep_until(start.into()).await;
-            let end = start + Duration::from_secs(secs);
-            let (mut lat, mut errors) = (vec![], 0usize);
-            while Instant::now() < end {
-                let t = Instant::now();
-                match c.tool("execute_python_code", args.clone()).await {
-                    Ok(r) if r["stdout"] == "1\n" => lat.push(t.elapsed()),
-                    _ => errors += 1,
-                }
-            }
-            (lat, errors, sid)
-        }));
+        let c = McpClient::http(http.clone(), base).await;
+        let (sid, _) = create(&c).await;
+        c.tool("execute_python_code", json!({"sandbox_id": sid, "code": PRINT}))
+            .await
+            .unwrap();
+        pairs.push((c, sid));
     }
-    let (mut all, mut errors, mut ids) = (vec![], 0, vec![]);
-    for h in handles {
-        let (lat, e, sid) = h.await.unwrap();
-        all.extend(lat);
-        errors += e;
-        ids.push(sid);
-    }
+    let ids = pairs.iter().map(|(_, sid)| sid.clone()).collect();
+    let (all, errors) = loop_print(pairs, Duration::from_secs(5), Duration::from_secs(secs)).await;
     (all, errors, ids)
 }
 

@@ -34,7 +34,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cpu::{CpuMark, CpuSplit};
-use common::mcp::{load_limits, McpClient, Server, LOAD_SANDBOX_LIFETIME_SECONDS};
+use common::mcp::{load_limits, pool_full, McpClient, Server, LOAD_SANDBOX_LIFETIME_SECONDS};
 use common::{arg, Series};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -181,34 +181,6 @@ async fn delete_all(c: &McpClient) -> Result<usize, String> {
         None => Ok(ids.len()),
         Some(e) => Err(format!("{} of {} deletes failed, first: {e}", failed.len(), ids.len())),
     }
-}
-
-/// A value of the server's Prometheus text, when `/metrics` answers.
-async fn metric(http: &reqwest::Client, base: &str, name: &str) -> Option<f64> {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-/// Waits (at most `within`) until the warm pool holds what it aims for.
-async fn pool_full(http: &reqwest::Client, base: &str, within: Duration) -> Duration {
-    let t = Instant::now();
-    while t.elapsed() < within {
-        let ready = metric(http, base, "mcp_sandbox_pool_ready").await;
-        let size = metric(http, base, "mcp_sandbox_pool_size").await;
-        if ready.is_some() && ready >= size {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    t.elapsed()
 }
 
 /// 100 × (1 − value / 10 s), clamped to [0, 100].

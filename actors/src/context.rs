@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::census::Census;
 use crate::config::Settings;
+use crate::pool_pace::CallsInFlight;
 use crate::records::RecordStore;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
@@ -36,6 +37,8 @@ pub struct Context {
     pub forks: Mutex<HashSet<Uuid>>,
     /// Which sandboxes are awake and which asleep, for the caps.
     pub census: Census,
+    /// The runs under way, which the pool's refills give way to.
+    pub calls: Arc<CallsInFlight>,
 }
 
 impl Context {

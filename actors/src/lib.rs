@@ -52,6 +52,7 @@ mod install;
 mod messages;
 mod packages;
 mod pool;
+mod pool_pace;
 mod pool_target;
 mod pool_yield;
 pub mod processes;

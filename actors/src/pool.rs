@@ -15,7 +15,8 @@
 //! sustains instead of all at once (a hundred creations started together
 //! all end late; started a few at a time, the first end early).
 //! While the first calls of claimed sandboxes are to come or under way,
-//! refills give way to them for a moment ([`Yield`]).
+//! refills give way to them for a moment ([`Yield`]); while any calls run,
+//! they go one at a time and take at most a quarter of the time ([`Pace`]).
 //! Pooled sandboxes are made under the server's egress policy; a claim may
 //! switch a proxied one to another proxied policy (the proxy looks the
 //! policy up per connection), anything else is created cold.
@@ -40,6 +41,7 @@ use crate::agent_connection::wait_for_agent;
 use crate::config::{EgressPolicy, PoolConfig};
 use crate::context::Context;
 use crate::error::{AgentFailure, Result, SandboxError};
+use crate::pool_pace::Pace;
 use crate::pool_target::Target;
 use crate::pool_yield::{Yield, MAX_YIELD};
 use sandbox_host::SANDBOX_UID;
@@ -588,6 +590,7 @@ impl Pool {
         let mut removing: JoinSet<()> = JoinSet::new();
         let mut paused_until: Option<Instant> = None;
         let mut yielding = Yield::default();
+        let mut pace = Pace::default();
         loop {
             self.serve_waiting();
             // A failure pauses refills for the pool's own sake only, and
@@ -604,8 +607,11 @@ impl Pool {
             };
             // A hold ends at its limit, or once no first call counts.
             let yield_ends = yielding.until().map(|end| counted_until.map_or(end, |c| c.min(end)));
-            while self.ready() + refilling.len() < wanted && refilling.len() < self.at_once && !self.stop.is_cancelled()
-            {
+            // Calls under way pace the refills, unless a claim waits.
+            let busy = self.ctx.calls.busy(now) && self.waiting() == 0;
+            let at_once = pace.room(now, busy, self.at_once);
+            let gap_ends = pace.until(now).filter(|_| busy);
+            while self.ready() + refilling.len() < wanted && refilling.len() < at_once && !self.stop.is_cancelled() {
                 let pool = self.clone();
                 refilling.spawn(async move {
                     let started = Instant::now();
@@ -631,6 +637,8 @@ impl Pool {
                 Some(done) = refilling.join_next() => match self.landed(done) {
                     Ok((Ok(p), _)) if self.stop.is_cancelled() => discard(&self.ctx, &p).await,
                     Ok((Ok(p), took)) => {
+                        let now = Instant::now();
+                        pace.landed(now, took, self.ctx.calls.busy(now));
                         self.counters.refills.fetch_add(1, Ordering::Relaxed);
                         self.counters.refill_micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
                         self.ready.lock().expect("pool lock").push_back(p);
@@ -647,6 +655,7 @@ impl Pool {
                 _ = self.wake.notified() => {}
                 _ = self.first_calls.ended.notified() => {}
                 _ = tokio::time::sleep_until(yield_ends.unwrap_or(now)), if yield_ends.is_some() => {}
+                _ = tokio::time::sleep_until(gap_ends.unwrap_or(now)), if gap_ends.is_some() => {}
                 _ = tokio::time::sleep(PRUNE_EVERY) => self.prune(),
                 _ = self.stop.cancelled() => break,
             }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -373,6 +373,64 @@ pub fn load_limits(sandboxes: usize, sessions: usize) -> Vec<(&'static str, Stri
         ("max_sessions_total", sessions.clone()),
         ("max_connections_per_ip", sessions),
     ]
+}
+
+/// Each client loops `print(1)` in its sandbox for `secs`, all starting
+/// `after` from now: every answered call's time, and the calls that failed.
+pub async fn loop_print(pairs: Vec<(McpClient, String)>, after: Duration, secs: Duration) -> (Vec<Duration>, usize) {
+    let start = Instant::now() + after;
+    let mut handles = vec![];
+    for (c, sid) in pairs {
+        handles.push(tokio::spawn(async move {
+            let args = json!({"sandbox_id": sid, "code": "print(1)"});
+            tokio::time::sleep_until(start.into()).await;
+            let end = start + secs;
+            let (mut lat, mut errors) = (vec![], 0usize);
+            while Instant::now() < end {
+                let t = Instant::now();
+                match c.tool("execute_python_code", args.clone()).await {
+                    Ok(r) if r["stdout"] == "1\n" => lat.push(t.elapsed()),
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let (mut all, mut errors) = (vec![], 0);
+    for h in handles {
+        let (lat, e) = h.await.unwrap();
+        all.extend(lat);
+        errors += e;
+    }
+    (all, errors)
+}
+
+/// A value of the server's Prometheus text, when `/metrics` answers.
+pub async fn metric(http: &reqwest::Client, base: &str, name: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Waits (at most `within`) until the warm pool holds what it aims for.
+pub async fn pool_full(http: &reqwest::Client, base: &str, within: Duration) -> Duration {
+    let t = Instant::now();
+    while t.elapsed() < within {
+        let ready = metric(http, base, "mcp_sandbox_pool_ready").await;
+        let size = metric(http, base, "mcp_sandbox_pool_size").await;
+        if ready.is_some() && ready >= size {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    t.elapsed()
 }
 
 /// Sandboxes outlive a load generator that died by at most this long.

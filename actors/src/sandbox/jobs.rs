@@ -163,7 +163,9 @@ impl SandboxActor {
                         continue;
                     }
                     let (notice, python_lost) = state.take_notice();
+                    let call = state.ctx.calls.enter();
                     spawn_job(me.clone(), span, async move {
+                        let _call = call;
                         let started = OffsetDateTime::now_utc();
                         let meter = Meter::start(&link);
                         let result = link

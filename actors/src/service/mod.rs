@@ -159,6 +159,7 @@ impl Sandboxes {
         let registry = Registry::default();
         let ctx = Arc::new(Context {
             census: Census::new(registry.clone()),
+            calls: Arc::default(),
             runtime,
             store,
             meter,
