@@ -6,6 +6,7 @@
 //! `delete_sandbox`, the file tools and `reset_python` follow their ways.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -26,6 +27,7 @@ use tracing::Instrument;
 use crate::access::caller::Caller;
 use crate::mcp::app;
 use crate::mcp::results::{failure, read_reply, reply, run_reply, success};
+use crate::mcp::schemas::{make_portable, Side};
 use crate::mcp::tasks::Tasks;
 use crate::ops::args::{PackageRef, SandboxRef, SnapshotRef};
 use crate::ops::files::{FileListing, ReadResult, WriteResult};
@@ -181,7 +183,8 @@ impl SandboxServer {
     #[tool(
         description = "Run a shell command in a sandbox with sh -c, in /app/results (pipes, &&, redirects work). \
             Returns stdout, stderr, exit_code and the files it wrote there (links; images also inline). \
-            Processes the command starts end with it unless started with setsid.",
+            Processes the command starts end with it; start one that must outlive it (a server, a long job) \
+            with start_process.",
         output_schema = schema_for_output::<CommandResult>(),
         annotations(read_only_hint = false, destructive_hint = true, open_world_hint = true)
     )]
@@ -472,6 +475,12 @@ impl ServerHandler for SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let mut tools = self.tool_router.list_all();
+        for tool in &mut tools {
+            make_portable(Arc::make_mut(&mut tool.input_schema), Side::Input);
+            if let Some(output) = &mut tool.output_schema {
+                make_portable(Arc::make_mut(output), Side::Output);
+            }
+        }
         let declared = app::declared(&ctx);
         app::offer(&mut tools, declared);
         let hints = ctx
