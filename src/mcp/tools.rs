@@ -306,8 +306,9 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Write text to a file under /app/results in a sandbox, making missing folders and replacing an \
-            existing file. It runs in turn with the sandbox's other calls: code sent afterwards sees the file.",
+        description = "Write text (or, with encoding base64, any bytes: a picture, a parquet file, a zip; at most \
+            1 MiB) to a file under /app/results in a sandbox, making missing folders and replacing an existing file. \
+            It runs in turn with the sandbox's other calls: code sent afterwards sees the file.",
         output_schema = schema_for_output::<WriteResult>(),
         annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]

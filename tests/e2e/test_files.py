@@ -179,6 +179,21 @@ def test_write_file_runs_in_turn_with_the_sandbox_calls(server):
             assert ran["stdout"] == f"{1024 * 1024}\n", ran
             shell = await call(c, "execute_terminal_command", sandbox_id=sid, command="stat -c %u deep/er/notes.txt && echo x >> deep/er/notes.txt && echo ok")
             assert shell["stdout"] == "1000\nok\n", shell
+            # Bytes that are no text, as base64, land byte for byte; too
+            # many, or no base64, are refused and name what to do.
+            blob = bytes(range(256)) * 4096
+            wrote = await call(c, "write_file", sandbox_id=sid, path="data.bin", content=base64.b64encode(blob).decode(),
+                               encoding="base64")
+            assert wrote["size"] == len(blob), wrote
+            ran = await call(c, "execute_python_code", sandbox_id=sid,
+                             code="import hashlib\nprint(hashlib.sha256(open('data.bin', 'rb').read()).hexdigest())")
+            assert ran["stdout"] == hashlib.sha256(blob).hexdigest() + "\n", ran
+            for content, said in ((base64.b64encode(b"x" * (1024 * 1024 + 1)).decode(), "at most 1048576"),
+                                  (base64.b64encode(b"x" * (2 * 1024 * 1024)).decode(), "upload_file_to_sandbox"),
+                                  ("not base64!", "not standard base64")):
+                r = await c.call_tool("write_file", {"sandbox_id": sid, "path": "big.bin", "content": content,
+                                                     "encoding": "base64"})
+                assert r.is_error and said in r.content[0].text, r.content[0].text
             await call(c, "delete_sandbox", sandbox_id=sid)
 
     run(go())
