@@ -247,9 +247,9 @@ async fn usage_page(State(app): State<AppState>, caller: Option<Extension<Caller
         return sign_in_page(&app, StatusCode::OK, None);
     };
     let whose = if viewer.caller.admin {
-        "every tenant's"
+        "every tenant's sandboxes"
     } else {
-        "your sandboxes'"
+        "your sandboxes"
     };
     let body = format!(
         r#"<section class="card" id="usage-page">

@@ -81,7 +81,16 @@ def test_a_busy_run_is_billed_and_kept_across_a_restart_and_the_cli_agrees(serve
     expect(page.locator("#usage tbody tr[data-tenant=alice]")).not_to_have_count(0)
     shown = sum(float(t) for t in page.locator("#usage tbody td.cpu").all_inner_texts())
     assert abs(shown * 3600 - cpu(server, ALICE)) < 3600 * 0.0002 + 5, shown
-    expect(page.locator(".chart[data-measure='CPU hours'] .bar")).not_to_have_count(0)
+    # A bar for each day of the month so far, today's among them; a count
+    # shows as one, and the header's link reads on the dark header.
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    expect(page.locator(".chart[data-measure='CPU hours'] .bar")).to_have_count(int(today[-2:]))
+    expect(page.locator(f".chart[data-measure='CPU hours'] .bar[data-day='{today}']")).to_have_count(1)
+    calls = page.locator(".chart[data-measure='Calls'] figcaption").inner_text()
+    assert calls.removeprefix("Calls: ").isdigit(), calls
+    assert "What your sandboxes used this month" in page.locator("#usage-page").inner_text()
+    link = page.locator("#usage-link").evaluate("a => getComputedStyle(a).color")
+    assert link == "rgb(203, 213, 225)", link
     page.context.close()
     assert complaints == [], complaints
 

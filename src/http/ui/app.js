@@ -449,26 +449,38 @@ function sandboxPage(root) {
 
 // ---- usage ----
 
+// Each measure: its title, its value in a row, and the digits it shows
+// (a count shows none).
 const MEASURES = [
-  ['Sandbox hours', (r) => (r.running_seconds + r.paused_seconds) / 3600],
-  ['CPU hours', (r) => r.cpu_seconds / 3600],
-  ['Memory GB·h', (r) => r.memory_gb_seconds / 3600],
-  ['Network MiB', (r) => r.egress_bytes / 1048576],
-  ['Disk GB·h', (r) => r.disk_gb_hours],
-  ['Calls', (r) => r.calls],
+  ['Sandbox hours', (r) => (r.running_seconds + r.paused_seconds) / 3600, 2],
+  ['CPU hours', (r) => r.cpu_seconds / 3600, 4],
+  ['Memory GB·h', (r) => r.memory_gb_seconds / 3600, 4],
+  ['Network MiB', (r) => r.egress_bytes / 1048576, 2],
+  ['Disk GB·h', (r) => r.disk_gb_hours, 4],
+  ['Calls', (r) => r.calls, 0],
 ];
 
-/** One bar per day, as high as its share of the busiest day. */
-function chart(title, days, value) {
-  const totals = days.map(([day, rows]) => [day, rows.reduce((sum, r) => sum + value(r), 0)]);
+/** The days of this month (UTC) up to today, as `YYYY-MM-DD`: every day has
+ * its place in a chart, so one day of data is one bar among the month's. */
+function monthDays() {
+  const now = new Date();
+  return Array.from({ length: now.getUTCDate() }, (_, i) =>
+    new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), i + 1)).toISOString().slice(0, 10));
+}
+
+/** One bar per day of the month so far, as high as its share of the
+ * busiest day. */
+function chart(title, byDay, value, digits) {
+  const days = [...new Set([...monthDays(), ...byDay.keys()])].sort();
+  const totals = days.map((day) => [day, (byDay.get(day) || []).reduce((sum, r) => sum + value(r), 0)]);
   const top = Math.max(...totals.map(([, v]) => v), 0);
   const bars = totals.map(([day, v]) => {
-    const bar = el('div', { class: 'bar', title: `${day.slice(0, 10)}: ${v.toFixed(3)}` });
-    bar.style.height = `${top > 0 ? Math.max(1, (100 * v) / top) : 0}%`;
+    const bar = el('div', { class: 'bar', title: `${day}: ${v.toFixed(digits)}`, 'data-day': day });
+    bar.style.height = `${top > 0 && v > 0 ? Math.max(1, (100 * v) / top) : 0}%`;
     return bar;
   });
   return el('figure', { class: 'chart', 'data-measure': title },
-    el('figcaption', {}, `${title}: ${totals.reduce((s, [, v]) => s + v, 0).toFixed(3)}`),
+    el('figcaption', {}, `${title}: ${totals.reduce((s, [, v]) => s + v, 0).toFixed(digits)}`),
     el('div', { class: 'bars' }, ...bars));
 }
 
@@ -476,11 +488,11 @@ async function usagePage() {
   const report = await api('GET', '/api/usage');
   const byDay = new Map();
   for (const r of report.rows) {
-    if (!byDay.has(r.period)) byDay.set(r.period, []);
-    byDay.get(r.period).push(r);
+    const day = r.period.slice(0, 10);
+    if (!byDay.has(day)) byDay.set(day, []);
+    byDay.get(day).push(r);
   }
-  const days = [...byDay.entries()];
-  document.getElementById('usage-charts').replaceChildren(...MEASURES.map(([t, f]) => chart(t, days, f)));
+  document.getElementById('usage-charts').replaceChildren(...MEASURES.map(([t, f, d]) => chart(t, byDay, f, d)));
   const n = (v, digits) => v.toFixed(digits);
   document.getElementById('usage').tBodies[0].replaceChildren(...report.rows.map((r) => el('tr', { 'data-tenant': r.tenant },
     el('td', {}, r.period.slice(0, 10)),
