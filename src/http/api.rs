@@ -23,7 +23,7 @@ use crate::access::signer::unix_now;
 use crate::http::error::{error, refusal};
 use crate::http::state::AppState;
 use crate::ops::args::{SandboxRef, SnapshotRef};
-use crate::ops::error::OpsError;
+use crate::ops::error::{Channel, OpsError};
 use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, HibernateResult, InstallResult, PythonResult,
     RestoreResult, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
@@ -127,7 +127,7 @@ impl IntoResponse for ApiError {
             ApiError::Ops(ops) => ops,
             ApiError::Body(status, message) => return error(status, &message),
         };
-        let message = ops.to_string();
+        let message = ops.message_for(Channel::Web);
         match answer_of(&ops) {
             (status, Some(seconds)) => refusal(status, seconds, &message),
             (status, None) => error(status, &message),

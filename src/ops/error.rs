@@ -13,7 +13,7 @@ use crate::metrics::Outcome;
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
     /// The domain refused or failed.
-    #[error("{err}{hint}", err = .0, hint = next_step(.0))]
+    #[error("{err}{hint}", err = .0, hint = next_step(.0, Channel::Tools))]
     Sandbox(#[source] SandboxError),
     /// An argument is malformed or out of range; the message names it.
     #[error("invalid argument: {0}")]
@@ -85,25 +85,104 @@ impl Outcome for OpsError {
     }
 }
 
-/// What the caller can do next about a domain error, in the tools' terms
+/// Who reads an error: an agent through the MCP tools, or a program or a
+/// person through the REST API and the web UI, each told the next step in
+/// its own terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Tools,
+    Web,
+}
+
+impl OpsError {
+    /// The message as `channel` tells it (the `Display` is the tools').
+    pub fn message_for(&self, channel: Channel) -> String {
+        match (self, channel) {
+            (OpsError::Sandbox(e), Channel::Web) => format!("{e}{}", next_step(e, Channel::Web)),
+            _ => self.to_string(),
+        }
+    }
+}
+
+/// What the caller can do next about a domain error, in its channel's terms
 /// (empty where the message says it already).
-fn next_step(e: &SandboxError) -> &'static str {
-    match e {
-        SandboxError::NotFound(_) => " Call list_sandboxes to see yours, or create_sandbox to make one.",
-        SandboxError::Ended { .. } => " Create a new sandbox with create_sandbox.",
-        SandboxError::Outdated { .. } => " A sandbox made now with create_sandbox has the current agent.",
-        SandboxError::TooMany { asked: 1, .. } => {
+fn next_step(e: &SandboxError, channel: Channel) -> &'static str {
+    use Channel::{Tools, Web};
+    match (e, channel) {
+        (SandboxError::NotFound(_), Tools) => " Call list_sandboxes to see yours, or create_sandbox to make one.",
+        (SandboxError::NotFound(_), Web) => " See yours in the sandbox list (GET /api/sandboxes), or create one.",
+        (SandboxError::Ended { .. }, Tools) => " Create a new sandbox with create_sandbox.",
+        (SandboxError::Ended { .. }, Web) => " Create a new sandbox.",
+        (SandboxError::Outdated { .. }, Tools) => " A sandbox made now with create_sandbox has the current agent.",
+        (SandboxError::Outdated { .. }, Web) => " A sandbox created now has the current agent.",
+        (SandboxError::TooMany { asked: 1, .. }, Tools) => {
             ": reuse one (list_sandboxes) or delete one with delete_sandbox, then create again"
         }
-        SandboxError::TooMany { .. } => ": make fewer, or delete some with delete_sandbox",
-        SandboxError::Seeding { .. } => ": call it once fork_sandbox has answered",
-        SandboxError::Snapshot(SnapshotError::NotFound(_)) => " Call list_snapshots to see the sandbox's snapshots.",
-        SandboxError::Snapshot(SnapshotError::TooMany(_)) => "; delete one with delete_snapshot, then try again",
-        SandboxError::Snapshot(SnapshotError::StoreFull { .. }) => {
+        (SandboxError::TooMany { asked: 1, .. }, Web) => {
+            ": reuse one, or delete one (its Delete button, or DELETE /api/sandboxes/{id}), then create again"
+        }
+        (SandboxError::TooMany { .. }, Tools) => ": make fewer, or delete some with delete_sandbox",
+        (SandboxError::TooMany { .. }, Web) => ": make fewer, or delete some (DELETE /api/sandboxes/{id})",
+        (SandboxError::Seeding { .. }, Tools) => ": call it once fork_sandbox has answered",
+        (SandboxError::Seeding { .. }, Web) => ": try again once the fork has answered",
+        (SandboxError::Snapshot(SnapshotError::NotFound(_)), Tools) => {
+            " Call list_snapshots to see the sandbox's snapshots."
+        }
+        (SandboxError::Snapshot(SnapshotError::NotFound(_)), Web) => {
+            " See the sandbox's snapshots on its page (GET /api/sandboxes/{id}/snapshots)."
+        }
+        (SandboxError::Snapshot(SnapshotError::TooMany(_)), Tools) => {
+            "; delete one with delete_snapshot, then try again"
+        }
+        (SandboxError::Snapshot(SnapshotError::TooMany(_)), Web) => "; delete one, then try again",
+        (SandboxError::Snapshot(SnapshotError::StoreFull { .. }), Tools) => {
             " Call list_snapshots to see what each snapshot takes, and delete_snapshot to drop one."
         }
-        SandboxError::File(FileError::NotFound(_)) => "; call list_files to see what is there",
-        SandboxError::File(FileError::IsFolder(_)) => "; call list_files to see what it holds",
+        (SandboxError::Snapshot(SnapshotError::StoreFull { .. }), Web) => {
+            " The sandbox's snapshots list what each takes; delete one to make room."
+        }
+        (SandboxError::File(FileError::NotFound(_)), Tools) => "; call list_files to see what is there",
+        (SandboxError::File(FileError::IsFolder(_)), Tools) => "; call list_files to see what it holds",
+        (SandboxError::File(FileError::NotFound(_) | FileError::IsFolder(_)), Web) => {
+            "; see what is there in the sandbox's files (GET /api/sandboxes/{id}/files)"
+        }
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    /// A person in a browser and a program on the REST API are told the next
+    /// step in their terms, never a tool's name; an agent is told the tool.
+    #[test]
+    fn refusals_name_the_next_step_in_their_channel_s_terms() {
+        let errors = [
+            SandboxError::NotFound(Uuid::nil()),
+            SandboxError::TooMany {
+                have: 3,
+                most: 3,
+                asked: 1,
+            },
+            SandboxError::TooMany {
+                have: 3,
+                most: 3,
+                asked: 2,
+            },
+            SandboxError::Snapshot(SnapshotError::TooMany(5)),
+            SandboxError::Snapshot(SnapshotError::NotFound(Uuid::nil())),
+            SandboxError::File(FileError::NotFound("x".into())),
+        ];
+        let tools = ["_sandbox", "_snapshot", "list_files", "list_sandboxes"];
+        for e in errors {
+            let ops = OpsError::Sandbox(e);
+            let web = ops.message_for(Channel::Web);
+            assert!(!tools.iter().any(|t| web.contains(t)), "{web}");
+            let agent = ops.message_for(Channel::Tools);
+            assert!(tools.iter().any(|t| agent.contains(t)), "{agent}");
+            assert_eq!(agent, ops.to_string());
+        }
     }
 }
