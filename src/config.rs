@@ -421,9 +421,42 @@ impl Config {
             };
             section_table.insert(current_key(section, key).to_string(), parsed);
         }
-        let config: Config = Config::deserialize(table).map_err(bad_toml)?;
+        let mut config: Config = Config::deserialize(table).map_err(bad_toml)?;
+        if let Some(folder) = path.and_then(|p| std::path::absolute(p).ok()?.parent().map(Path::to_path_buf)) {
+            config.resolve_from(&folder);
+        }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Takes the relative paths of a configuration file named on the command
+    /// line from that file's folder, wherever the server is started from:
+    /// `mcp-sandbox stdio --config /srv/sandbox/config.toml`, started by a
+    /// desktop client in another folder, uses the state and results beside
+    /// the file, as the server started there does.
+    fn resolve_from(&mut self, folder: &Path) {
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = folder.join(&*path);
+            }
+        };
+        resolve(&mut self.server.state_dir);
+        resolve(&mut self.results.dir);
+        if let Some(ca) = &mut self.sandbox.ca_bundle {
+            resolve(ca);
+        }
+        if let Some(cluster) = &mut self.cluster {
+            for file in [
+                &mut cluster.etcd_ca_file,
+                &mut cluster.etcd_cert_file,
+                &mut cluster.etcd_key_file,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                resolve(file);
+            }
+        }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -728,7 +761,9 @@ mod tests {
     fn the_shipped_config_states_the_defaults() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
         let shipped = Config::load(Some(&path), std::iter::empty()).unwrap();
-        assert_eq!(format!("{shipped:?}"), format!("{:?}", Config::default()));
+        let mut defaults = Config::default();
+        defaults.resolve_from(path.parent().unwrap());
+        assert_eq!(format!("{shipped:?}"), format!("{defaults:?}"));
     }
 
     #[test]
@@ -783,15 +818,42 @@ mod tests {
             let c = load(&config(&allowed, &state), &[]);
             assert!(c.is_ok(), "{allowed:?} refused: {:?}", c.err());
         }
-        // A relative results folder is taken from the working folder, as
-        // Config::settings does.
-        let here = std::env::current_dir().unwrap();
-        let text = format!("[results]\ndir = \"results\"\n[uploads]\nallowed_dirs = [{here:?}]\n");
-        let err = load(&text, &[]).unwrap_err().to_string();
+        // A relative results folder is taken from the configuration file's
+        // folder.
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("config.toml");
+        let text = format!(
+            "[results]\ndir = \"results\"\n[uploads]\nallowed_dirs = [{:?}]\n",
+            folder.path()
+        );
+        std::fs::write(&path, text).unwrap();
+        let err = Config::load(Some(&path), std::iter::empty()).unwrap_err().to_string();
         assert!(
             err.contains("uploads.allowed_dirs") && err.contains("results.dir"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_configuration_file_s_folder() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("config.toml");
+        std::fs::write(
+            &path,
+            "[server]\nstate_dir = \"var/state\"\n[sandbox]\nca_bundle = \"ca.pem\"\n",
+        )
+        .unwrap();
+        std::fs::write(folder.path().join("ca.pem"), "").unwrap();
+        let c = Config::load(Some(&path), std::iter::empty()).unwrap();
+        assert_eq!(c.server.state_dir, folder.path().join("var/state"));
+        assert_eq!(c.results.dir, folder.path().join("results"), "the default as well");
+        assert_eq!(c.sandbox.ca_bundle, Some(folder.path().join("ca.pem")));
+        let c = Config::load(
+            Some(&path),
+            [("MCP_SANDBOX_RESULTS_DIR".into(), "/srv/results".into())].into_iter(),
+        )
+        .unwrap();
+        assert_eq!(c.results.dir, PathBuf::from("/srv/results"), "an absolute path stays");
     }
 
     #[test]

@@ -553,6 +553,9 @@ impl Server {
         command
             .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
             .current_dir(root)
+            // In the run's folder, wherever its configuration file is.
+            .env("MCP_SANDBOX_SERVER_STATE_DIR", root.join("state"))
+            .env("MCP_SANDBOX_RESULTS_DIR", root.join("results"))
             .env("RUST_LOG", "warn")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
