@@ -259,6 +259,9 @@ const SECTIONS: [&str; 15] = [
     "cluster",
 ];
 const ENV_PREFIX: &str = "MCP_SANDBOX_";
+/// Variables of the prefix that are no settings: the API key that
+/// `stdio --connect` presents to a running server.
+const NOT_SETTINGS: &[&str] = &["MCP_SANDBOX_KEY"];
 /// Keys with an earlier name that is still accepted: (section, old, new).
 /// A variable under the old name sets the new key, whatever the file used.
 const RENAMED: [(&str, &str, &str); 1] = [("pool", "size", "min")];
@@ -398,7 +401,10 @@ impl Config {
             }
         }
         for (name, value) in env {
-            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            let Some(rest) = name
+                .strip_prefix(ENV_PREFIX)
+                .filter(|_| !NOT_SETTINGS.contains(&name.as_str()))
+            else {
                 continue;
             };
             let rest = rest.to_ascii_lowercase();

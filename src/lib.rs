@@ -7,7 +7,8 @@
 //!
 //! Imports run one way, down this list: no module imports one above it.
 //!
-//! - [`serve`]: starts the HTTP server or MCP over stdio; [`report`]: the
+//! - [`serve`]: starts the HTTP server or MCP over stdio; [`bridge`]: MCP
+//!   over stdio carried to a running server; [`report`]: the
 //!   `usage` command, a client of a running server's usage report;
 //!   [`cluster`]: the `cluster` command, which reads and changes the
 //!   cluster's state in etcd.
@@ -29,6 +30,7 @@
 //! domain's in-memory runtime, without a Docker engine.
 
 pub mod access;
+pub mod bridge;
 pub mod cluster;
 pub mod config;
 mod http;

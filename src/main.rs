@@ -36,8 +36,16 @@ enum Command {
         #[arg(long)]
         port: Option<u16>,
     },
-    /// Serve MCP over standard input and output.
-    Stdio,
+    /// Serve MCP over standard input and output (with --connect, carried to
+    /// a running server instead of serving sandboxes of its own).
+    Stdio {
+        /// A running server's MCP address, such as http://127.0.0.1:8181/mcp.
+        #[arg(long)]
+        connect: Option<String>,
+        /// The API key to present to that server.
+        #[arg(long, env = "MCP_SANDBOX_KEY", hide_env_values = true)]
+        key: Option<String>,
+    },
     /// Build the sandbox image if it is missing, and print its tag.
     BuildImage,
     /// Print what tenants used (sandbox time, CPU, memory, disk, network,
@@ -112,7 +120,11 @@ async fn run(command: Command, mut config: Config, path: Option<&std::path::Path
             config.server.port = port.unwrap_or(config.server.port);
             mcp_sandbox::serve::http(config, path).await
         }
-        Command::Stdio => mcp_sandbox::serve::stdio(config, path).await,
+        Command::Stdio {
+            connect: Some(url),
+            key,
+        } => mcp_sandbox::bridge::run(&url, key).await,
+        Command::Stdio { connect: None, .. } => mcp_sandbox::serve::stdio(config, path).await,
         Command::BuildImage => mcp_sandbox::serve::build_image(config, path).await,
         Command::Usage(ask) => {
             print!("{}", mcp_sandbox::report::usage(&config, ask).await?);
