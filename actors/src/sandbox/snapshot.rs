@@ -118,7 +118,7 @@ pub(super) async fn carry_out(link: &mut AgentConnection, op: SnapshotOp) -> Res
             );
             Ok((SnapshotDone::Exported(export), notice))
         }
-        SnapshotOp::Seed { fork, mut export } => {
+        SnapshotOp::Seed { fork, mut export, .. } => {
             let export = match tokio::time::timeout(SEED_WAIT, export.wait_for(Option::is_some)).await {
                 Ok(Ok(export)) => export.clone().expect("waited for"),
                 _ => {

@@ -253,7 +253,7 @@ impl Source {
         let mut seeds = Vec::with_capacity(made.len());
         for (info, actor) in made {
             let (release, export) = watch::channel(None);
-            seeds.push(seed(actor, info.sandbox_id, fork, export)?);
+            seeds.push(seed(actor, info.sandbox_id, fork, id, export)?);
             releases.push(release);
         }
         let into = made.iter().map(|(info, _)| ctx.paths(info.sandbox_id)).collect();
@@ -348,10 +348,11 @@ fn seed(
     actor: &ActorRef<SandboxMsg>,
     id: Uuid,
     fork: Uuid,
+    source: Uuid,
     export: watch::Receiver<Option<Arc<Export>>>,
 ) -> Result<impl std::future::Future<Output = Result<Carried>>> {
     let (reply, answered) = ractor::concurrency::oneshot();
-    let op = SnapshotOp::Seed { fork, export };
+    let op = SnapshotOp::Seed { fork, source, export };
     actor
         .send_message(
             SandboxMsg::Queued(Queued::Snapshot {

@@ -194,6 +194,8 @@ pub enum SnapshotOp {
     /// once the source has made it (the job holds the queue till then).
     Seed {
         fork: Uuid,
+        /// The sandbox forked, as the new sandbox's history names it.
+        source: Uuid,
         export: watch::Receiver<Option<Arc<Export>>>,
     },
 }
@@ -210,7 +212,7 @@ impl std::fmt::Display for SnapshotOp {
                 from: Some(snapshot), ..
             } => write!(f, "fork from snapshot {snapshot}"),
             SnapshotOp::Export { from: None, .. } => write!(f, "fork"),
-            SnapshotOp::Seed { fork, .. } => write!(f, "seeded by fork {fork}"),
+            SnapshotOp::Seed { source, .. } => write!(f, "made as a fork of sandbox {source}"),
         }
     }
 }

@@ -37,6 +37,11 @@ async fn forks_start_with_the_variables_and_files_then_go_their_own_way() {
             1 + ids.iter().position(|i| *i == f.info.sandbox_id).unwrap()
         )));
         let fork = f.info.sandbox_id;
+        // Its history names the sandbox it was forked from, an id its
+        // owner knows.
+        let history = s.sb().history(OWNER, fork).await.unwrap();
+        let made = format!("made as a fork of sandbox {id}");
+        assert!(history.iter().any(|c| c.summary == made), "{history:?}");
         assert_eq!(s.stdout(fork, "get x").await.trim(), "1");
         assert_eq!(
             fs::read_to_string(results(fork).join("data.csv")).unwrap(),
