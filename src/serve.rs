@@ -104,7 +104,7 @@ fn join_cluster(config: &Config, sandboxes: &Arc<Sandboxes>) -> anyhow::Result<O
         let host = resources.host_memory_bytes.unwrap_or(0);
         Capacity {
             ready: domain.pool_ready(),
-            live: domain.held().iter().filter(|h| !h.asleep).count(),
+            live: domain.awake(),
             free_memory_mb: host.saturating_sub(resources.memory_limits_bytes) >> 20,
             runtimes: vec![runtime.clone()],
         }

@@ -10,6 +10,9 @@
 //! - formats JSON Schema does not define are dropped (the bounds stay:
 //!   `minimum: 0` says as much as `uint64`).
 
+use std::sync::{Arc, OnceLock};
+
+use rmcp::model::Tool;
 use serde_json::{Map, Value};
 
 /// The formats JSON Schema (2020-12) defines.
@@ -37,13 +40,32 @@ const STANDARD_FORMATS: &[&str] = &[
 
 /// Which side of a tool a schema describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
+enum Side {
     Input,
     Output,
 }
 
+/// The tools `list` gives, their schemas made portable once: every
+/// session's router lists the same tools, so the rewrite is not made again
+/// for each.
+pub(crate) fn portable_tools(list: impl FnOnce() -> Vec<Tool>) -> Vec<Tool> {
+    static TOOLS: OnceLock<Vec<Tool>> = OnceLock::new();
+    TOOLS
+        .get_or_init(|| {
+            let mut tools = list();
+            for tool in &mut tools {
+                make_portable(Arc::make_mut(&mut tool.input_schema), Side::Input);
+                if let Some(output) = &mut tool.output_schema {
+                    make_portable(Arc::make_mut(output), Side::Output);
+                }
+            }
+            tools
+        })
+        .clone()
+}
+
 /// Rewrites `schema` (and every schema inside it) as the module says.
-pub(crate) fn make_portable(schema: &mut Map<String, Value>, side: Side) {
+fn make_portable(schema: &mut Map<String, Value>, side: Side) {
     if let Some(Value::Array(types)) = schema.get("type") {
         let one: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
         let nullable = one.len() < types.len();

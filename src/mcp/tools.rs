@@ -6,7 +6,6 @@
 //! `delete_sandbox`, the file tools and `reset_python` follow their ways.
 
 use std::future::Future;
-use std::sync::Arc;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -27,7 +26,7 @@ use tracing::Instrument;
 use crate::access::caller::Caller;
 use crate::mcp::app;
 use crate::mcp::results::{failure, read_reply, reply, run_reply, success};
-use crate::mcp::schemas::{make_portable, Side};
+use crate::mcp::schemas::portable_tools;
 use crate::mcp::tasks::Tasks;
 use crate::ops::args::{PackageRef, SandboxRef, SnapshotRef};
 use crate::ops::files::{FileListing, ReadResult, WriteResult};
@@ -475,13 +474,7 @@ impl ServerHandler for SandboxServer {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools = self.tool_router.list_all();
-        for tool in &mut tools {
-            make_portable(Arc::make_mut(&mut tool.input_schema), Side::Input);
-            if let Some(output) = &mut tool.output_schema {
-                make_portable(Arc::make_mut(output), Side::Output);
-            }
-        }
+        let mut tools = portable_tools(|| self.tool_router.list_all());
         let declared = app::declared(&ctx);
         app::offer(&mut tools, declared);
         let hints = ctx

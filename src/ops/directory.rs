@@ -6,6 +6,7 @@
 //! holds (those that expired or went idle leave it, any this node holds that
 //! it lacks enter it, and each is marked asleep or awake as it is).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,6 +121,9 @@ impl From<ClusterError> for OpsError {
 /// it holds, until `stop`.
 pub async fn keep_in_step(ops: Ops, cluster: Arc<Cluster>, stop: CancellationToken) {
     let node = cluster.config.node_name.clone();
+    // What this node marked asleep, read from etcd once (and again after a
+    // failure), then kept as it marks.
+    let mut marked: Option<HashSet<Uuid>> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -148,7 +152,7 @@ pub async fn keep_in_step(ops: Ops, cluster: Arc<Cluster>, stop: CancellationTok
                 Err(e) => warn!(sandbox = %h.id, error = %e, "a sandbox this node holds is not in the directory"),
             }
         }
-        mark_sleepers(&cluster, &node, &held).await;
+        mark_sleepers(&cluster, &node, &held, &mut marked).await;
     }
 }
 
@@ -162,18 +166,35 @@ fn entry(node: &str, held: &Held) -> Entry {
 
 /// Marks this node's hibernated sandboxes asleep in the directory, and the
 /// woken ones awake, so that the quotas over every node count live
-/// sandboxes only (within [`IN_STEP_EVERY`] of a change).
-async fn mark_sleepers(cluster: &Cluster, node: &str, held: &[Held]) {
-    let marked = match cluster.directory.asleep_on(node).await {
-        Ok(marked) => marked,
-        Err(e) => {
-            warn!(error = %e, "could not read this node's hibernated sandboxes from the directory");
-            return;
-        }
+/// sandboxes only (within [`IN_STEP_EVERY`] of a change). `marked` is what
+/// this node marked: read from etcd when unknown, forgotten when a mark
+/// fails, so that the next round reads it again.
+async fn mark_sleepers(cluster: &Cluster, node: &str, held: &[Held], marked: &mut Option<HashSet<Uuid>>) {
+    let known = match marked.take() {
+        Some(known) => known,
+        None => match cluster.directory.asleep_on(node).await {
+            Ok(read) => read.into_iter().collect(),
+            Err(e) => {
+                warn!(error = %e, "could not read this node's hibernated sandboxes from the directory");
+                return;
+            }
+        },
     };
-    for h in held.iter().filter(|h| h.asleep != marked.contains(&h.id)) {
-        if let Err(e) = cluster.directory.mark_asleep(h.id, &entry(node, h), h.asleep).await {
-            warn!(sandbox = %h.id, error = %e, "could not mark a sandbox asleep or awake in the directory");
+    // A deleted sandbox's mark went with its entry.
+    let ids: HashSet<Uuid> = held.iter().map(|h| h.id).collect();
+    let mut known: HashSet<Uuid> = known.into_iter().filter(|id| ids.contains(id)).collect();
+    let changed: Vec<&Held> = held.iter().filter(|h| h.asleep != known.contains(&h.id)).collect();
+    for h in changed {
+        match cluster.directory.mark_asleep(h.id, &entry(node, h), h.asleep).await {
+            Ok(true) if h.asleep => drop(known.insert(h.id)),
+            Ok(true) => drop(known.remove(&h.id)),
+            // Its entry is not (yet) this node's: tried again next round.
+            Ok(false) => {}
+            Err(e) => {
+                warn!(sandbox = %h.id, error = %e, "could not mark a sandbox asleep or awake in the directory");
+                return;
+            }
         }
     }
+    *marked = Some(known);
 }

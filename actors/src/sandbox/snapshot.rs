@@ -196,10 +196,12 @@ pub(super) async fn write_out(link: &mut AgentConnection, only_whole: bool) -> R
     for snapshot in parked {
         let file = Uuid::new_v4();
         let (mut python, _) = link.dump_python(&slot(file), Some(&slot(snapshot))).await?;
+        if python.python == CarriedState::Fresh {
+            // No copy answered: its sandbox's code or a restart ended it.
+            python = Carried::lost("its parked copy was gone".into());
+        }
         let written = match python.python {
-            CarriedState::Carried => store.keep_python(&link.paths, snapshot, file).await,
-            CarriedState::Partial if !only_whole => store.keep_python(&link.paths, snapshot, file).await,
-            CarriedState::Partial => {
+            CarriedState::Partial if only_whole => {
                 store.discard_python(&link.paths, file).await;
                 return Err(SandboxError::Asleep {
                     id,
@@ -210,7 +212,7 @@ pub(super) async fn write_out(link: &mut AgentConnection, only_whole: bool) -> R
                     ),
                 });
             }
-            // The copy was gone (its sandbox's code ended it).
+            CarriedState::Carried | CarriedState::Partial => store.keep_python(&link.paths, snapshot, file).await,
             CarriedState::Fresh | CarriedState::Lost => store.set_python(id, snapshot, PythonState::Lost),
         };
         match written {
@@ -218,9 +220,6 @@ pub(super) async fn write_out(link: &mut AgentConnection, only_whole: bool) -> R
             Ok(()) if python.python != CarriedState::Lost => forget(link, snapshot, PythonState::Parked).await,
             Ok(()) => {}
             Err(e) => python = Carried::lost(e.to_string()),
-        }
-        if python.python == CarriedState::Fresh {
-            python = Carried::lost("its parked copy was gone".into());
         }
         kept.push((snapshot, python));
     }

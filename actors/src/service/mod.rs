@@ -503,6 +503,11 @@ impl Sandboxes {
             .collect()
     }
 
+    /// How many sandboxes are awake (those that hold memory).
+    pub fn awake(&self) -> usize {
+        self.ctx.census.count(None, false)
+    }
+
     /// Whether sandbox `id` is one of this server's (anyone's).
     pub fn holds(&self, id: Uuid) -> bool {
         self.registry.read().expect("registry lock").contains_key(&id)

@@ -28,14 +28,19 @@ use sandbox_host::SANDBOX_UID;
 use sandbox_runtime::agent::{Carried, CarriedState, PythonState};
 use sandbox_runtime::SandboxPaths;
 
-/// The agent's fork file of `slot` (a fork's, or a snapshot's Python state
+/// The agent's fork file of a slot (a fork's, or a snapshot's Python state
 /// carried out of or into the sandbox), beneath the results folder.
-pub(super) fn fork_file(slot: Uuid) -> [String; 3] {
-    [
-        ".mcp-sandbox".into(),
-        "fork".into(),
-        format!("{}.pickle", super::slot(slot)),
-    ]
+pub(super) struct ForkFile(String);
+
+impl ForkFile {
+    pub(super) fn of(slot: Uuid) -> Self {
+        Self(format!("{}.pickle", super::slot(slot)))
+    }
+
+    /// Its path beneath the results folder, one name at a time.
+    pub(super) fn rel(&self) -> [&str; 3] {
+        [".mcp-sandbox", "fork", &self.0]
+    }
 }
 
 /// A namespace on the host: a fork's, or a snapshot's written out.
@@ -144,8 +149,6 @@ impl Snapshots {
                 packages: false,
             };
             if export.pickled() {
-                let rel = fork_file(fork);
-                let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
                 let max = store.budget(Folder::Results).bytes;
                 let file = export.dir.join(PYTHON);
                 // A snapshot written out at a sleep holds its namespace in
@@ -154,7 +157,7 @@ impl Snapshots {
                     Some(s) => std::fs::copy(store.python_file(paths.id, s.snapshot_id), &file)
                         .map(drop)
                         .map_err(CopyError::from),
-                    None => copy::take_file(&paths.results, &rel, &file, max).map(drop),
+                    None => copy::take_file(&paths.results, &ForkFile::of(fork).rel(), &file, max).map(drop),
                 };
                 if let Err(e) = taken {
                     export.python = Carried::lost(format!("could not take the namespace out of the sandbox: {e}"));
@@ -239,9 +242,12 @@ impl Snapshots {
             if !pickled || !dir.join(PYTHON).is_file() {
                 return Ok(false);
             }
-            let rel = fork_file(fork);
-            let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
-            copy::place_file(&dir.join(PYTHON), &paths.results, &rel, SANDBOX_UID)?;
+            copy::place_file(
+                &dir.join(PYTHON),
+                &paths.results,
+                &ForkFile::of(fork).rel(),
+                SANDBOX_UID,
+            )?;
             Ok(true)
         })
         .await

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use uuid::Uuid;
 
 use super::copy;
-use super::fork::{fork_file, PYTHON};
+use super::fork::{ForkFile, PYTHON};
 use super::{bounded, Bounded, Folder, SnapshotError, SnapshotInfo, Snapshots, META};
 use crate::error::CopyError;
 use sandbox_host::SANDBOX_UID;
@@ -41,12 +41,11 @@ impl Snapshots {
     ) -> Result<(), SnapshotError> {
         let (store, paths) = (self.clone(), paths.clone());
         let kept = bounded(move |_stop| {
-            let rel = fork_file(file);
-            let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
             let dst = store.python_file(paths.id, snapshot);
             let _ = std::fs::remove_file(&dst);
             let max = store.budget(Folder::Results).bytes;
-            let taken = copy::take_file(&paths.results, &rel, &dst, max).map_err(SnapshotError::Save);
+            let taken =
+                copy::take_file(&paths.results, &ForkFile::of(file).rel(), &dst, max).map_err(SnapshotError::Save);
             let state = match taken {
                 Ok(_) => PythonState::Saved,
                 Err(_) => PythonState::Lost,
@@ -73,12 +72,7 @@ impl Snapshots {
     /// up), and the folders it leaves empty.
     pub(crate) async fn discard_python(&self, paths: &SandboxPaths, file: Uuid) {
         let results = paths.results.clone();
-        let _ = bounded(move |_stop| {
-            let rel = fork_file(file);
-            let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
-            copy::remove_file(&results, &rel)
-        })
-        .await;
+        let _ = bounded(move |_stop| copy::remove_file(&results, &ForkFile::of(file).rel())).await;
     }
 
     /// Places a saved snapshot's namespace in the sandbox's results as the
@@ -90,16 +84,12 @@ impl Snapshots {
         file: Uuid,
     ) -> Result<(), SnapshotError> {
         let (src, results) = (self.python_file(paths.id, info.snapshot_id), paths.results.clone());
-        bounded(move |_stop| {
-            let rel = fork_file(file);
-            let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
-            copy::place_file(&src, &results, &rel, SANDBOX_UID)
-        })
-        .await
-        .map_err(|e| match e {
-            Bounded::Failed(e) => SnapshotError::Restore(e),
-            Bounded::Late => SnapshotError::Restore(CopyError::Stopped),
-        })
+        bounded(move |_stop| copy::place_file(&src, &results, &ForkFile::of(file).rel(), SANDBOX_UID))
+            .await
+            .map_err(|e| match e {
+                Bounded::Failed(e) => SnapshotError::Restore(e),
+                Bounded::Late => SnapshotError::Restore(CopyError::Stopped),
+            })
     }
 
     /// Writes a snapshot's `meta.json` whole or not at all.
