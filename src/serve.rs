@@ -39,16 +39,20 @@ fn guard_host(config: &Config) {
     if let Err(e) = sandbox_host::figures::protect_from_oom_killer(SERVER_OOM_SCORE_ADJ) {
         tracing::warn!(error = %e, "could not lower the server's OOM score (this needs CAP_SYS_RESOURCE); sandboxes still score higher");
     }
-    let most = config.limits.max_sandboxes_total as u64;
-    let wanted = most * (config.sandbox.memory_mb << 20);
+    let wanted = memory_wanted(config);
     if let Some(host) = sandbox_host::figures::memory_bytes().filter(|&m| wanted > m) {
         tracing::warn!(
-            sandboxes = most,
+            sandboxes = config.limits.max_sandboxes_total,
             memory_mb = config.sandbox.memory_mb,
             host_memory_mb = host >> 20,
             "limits.max_sandboxes_total x sandbox.memory_mb exceeds the host's memory: full sandboxes together can push the host into its OOM killer; lower one of them"
         );
     }
+}
+
+/// Bytes of memory the live sandboxes may take together, each at its limit.
+fn memory_wanted(config: &Config) -> u64 {
+    config.limits.max_sandboxes_total as u64 * (config.sandbox.memory_mb << 20)
 }
 
 /// Starts the domain; `egress_total`: the connections its egress proxy may
@@ -133,6 +137,7 @@ pub(crate) fn limits(config: &Config, signer: Option<&LinkSigner>) -> anyhow::Re
         .filter_map(|k| k.requests_per_second.map(|r| (k.name.clone(), r)));
     Ok(Arc::new(Limits::new(
         config.limits.clone(),
+        config.auth.enabled,
         config.guest.clone(),
         keys,
         rates,
@@ -324,4 +329,18 @@ pub async fn build_image(config: Config, config_path: Option<&Path>) -> anyhow::
     let tag = Sandboxes::build_image(&config.settings(config_path)?).await?;
     println!("{tag}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host this project is developed on has 24 GB, of which the
+    /// kernel reports 23.5 GiB: the shipped defaults start there without
+    /// the memory warning.
+    #[test]
+    fn the_shipped_defaults_fit_a_24_gb_host() {
+        let host: u64 = 23 << 30;
+        assert!(memory_wanted(&Config::default()) <= host);
+    }
 }

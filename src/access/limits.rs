@@ -35,7 +35,8 @@ pub struct LimitsConfig {
     pub creations_per_minute: u32,
     /// Live sandboxes one tenant may hold (a key's `max_sandboxes`
     /// overrides it); hibernated ones count against the caps below instead.
-    pub max_sandboxes_per_tenant: usize,
+    /// Unset, it depends on who the tenants are: see [`LimitsConfig::sandboxes_per_tenant`].
+    pub max_sandboxes_per_tenant: Option<usize>,
     /// Live sandboxes the whole server may hold.
     pub max_sandboxes_total: usize,
     /// Hibernated sandboxes one tenant may hold.
@@ -77,8 +78,8 @@ impl Default for LimitsConfig {
             burst: 40,
             ip_requests_per_second: 100,
             creations_per_minute: 10,
-            max_sandboxes_per_tenant: 3,
-            max_sandboxes_total: 50,
+            max_sandboxes_per_tenant: None,
+            max_sandboxes_total: 40,
             max_hibernated_per_tenant: 20,
             max_hibernated_total: 1000,
             max_sessions_per_tenant: 100,
@@ -104,7 +105,25 @@ pub enum LimitsError {
     Ipv6Prefix,
 }
 
+/// Live sandboxes per tenant when `max_sandboxes_per_tenant` is unset and
+/// keys are the tenants: a hosted deployment shares the host among them.
+pub const HOSTED_SANDBOXES_PER_TENANT: usize = 3;
+/// The same without auth, where the tenant is a client address: on the
+/// loopback default that is one person, who forks, keeps a few sandboxes
+/// asleep and awake, and should not meet a quota of three.
+pub const LOCAL_SANDBOXES_PER_TENANT: usize = 20;
+
 impl LimitsConfig {
+    /// Live sandboxes one tenant may hold: the configured value, or the
+    /// default for a server with (`auth`) or without keys.
+    pub fn sandboxes_per_tenant(&self, auth: bool) -> usize {
+        let default = match auth {
+            true => HOSTED_SANDBOXES_PER_TENANT,
+            false => LOCAL_SANDBOXES_PER_TENANT,
+        };
+        self.max_sandboxes_per_tenant.unwrap_or(default)
+    }
+
     pub fn validate(&self) -> Result<(), LimitsError> {
         if !(SHORTEST_IPV6_PREFIX..=128).contains(&self.ipv6_prefix) {
             return Err(LimitsError::Ipv6Prefix);
@@ -114,7 +133,7 @@ impl LimitsConfig {
             ("burst", self.burst as usize),
             ("ip_requests_per_second", self.ip_requests_per_second as usize),
             ("creations_per_minute", self.creations_per_minute as usize),
-            ("max_sandboxes_per_tenant", self.max_sandboxes_per_tenant),
+            ("max_sandboxes_per_tenant", self.max_sandboxes_per_tenant.unwrap_or(1)),
             ("max_sandboxes_total", self.max_sandboxes_total),
             ("max_sessions_per_tenant", self.max_sessions_per_tenant),
             ("max_sessions_total", self.max_sessions_total),
@@ -139,6 +158,8 @@ fn nz(n: u32) -> NonZeroU32 {
 
 pub struct Limits {
     config: LimitsConfig,
+    /// What `max_sandboxes_per_tenant` comes to on this server.
+    sandboxes_per_tenant: usize,
     guest: GuestConfig,
     keys: Keys,
     per_tenant: DefaultKeyedRateLimiter<String>,
@@ -169,8 +190,10 @@ fn check_keyed<K: Hash + Eq + Clone>(limiter: &DefaultKeyedRateLimiter<K>, key: 
 }
 
 impl Limits {
+    /// `auth`: whether tenants are keys (it sets the default quota).
     pub fn new(
         config: LimitsConfig,
+        auth: bool,
         guest: GuestConfig,
         keys: Keys,
         key_rates: impl Iterator<Item = (String, u32)>,
@@ -185,6 +208,7 @@ impl Limits {
             })
             .collect();
         Self {
+            sandboxes_per_tenant: config.sandboxes_per_tenant(auth),
             per_tenant: RateLimiter::keyed(Quota::per_second(nz(config.requests_per_second)).allow_burst(burst)),
             per_ip: RateLimiter::keyed(
                 Quota::per_second(nz(config.ip_requests_per_second)).allow_burst(nz(config.ip_requests_per_second * 2)),
@@ -277,7 +301,7 @@ impl Limits {
         self.keys
             .tenant(tenant)
             .and_then(|t| t.max_sandboxes)
-            .unwrap_or(self.config.max_sandboxes_per_tenant)
+            .unwrap_or(self.sandboxes_per_tenant)
     }
 
     /// A tenant's monthly budget: its key's, or the guest tier's.
@@ -311,6 +335,7 @@ mod tests {
         };
         let limits = Limits::new(
             config,
+            true,
             GuestConfig::default(),
             Keys::default(),
             std::iter::once(("vip".to_string(), 50)),
@@ -332,6 +357,7 @@ mod tests {
     fn churning_addresses_leave_nothing_behind_once_pruned() {
         let limits = Limits::new(
             LimitsConfig::default(),
+            true,
             GuestConfig::default(),
             Keys::default(),
             std::iter::empty(),
@@ -355,20 +381,51 @@ mod tests {
             max_sandboxes: 1,
             ..Default::default()
         };
-        let limits = Limits::new(LimitsConfig::default(), guest, Keys::default(), std::iter::empty());
+        let limits = Limits::new(
+            LimitsConfig::default(),
+            true,
+            guest,
+            Keys::default(),
+            std::iter::empty(),
+        );
         let ip: IpAddr = [198, 51, 100, 7].into();
         assert!(limits.check_request(ip, "guest:a").is_ok());
         assert!(limits.check_request(ip, "guest:a").is_ok());
         assert!(limits.check_request(ip, "guest:a").is_err(), "burst of 2 at 1/s");
         assert!(limits.check_request(ip, "guest:b").is_ok(), "each guest its own");
         assert_eq!(limits.max_sandboxes("guest:a"), 1);
-        assert_eq!(
-            limits.max_sandboxes("alice"),
-            LimitsConfig::default().max_sandboxes_per_tenant
-        );
+        assert_eq!(limits.max_sandboxes("alice"), HOSTED_SANDBOXES_PER_TENANT);
         assert!(limits.check_guest_issue(ip).is_ok() && limits.check_guest_issue(ip).is_ok());
         let wait = limits.check_guest_issue(ip).expect_err("a third key in the hour");
         assert!(wait.seconds() > 60, "{}", wait.seconds());
         assert!(limits.check_guest_issue([198, 51, 100, 8].into()).is_ok());
+    }
+
+    #[test]
+    fn the_quota_of_a_tenant_fits_one_person_without_auth_and_a_share_of_the_host_with_it() {
+        let unset = LimitsConfig::default();
+        assert_eq!(unset.sandboxes_per_tenant(true), HOSTED_SANDBOXES_PER_TENANT);
+        assert_eq!(unset.sandboxes_per_tenant(false), LOCAL_SANDBOXES_PER_TENANT);
+        let local = Limits::new(
+            unset,
+            false,
+            GuestConfig::default(),
+            Keys::default(),
+            std::iter::empty(),
+        );
+        assert_eq!(local.max_sandboxes("local"), LOCAL_SANDBOXES_PER_TENANT);
+        let set = LimitsConfig {
+            max_sandboxes_per_tenant: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            (set.sandboxes_per_tenant(true), set.sandboxes_per_tenant(false)),
+            (5, 5)
+        );
+        let zero = LimitsConfig {
+            max_sandboxes_per_tenant: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(zero.validate(), Err(LimitsError::Zero("max_sandboxes_per_tenant")));
     }
 }

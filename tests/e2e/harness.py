@@ -56,6 +56,8 @@ class Server:
             "MCP_SANDBOX_POOL_MAX": "0",
             **{k: str(v) for k, v in env.items()},
         }
+        # None unsets a variable: the server's own default applies.
+        self.env = {k: v for k, v in self.env.items() if env.get(k, "") is not None}
         self.proc = None
         self.server_id = None
         self.log = self.root / "server.log"

@@ -3,7 +3,8 @@ its cap (over both transports), sessions left idle, connections that never
 finish their headers, one address opening too many connections, a key
 flooding through its SSE session's /messages, and probes of /health during
 a flood. Every refusal is 429 or 503 with Retry-After and a JSON message,
-and the server keeps serving everyone else."""
+and the server keeps serving everyone else. The shipped sandbox quota: three
+a key, and twenty without keys (one person on loopback), each crossed."""
 
 import asyncio
 import http.client
@@ -47,6 +48,7 @@ def server():
         MCP_SANDBOX_LIMITS_HEADER_TIMEOUT_SECONDS=str(HEADER_SECONDS),
         MCP_SANDBOX_LIMITS_MAX_CONNECTIONS_PER_IP=str(CONNECTIONS_PER_IP),
         MCP_SANDBOX_LIMITS_IP_REQUESTS_PER_SECOND="50",
+        MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT=None,
     ).start()
     yield s
     s.cleanup()
@@ -275,3 +277,47 @@ def test_health_answers_during_a_flood_from_the_same_address(server):
         body = json.loads(r.read())
         assert r.status == 200 and body["docker"] == "ok", body
     c.close()
+
+
+async def fill_quota(c, want):
+    """Creates sandboxes until one is refused; their ids and the refusal."""
+    made = []
+    while len(made) <= want:
+        r = await c.call_tool("create_sandbox", {})
+        if r.is_error:
+            return made, r.content[0].text
+        made.append(r.structured_content["sandbox_id"])
+    return made, None
+
+
+def test_the_shipped_quota_is_three_a_key_and_twenty_without_keys(server):
+    async def with_key():
+        headers = {"Authorization": f"Bearer {ALICE}"}
+        async with Client(streamable_http_client(server.url + "/mcp", http_client=create_mcp_http_client(headers=headers))) as c:
+            made, refused = await fill_quota(c, 3)
+            for sid in made:
+                await c.call_tool("delete_sandbox", {"sandbox_id": sid})
+            return made, refused
+
+    made, refused = asyncio.run(with_key())
+    assert len(made) == 3 and refused and "already have 3 sandboxes" in refused, (made, refused)
+
+    local = Server(MCP_SANDBOX_LIMITS_MAX_SANDBOXES_PER_TENANT=None).start()
+    try:
+        async def one_person():
+            async with Client(local.url + "/mcp") as c:
+                # Three sandboxes and a fork of two: the work the quota of
+                # three refused to one person before.
+                made, _ = await fill_quota(c, 2)
+                r = await c.call_tool("fork_sandbox", {"sandbox_id": made[0], "count": 2})
+                assert not r.is_error, r.content[0].text
+                forks = [f["sandbox_id"] for f in r.structured_content["forks"]]
+                more, refused = await fill_quota(c, 20 - len(made) - len(forks))
+                for sid in made + forks + more:
+                    await c.call_tool("delete_sandbox", {"sandbox_id": sid})
+                return len(made + forks + more), refused
+
+        held, refused = asyncio.run(one_person())
+        assert held == 20 and refused and "already have 20 sandboxes" in refused, (held, refused)
+    finally:
+        local.cleanup()
