@@ -1,6 +1,7 @@
 //! The recent calls on a sandbox, kept by its actor (in memory, newest last)
 //! so that a person can see what an agent did with it.
 
+use crate::moment;
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
@@ -33,7 +34,7 @@ pub enum CallKind {
 /// One call, as the history shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CallRecord {
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(with = "crate::moment")]
     pub started_at: OffsetDateTime,
     pub kind: CallKind,
     /// What was asked: the code's first line, the command, the package.
@@ -47,7 +48,7 @@ pub struct CallRecord {
 impl CallRecord {
     /// A call that started at `started_at` and ends now.
     pub fn ended(started_at: OffsetDateTime, kind: CallKind, summary: &str, ok: bool, outcome: String) -> Self {
-        let duration_ms = (OffsetDateTime::now_utc() - started_at).whole_milliseconds().max(0) as u64;
+        let duration_ms = (moment::now() - started_at).whole_milliseconds().max(0) as u64;
         Self {
             started_at,
             kind,
@@ -111,10 +112,10 @@ mod tests {
     #[test]
     fn outcomes_are_cut_whatever_the_agent_said() {
         let said = format!("error: {}", "é".repeat(5 << 20));
-        let call = CallRecord::ended(OffsetDateTime::now_utc(), CallKind::Python, "x", false, said);
+        let call = CallRecord::ended(moment::now(), CallKind::Python, "x", false, said);
         assert_eq!(call.outcome.chars().count(), OUTCOME_CHARS + 2);
         assert!(call.outcome.starts_with("error: éé") && call.outcome.ends_with(" …"));
-        let short = CallRecord::ended(OffsetDateTime::now_utc(), CallKind::Shell, "x", true, "exit 0".into());
+        let short = CallRecord::ended(moment::now(), CallKind::Shell, "x", true, "exit 0".into());
         assert_eq!(short.outcome, "exit 0");
     }
 
@@ -123,7 +124,7 @@ mod tests {
         let mut h = History::default();
         for i in 0..KEPT + 5 {
             h.push(CallRecord::ended(
-                OffsetDateTime::now_utc(),
+                moment::now(),
                 CallKind::Shell,
                 &i.to_string(),
                 true,

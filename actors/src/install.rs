@@ -16,7 +16,6 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -24,6 +23,7 @@ use crate::agent_connection::AgentConnection;
 use crate::config::PackagesConfig;
 use crate::error::Result;
 use crate::messages::{Finished, SandboxMsg};
+use crate::moment;
 use crate::records::{InstallRecord, InstallState};
 use crate::usage::Totals;
 use sandbox_runtime::agent::Work;
@@ -122,7 +122,7 @@ async fn install_with_installer(
         ..Totals::default()
     };
     if used != Totals::default() {
-        ctx.meter.add(owner, OffsetDateTime::now_utc(), &used);
+        ctx.meter.add(owner, moment::now(), &used);
     }
     if done.exit_code == 0 {
         // Scripts were written for the installer's interpreter: point them
@@ -164,7 +164,7 @@ impl Actor for InstallTask {
             return Ok(());
         };
         let ctx = link.ctx().clone();
-        let started_at = OffsetDateTime::now_utc();
+        let started_at = moment::now();
         let timeout = Duration::from_secs(ctx.settings.sandbox.install_timeout_seconds);
         let in_sandbox = ctx.egress.installs_in_sandbox(link.paths.id);
         let outcome = match in_sandbox {
@@ -223,7 +223,7 @@ impl Actor for InstallTask {
             message,
             output,
             started_at,
-            finished_at: Some(OffsetDateTime::now_utc()),
+            finished_at: Some(moment::now()),
         };
         let _ = report.send_message(SandboxMsg::Done(Box::new(Finished::install(link, record, packages))));
         myself.stop(None);

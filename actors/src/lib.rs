@@ -50,6 +50,7 @@ pub mod files;
 mod history;
 mod install;
 mod messages;
+pub mod moment;
 mod packages;
 mod pool;
 mod pool_pace;

@@ -50,9 +50,9 @@ pub struct InstallRecord {
     pub message: String,
     /// The installer's output, kept for failures.
     pub output: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(with = "crate::moment")]
     pub started_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
+    #[serde(with = "crate::moment::option")]
     pub finished_at: Option<OffsetDateTime>,
 }
 
@@ -64,9 +64,9 @@ pub struct SandboxRecord {
     pub name: String,
     pub container_id: String,
     pub volume: String,
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(with = "crate::moment")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
+    #[serde(with = "crate::moment::option")]
     pub expires_at: Option<OffsetDateTime>,
     /// Loaded from, and written to, the installs table; records written by
     /// earlier versions carry them inline and are moved on first load.
@@ -98,7 +98,7 @@ pub struct SandboxRecord {
 /// A sandbox asleep on disk: no container, its disks unmounted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hibernated {
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(with = "crate::moment")]
     pub since: OffsetDateTime,
     /// The fork file, on the sandbox's own results disk, that holds its
     /// Python namespace.
@@ -340,6 +340,7 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::moment;
 
     fn record(owner: &str) -> SandboxRecord {
         SandboxRecord {
@@ -348,7 +349,7 @@ mod tests {
             name: "n".into(),
             container_id: "c".into(),
             volume: "v".into(),
-            created_at: OffsetDateTime::now_utc(),
+            created_at: moment::now(),
             expires_at: None,
             installs: BTreeMap::new(),
             packages: vec![],
@@ -412,7 +413,7 @@ mod tests {
             status: InstallState::Failed,
             message: "m".into(),
             output: None,
-            started_at: OffsetDateTime::now_utc(),
+            started_at: moment::now(),
             finished_at: None,
         }
     }

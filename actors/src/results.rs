@@ -67,9 +67,9 @@ pub struct SandboxInfo {
     #[serde(skip, default)]
     pub egress: Option<EgressPolicy>,
     pub status: SandboxStatus,
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(with = "crate::moment")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339::option")]
+    #[serde(with = "crate::moment::option")]
     pub expires_at: Option<OffsetDateTime>,
     pub installed_packages: Vec<Package>,
     /// Use of the sandbox's capped folders (absent when disks are not capped).
@@ -81,11 +81,7 @@ pub struct SandboxInfo {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exposed_ports: Vec<u16>,
     /// When it went to sleep on disk, while it sleeps.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "crate::moment::option", skip_serializing_if = "Option::is_none")]
     pub hibernated_since: Option<OffsetDateTime>,
 }
 

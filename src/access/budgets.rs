@@ -44,9 +44,7 @@ impl Budget {
         ];
         for ((key, cap, what), spent) in self.caps().into_iter().zip(spent) {
             if let Some(cap) = cap.filter(|cap| spent >= *cap) {
-                let renews = renews
-                    .format(&time::format_description::well_known::Rfc3339)
-                    .unwrap_or_default();
+                let renews = sandbox_actors::moment::format(renews);
                 return Err(format!(
                     "this key has used {spent:.2} of its {cap} {what} this month ({key}): new runs, installs, \
                      sandboxes, restarts and snapshots are refused until {renews}; listing, reading files and \
@@ -80,7 +78,7 @@ mod tests {
         used.cpu_seconds = 3600.0;
         let refused = budget.check(&used, renews).unwrap_err();
         assert!(
-            refused.contains("cpu_hours_per_month") && refused.contains("2027-01-01T00:00:00Z"),
+            refused.contains("cpu_hours_per_month") && refused.contains("2027-01-01T00:00:00.000Z"),
             "{refused}"
         );
         used.cpu_seconds = 0.0;

@@ -497,7 +497,7 @@ pub async fn guest_key(State(app): State<AppState>, Extension(client): Extension
         Ok((key, guest)) => {
             let expires = time::OffsetDateTime::from_unix_timestamp(guest.expires_at as i64)
                 .ok()
-                .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok());
+                .map(crate::ops::timestamps::rfc3339);
             (
                 StatusCode::CREATED,
                 Json(serde_json::json!({"key": key, "expires_at": expires, "tenant": guest.owner})),

@@ -1,15 +1,10 @@
-//! How results write a moment (RFC 3339, in UTC) and a length of time
-//! (milliseconds, to the microsecond).
+//! How results write a moment (RFC 3339, in UTC, to the millisecond: one
+//! writer for the whole server) and a length of time (milliseconds, to the
+//! microsecond).
 
 use std::time::Duration;
 
-use time::format_description::well_known::Rfc3339;
-use time::OffsetDateTime;
-
-/// `t` in RFC 3339 (empty for a moment the format cannot hold).
-pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(&Rfc3339).unwrap_or_default()
-}
+pub(crate) use sandbox_actors::moment::format as rfc3339;
 
 /// `d` in milliseconds, to the microsecond: a float of whole microseconds
 /// prints as such (`7.996`), where a product of seconds and 1000 carries the

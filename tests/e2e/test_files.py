@@ -1,7 +1,8 @@
 """The file tools and reset_python with the Python MCP SDK 2.3.0 against the
 real server and Docker: a 10 MB text file paged through read_file, an image
 shown as an image item next to its link (test_images.py has large and
-hostile ones), a binary returned as a link, list_files and write_file with their limits,
+hostile ones), a binary returned as a link, bytes written and read back as
+base64, list_files and write_file with their limits, moments to the millisecond,
 what a hostile sandbox plants (links to host files, a link loop, a FIFO)
 refused while the server stays responsive, and a Python reset that forgets a
 variable and keeps a file. Another tenant's sandbox id is covered with the
@@ -10,6 +11,7 @@ other tools in test_security.py."""
 import asyncio
 import base64
 import hashlib
+import re
 import struct
 import time
 
@@ -144,7 +146,10 @@ def test_an_image_comes_inline_a_binary_as_a_link_and_folders_are_listed(server)
             assert entries["/app/results/plots"]["type"] == "folder" and "link" not in entries["/app/results/plots"]
             dot = entries["/app/results/plots/dot.png"]
             assert dot["type"] == "file" and dot["size"] == image["size"] and dot["link"] == image["link"]
-            assert dot["modified"].endswith("Z")
+            # Every moment is written to the millisecond, in UTC.
+            listed_sandboxes = (await call(c, "list_sandboxes"))["sandboxes"]
+            moments = [dot["modified"]] + [s["created_at"] for s in listed_sandboxes]
+            assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", m) for m in moments), moments
             shallow = await call(c, "list_files", sandbox_id=sid, path="/app/results", depth=1)
             assert "/app/results/plots/dot.png" not in {e["path"] for e in shallow["entries"]}
             cut = await call(c, "list_files", sandbox_id=sid, max_entries=1)

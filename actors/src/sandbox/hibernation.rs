@@ -11,13 +11,13 @@
 //! Python copies snapshots parked in memory are written out to their store
 //! first ([`super::snapshot::write_out`]).
 
-use time::OffsetDateTime;
 use tracing::warn;
 use uuid::Uuid;
 
 use crate::agent_connection::AgentConnection;
 use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError};
+use crate::moment;
 use crate::records::Hibernated;
 use crate::usage::reading::Subject;
 use sandbox_runtime::agent::{Carried, CarriedState};
@@ -59,7 +59,7 @@ pub(super) async fn sleep(
         });
     }
     let hibernated = Hibernated {
-        since: OffsetDateTime::now_utc(),
+        since: moment::now(),
         slot,
         python,
         snapshots,
@@ -152,10 +152,7 @@ fn woke(asleep: &Hibernated, loaded: Option<std::result::Result<Carried, String>
     format!(
         "The sandbox woke from hibernation (asleep since {}). {python}. Files in /app/results and installed \
          packages are back; background processes ended when it went to sleep.",
-        asleep
-            .since
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default()
+        crate::moment::format(asleep.since)
     )
 }
 
@@ -178,7 +175,7 @@ mod tests {
 
     fn asleep(python: CarriedState, names: u64, skipped: &[(&str, &str)]) -> Hibernated {
         Hibernated {
-            since: OffsetDateTime::UNIX_EPOCH,
+            since: time::OffsetDateTime::UNIX_EPOCH,
             slot: "s".into(),
             python: Carried {
                 python,

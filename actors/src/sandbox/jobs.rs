@@ -16,6 +16,7 @@ use crate::files::{self, ResultsPath};
 use crate::history::{CallKind, CallRecord};
 use crate::install::{InstallArgs, InstallTask};
 use crate::messages::{Finished, Queued, RunRequest, SandboxMsg};
+use crate::moment;
 use crate::processes;
 use crate::receipt::Meter;
 use crate::results::{Slept, Uploaded};
@@ -166,7 +167,7 @@ impl SandboxActor {
                     let call = state.ctx.calls.enter();
                     spawn_job(me.clone(), span, async move {
                         let _call = call;
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         let meter = Meter::start(&link);
                         let result = link
                             .run(&req.work, req.timeout, req.progress.as_ref(), &req.cancel)
@@ -197,7 +198,7 @@ impl SandboxActor {
                 }
                 Job::Queued(Queued::Upload { source, dest, reply }) => {
                     spawn_job(me.clone(), span, async move {
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         let what = match &source {
                             UploadSource::Host(path) => format!("{} → {dest}", path.display()),
                             UploadSource::Bytes { name, .. } => format!("{name} → {dest}"),
@@ -218,7 +219,7 @@ impl SandboxActor {
                     };
                     state.restarting = true;
                     spawn_job(me.clone(), span, async move {
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         link.ctx().read_usage(subject, false).await;
                         let result = link.restart().await;
                         let call = outcome_record(started, CallKind::Restart, "restart", &result, "restarted");
@@ -229,7 +230,7 @@ impl SandboxActor {
                 Job::Queued(Queued::ResetPython { reply }) => {
                     let (notice, _) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         let result = link.reset_python().await.map(|n| join_notices(notice, n));
                         let call = outcome_record(started, CallKind::ResetPython, "reset_python", &result, "reset");
                         let _ = me.send_message(SandboxMsg::Done(Box::new(Finished::job(link, Some(call)))));
@@ -239,7 +240,7 @@ impl SandboxActor {
                 Job::Queued(Queued::Snapshot { op, reply }) => {
                     let (notice, _) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         let what = op.to_string();
                         let result = snapshot::carry_out(&mut link, op).await;
                         let packages = match &result {
@@ -266,7 +267,7 @@ impl SandboxActor {
                 Job::Queued(Queued::Process { op, reply }) => {
                     let (notice, _) = state.take_notice();
                     spawn_job(me.clone(), span, async move {
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         let carried = processes::carry_out(&mut link, &op).await;
                         let call = outcome_record(started, CallKind::Process, &op.summary(), &carried, op.verb());
                         let (ctx, id) = (link.ctx().clone(), link.paths.id);
@@ -348,7 +349,7 @@ impl SandboxActor {
                     let flag = state.asleep.clone();
                     state.sleeping = true;
                     spawn_job(me.clone(), span, async move {
-                        let started = OffsetDateTime::now_utc();
+                        let started = moment::now();
                         let slept = hibernation::sleep(&mut link, asked, usage).await;
                         if let Err(e) = &slept {
                             // Still awake: it counts among the live ones again.
@@ -408,7 +409,7 @@ impl SandboxActor {
                 }
                 Job::Awake(reply) => {
                     state.link = Some(link);
-                    state.last_used = OffsetDateTime::now_utc();
+                    state.last_used = moment::now();
                     let _ = reply.send(Ok(()));
                 }
             }

@@ -32,6 +32,7 @@ use crate::context::{Context, EventCounts};
 use crate::error::{DockerError, Result, SandboxError};
 use crate::history::{CallKind, CallRecord, History};
 use crate::messages::{Finished, Queued, SandboxMsg};
+use crate::moment;
 use crate::packages;
 use crate::pool::FirstCall;
 use crate::records::{InstallRecord, InstallState, SandboxRecord};
@@ -158,7 +159,7 @@ impl Actor for SandboxActor {
                 "Installation of {} was interrupted by a restart; install it again.",
                 install.package
             );
-            install.finished_at = Some(OffsetDateTime::now_utc());
+            install.finished_at = Some(moment::now());
             ctx.store.put_install(record.id, install.clone(), vec![]).await?;
         }
         let retirement = Retirement::default();
@@ -215,7 +216,7 @@ impl Actor for SandboxActor {
             stopped,
             checking_venv: Arc::default(),
             history: History::default(),
-            last_used: OffsetDateTime::now_utc(),
+            last_used: moment::now(),
             snapshots,
             first_call,
             processes_may_run: false,
@@ -262,7 +263,7 @@ impl Actor for SandboxActor {
                     let mut r = tx.borrow().clone();
                     r.status = InstallState::Failed;
                     r.message = format!("Installation of {} failed inside the server: {err}", r.package);
-                    r.finished_at = Some(OffsetDateTime::now_utc());
+                    r.finished_at = Some(moment::now());
                     r
                 });
             let finished = match failed {
@@ -307,7 +308,7 @@ impl SandboxActor {
                         status: InstallState::Installing,
                         message: format!("Installing {package}..."),
                         output: None,
-                        started_at: OffsetDateTime::now_utc(),
+                        started_at: moment::now(),
                         finished_at: None,
                     };
                     let (tx, rx) = watch::channel(record.clone());
@@ -374,7 +375,7 @@ impl SandboxActor {
                     // Asleep or about to be: answered once woken again.
                     (None, true) => enqueue(state, Job::Awake(reply)),
                     (None, false) => {
-                        state.last_used = OffsetDateTime::now_utc();
+                        state.last_used = moment::now();
                         let _ = reply.send(Ok(()));
                     }
                 }
@@ -405,7 +406,7 @@ impl SandboxActor {
                         state.record.id
                     ))),
                     (None, true) => {
-                        state.last_used = OffsetDateTime::now_utc();
+                        state.last_used = moment::now();
                         match state.link.as_mut() {
                             Some(link) => link.wake().await,
                             None => Ok(()),
@@ -574,7 +575,7 @@ impl SandboxActor {
     /// Periodic upkeep: lifetime (busy or not), idle expiry, pausing, and a
     /// container that died while nobody was calling.
     async fn tick(&self, myself: &ActorRef<SandboxMsg>, state: &mut SandboxState) {
-        let now = OffsetDateTime::now_utc();
+        let now = moment::now();
         if let Some(removing) = state.deletion.as_ref().map(|d| d.removing) {
             if !removing {
                 begin_deletion(myself, state, "was deleted", None);
@@ -654,7 +655,7 @@ impl SandboxActor {
         state.stopped = f.still_stopped || (state.stopped && f.link.is_disconnected());
         // Idle time counts from the last call, not from upkeep.
         if f.call.is_some() || f.install.is_some() {
-            state.last_used = OffsetDateTime::now_utc();
+            state.last_used = moment::now();
         }
         state.notice = join_notices(state.notice.take(), f.notice);
         let container_changed = f.link.container_id != state.record.container_id;
@@ -765,7 +766,7 @@ fn fail_install(tx: &watch::Sender<InstallRecord>, why: &SandboxError) {
     tx.send_modify(|r| {
         r.status = InstallState::Failed;
         r.message = why.to_string();
-        r.finished_at = Some(OffsetDateTime::now_utc());
+        r.finished_at = Some(moment::now());
     });
 }
 

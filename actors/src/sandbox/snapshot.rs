@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use time::OffsetDateTime;
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -12,6 +11,7 @@ use super::hibernation::reasons;
 use super::join_notices;
 use crate::agent_connection::AgentConnection;
 use crate::error::{Result, SandboxError};
+use crate::moment;
 use crate::resources;
 use crate::snapshots::{
     merge, slot, Carried, CarriedState, PythonState, Restored, SnapshotDone, SnapshotInfo, SnapshotOp,
@@ -43,7 +43,7 @@ pub(super) async fn carry_out(link: &mut AgentConnection, op: SnapshotOp) -> Res
             let info = SnapshotInfo {
                 snapshot_id: snapshot,
                 label,
-                created_at: OffsetDateTime::now_utc(),
+                created_at: moment::now(),
                 python,
                 trees: Default::default(),
                 files: 0,

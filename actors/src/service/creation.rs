@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::ActorRef;
-use time::OffsetDateTime;
 use tracing::{info, warn, Instrument};
 use uuid::Uuid;
 
@@ -15,6 +14,7 @@ use crate::config::EgressPolicy;
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::SandboxMsg;
+use crate::moment;
 use crate::pool::{self, Pool};
 use crate::records::SandboxRecord;
 use crate::resources;
@@ -226,7 +226,7 @@ impl Creation {
         let agent = provisioned.take_agent();
         let first_call = provisioned.take_first_call();
         let (id, created) = (provisioned.id, provisioned.container);
-        let created_at = OffsetDateTime::now_utc();
+        let created_at = moment::now();
         let record = SandboxRecord {
             id,
             owner: self.owner.clone(),

@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 
-use time::OffsetDateTime;
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::error::Result;
+use crate::moment;
 use crate::records::SandboxRecord;
 use crate::sandbox::remove_everything;
 use sandbox_runtime::ContainerState;
@@ -18,7 +18,7 @@ impl Sandboxes {
     /// Adopts sandboxes of an earlier run, removes expired ones, and removes
     /// labelled containers, volumes and folders that no record explains.
     pub(super) async fn reconcile(&self) -> Result<()> {
-        let now = OffsetDateTime::now_utc();
+        let now = moment::now();
         // Sandbox → its current container; anything else labelled is a
         // leftover (an installer, a container replaced by a re-creation).
         let mut known: HashMap<Uuid, String> = HashMap::new();

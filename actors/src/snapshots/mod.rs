@@ -76,7 +76,7 @@ pub struct SnapshotInfo {
     pub snapshot_id: Uuid,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
-    #[serde(with = "time::serde::rfc3339")]
+    #[serde(with = "crate::moment")]
     pub created_at: OffsetDateTime,
     /// `parked`: the Python namespace was kept; `fresh`: no Python had run,
     /// so a restore starts Python afresh.

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::{pass, Server, OWNER};
+use crate::moment;
 use crate::Quota;
 use sandbox_runtime::Usage;
 
@@ -34,7 +35,7 @@ async fn usage_goes_to_its_tenant_by_state_and_outlives_restarts_and_deletion() 
     // Two samples (15 s apart) while both run.
     pass(Duration::from_secs(31)).await;
     let (used, renews) = s.sb().usage_this_month(OWNER);
-    assert!(renews > time::OffsetDateTime::now_utc());
+    assert!(renews > moment::now());
     assert_eq!(
         (used.cpu_seconds, used.egress_bytes, used.calls),
         (5.0, 4_000, 1),

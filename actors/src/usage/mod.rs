@@ -19,6 +19,7 @@ use uuid::Uuid;
 use crate::config::UsageConfig;
 use crate::error::Result;
 use crate::history::CallKind;
+use crate::moment;
 use crate::records::RecordStore;
 
 pub(crate) mod reading;
@@ -120,13 +121,13 @@ pub struct Meter {
 impl Meter {
     /// Starts from what the store holds of this month.
     pub async fn open(store: RecordStore, config: &UsageConfig) -> Result<Self> {
-        let (start, _) = month_of(OffsetDateTime::now_utc());
+        let (start, _) = month_of(moment::now());
         let month = start.unix_timestamp() as u64;
         let this_month = store.usage_since(month).await?;
         Ok(Self {
             store,
             readings: Mutex::default(),
-            opened_at: OffsetDateTime::now_utc(),
+            opened_at: moment::now(),
             opened: tokio::time::Instant::now(),
             retention_days: config.retention_days,
             accrued: Mutex::new(Accrued {
@@ -168,12 +169,12 @@ impl Meter {
             exec_seconds: seconds,
             ..Totals::default()
         };
-        self.add(tenant, OffsetDateTime::now_utc(), &totals);
+        self.add(tenant, moment::now(), &totals);
     }
 
     /// `tenant`'s totals this month (UTC), and when the month ends.
     pub fn this_month(&self, tenant: &str) -> (Totals, OffsetDateTime) {
-        let (start, next) = month_of(OffsetDateTime::now_utc());
+        let (start, next) = month_of(moment::now());
         let a = self.accrued.lock().expect("usage lock");
         let totals = match a.month == start.unix_timestamp() as u64 {
             true => a.this_month.get(tenant).copied().unwrap_or_default(),
@@ -186,7 +187,7 @@ impl Meter {
     /// most first. (Selected, not sorted: the lock every call's accrual
     /// takes is held for one pass over the tenants.)
     pub fn top_this_month(&self, n: usize) -> Vec<(String, Totals)> {
-        let (start, _) = month_of(OffsetDateTime::now_utc());
+        let (start, _) = month_of(moment::now());
         let mut top: Vec<(&str, Totals)> = Vec::with_capacity(n + 1);
         let a = self.accrued.lock().expect("usage lock");
         if n == 0 || a.month != start.unix_timestamp() as u64 {
@@ -210,7 +211,7 @@ impl Meter {
     /// retention. What could not be written stays for the next time.
     pub async fn flush(&self) -> Result<()> {
         let pending = std::mem::take(&mut self.accrued.lock().expect("usage lock").pending);
-        let keep_from = hour_of(OffsetDateTime::now_utc()).saturating_sub(self.retention_days * 24 * 3600);
+        let keep_from = hour_of(moment::now()).saturating_sub(self.retention_days * 24 * 3600);
         if pending.is_empty() {
             return Ok(());
         }
@@ -280,7 +281,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("records.redb");
         let config = UsageConfig::default();
-        let now = OffsetDateTime::now_utc();
+        let now = moment::now();
         {
             let meter = Meter::open(RecordStore::open(&path).unwrap(), &config).await.unwrap();
             let cpu = |s| Totals {

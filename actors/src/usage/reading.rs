@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{Meter, Totals};
+use crate::moment;
 use crate::results::SandboxInfo;
 use crate::status::SandboxStatus;
 
@@ -119,7 +120,7 @@ impl Meter {
                     ..zero(meter.opened)
                 },
                 None => {
-                    let age = (OffsetDateTime::now_utc() - s.created_at).unsigned_abs();
+                    let age = (moment::now() - s.created_at).unsigned_abs();
                     zero(now.checked_sub(age).unwrap_or(now))
                 }
             };
@@ -158,7 +159,7 @@ impl Meter {
             totals
         };
         if totals != Totals::default() {
-            meter.add(&s.owner, OffsetDateTime::now_utc(), &totals);
+            meter.add(&s.owner, moment::now(), &totals);
         }
     }
 }
