@@ -24,6 +24,7 @@ const WHOLE: Window = Window {
     offset: 0,
     max_bytes: 4096,
     max_lines: 0,
+    bytes: false,
 };
 
 const DEEP: ListOptions = ListOptions {

@@ -3,8 +3,10 @@
 //! its download link.
 
 use std::fs::File;
+
 use std::time::{Instant, SystemTime};
 
+use base64::Engine;
 use sandbox_actors::files::{Content, EntryKind, FileRead, Listing, ResultsPath};
 use sandbox_runtime::agent::RESULTS_IN_CONTAINER;
 use schemars::JsonSchema;
@@ -75,7 +77,7 @@ impl FileListing {
 pub struct ReadResult {
     /// Absolute in the sandbox.
     pub path: String,
-    /// text, image or binary.
+    /// text, image or binary; bytes when read with `encoding` `base64`.
     #[serde(rename = "type")]
     pub kind: String,
     /// Of the whole file, in bytes.
@@ -85,9 +87,13 @@ pub struct ReadResult {
     pub mime_type: String,
     /// Download link of the whole file.
     pub link: String,
-    /// The text from `offset` (text files).
+    /// The text from `offset` (text files); with `encoding` `base64`, the
+    /// bytes from `offset` in standard base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// `base64` when `content` is bytes in base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<Encoding>,
     /// Byte offset where `content` starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
@@ -129,6 +135,7 @@ impl Read {
             modified: modified(read.modified),
             mime_type: String::new(),
             content: None,
+            encoding: None,
             offset: None,
             next_offset: None,
             tail: None,
@@ -150,11 +157,20 @@ impl Read {
                 result.mime_type = mime.into();
                 fit_image(&mut result, file, images).await
             }
+            Content::Bytes(w) => {
+                result.kind = "bytes".into();
+                result.mime_type = by_name.unwrap_or_else(|| "application/octet-stream".into());
+                result.content = Some(base64::engine::general_purpose::STANDARD.encode(&w.data));
+                result.encoding = Some(Encoding::Base64);
+                result.offset = Some(w.offset);
+                result.next_offset = w.next_offset;
+                None
+            }
             Content::Binary => {
                 result.kind = "binary".into();
                 result.mime_type = by_name.unwrap_or_else(|| "application/octet-stream".into());
                 result.message =
-                    Some("A binary file: download it from link, or read it with execute_python_code.".into());
+                    Some("A binary file: download it from link, or read its bytes with encoding base64.".into());
                 None
             }
         };
@@ -199,6 +215,15 @@ async fn fit_image(result: &mut ReadResult, file: File, images: &Inliner) -> Opt
     };
     result.image = Some(note);
     image
+}
+
+/// How a file's content travels in `write_file` and `read_file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Encoding {
+    #[serde(rename = "utf-8")]
+    Utf8,
+    #[serde(rename = "base64")]
+    Base64,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]

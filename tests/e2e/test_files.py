@@ -193,6 +193,18 @@ def test_write_file_runs_in_turn_with_the_sandbox_calls(server):
             ran = await call(c, "execute_python_code", sandbox_id=sid,
                              code="import hashlib\nprint(hashlib.sha256(open('data.bin', 'rb').read()).hexdigest())")
             assert ran["stdout"] == hashlib.sha256(blob).hexdigest() + "\n", ran
+            # And they come back the same way, 256 KiB a call.
+            got, offset, calls = b"", 0, 0
+            while offset is not None:
+                window = await call(c, "read_file", sandbox_id=sid, path="data.bin", offset=offset, encoding="base64")
+                assert window["type"] == "bytes" and window["encoding"] == "base64" and window["offset"] == offset, window
+                got += base64.b64decode(window["content"])
+                offset, calls = window.get("next_offset"), calls + 1
+            assert (hashlib.sha256(got).hexdigest(), calls) == (hashlib.sha256(blob).hexdigest(), 4)
+            small = await call(c, "read_file", sandbox_id=sid, path="data.bin", offset=255, max_bytes=3, encoding="base64")
+            assert base64.b64decode(small["content"]) == b"\xff\x00\x01" and small["next_offset"] == 258, small
+            assert "262144" in await refused(c, "read_file", sandbox_id=sid, path="data.bin", max_bytes=MAX_READ + 1,
+                                             encoding="base64")
             for content, said in ((base64.b64encode(b"x" * (1024 * 1024 + 1)).decode(), "at most 1048576"),
                                   (base64.b64encode(b"x" * (2 * 1024 * 1024)).decode(), "upload_file_to_sandbox"),
                                   ("not base64!", "not standard base64")):

@@ -26,7 +26,7 @@ mod read;
 mod tests;
 
 pub use list::{list, Entry, ListOptions, Listing};
-pub use read::{read, Content, FileRead, TextWindow, Window};
+pub use read::{read, ByteWindow, Content, FileRead, TextWindow, Window};
 
 /// Most entries one listing returns, and the deepest it may go.
 pub const MAX_LIST_ENTRIES: usize = 1000;

@@ -25,6 +25,18 @@ pub enum Content {
     },
     /// Neither text nor an image.
     Binary,
+    /// The bytes asked for, whatever the file holds.
+    Bytes(ByteWindow),
+}
+
+/// Bytes of a file from an offset, for a client that downloads through
+/// its MCP connection (no link, no second channel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ByteWindow {
+    pub data: Vec<u8>,
+    pub offset: u64,
+    /// Where the next window starts; `None` when this one reached the end.
+    pub next_offset: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,13 +52,16 @@ pub struct TextWindow {
     pub tail: Option<String>,
 }
 
-/// Which part of a text file to read.
+/// Which part of a file to read.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
     pub offset: u64,
     pub max_bytes: usize,
-    /// Stop after this many lines (0: no line limit).
+    /// Stop after this many lines (0: no line limit; not for `bytes`).
     pub max_lines: usize,
+    /// The bytes themselves, of any file, instead of a text window or the
+    /// file's kind.
+    pub bytes: bool,
 }
 
 #[derive(Debug)]
@@ -66,6 +81,7 @@ pub fn read(root: &Path, path: &ResultsPath, window: Window) -> Result<FileRead>
     let n = read_at(&file, &mut sniff, 0).map_err(io(path))?;
     sniff.truncate(n);
     let content = match image_type(path, &sniff) {
+        _ if window.bytes => Content::Bytes(byte_window(&file, size, window).map_err(io(path))?),
         Some(mime) => Content::Image { mime, file },
         None if !is_text(&sniff, n as u64 == size) => Content::Binary,
         None => Content::Text(text_window(&file, size, window).map_err(io(path))?),
@@ -167,6 +183,21 @@ fn text_window(file: &File, size: u64, window: Window) -> std::io::Result<TextWi
         offset,
         next_offset,
         tail,
+    })
+}
+
+/// At most `window.max_bytes` (and `MAX_READ_BYTES`) bytes from
+/// `window.offset`.
+fn byte_window(file: &File, size: u64, window: Window) -> std::io::Result<ByteWindow> {
+    let offset = window.offset.min(size);
+    let mut data = vec![0u8; window.max_bytes.min(MAX_READ_BYTES).min((size - offset) as usize)];
+    let n = read_at(file, &mut data, offset)?;
+    data.truncate(n);
+    let next = offset + n as u64;
+    Ok(ByteWindow {
+        data,
+        offset,
+        next_offset: (next < size).then_some(next),
     })
 }
 

@@ -9,6 +9,7 @@ fn window(offset: u64, max_bytes: usize, max_lines: usize) -> Window {
         offset,
         max_bytes,
         max_lines,
+        bytes: false,
     }
 }
 
@@ -264,4 +265,41 @@ fn images_and_binaries_are_told_apart_from_text() {
         kind("empty"),
         Content::Text(TextWindow { next_offset: None, .. })
     ));
+}
+
+#[test]
+fn bytes_are_read_in_windows_from_any_file() {
+    let root = tempfile::tempdir().unwrap();
+    let all: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+    std::fs::write(root.path().join("blob"), &all).unwrap();
+    std::fs::write(root.path().join("plot.png"), b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").unwrap();
+    let bytes = |name: &str, offset: u64, max_bytes: usize| {
+        let w = Window {
+            bytes: true,
+            ..window(offset, max_bytes, 1)
+        };
+        match read(root.path(), &p(name), w).unwrap().content {
+            Content::Bytes(b) => b,
+            other => panic!("not bytes: {other:?}"),
+        }
+    };
+    let mut got = vec![];
+    let mut at = Some(0);
+    while let Some(offset) = at {
+        let w = bytes("blob", offset, 300);
+        assert_eq!(w.offset, offset);
+        assert!(w.data.len() <= 300);
+        got.extend_from_slice(&w.data);
+        at = w.next_offset;
+    }
+    assert_eq!(got, all, "four windows make the file, max_lines aside");
+    assert_eq!(
+        bytes("plot.png", 0, 4).data,
+        b"\x89PNG",
+        "an image's bytes, not its kind"
+    );
+    let past = bytes("blob", 5000, 10);
+    assert_eq!((past.data.len(), past.offset, past.next_offset), (0, 1000, None));
+    let most = bytes("blob", 0, usize::MAX);
+    assert_eq!(most.data.len(), 1000);
 }

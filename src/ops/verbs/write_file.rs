@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::caller::Caller;
 use crate::ops::error::OpsError;
-use crate::ops::files::WriteResult;
+use crate::ops::files::{Encoding, WriteResult};
 use crate::ops::route::forward_if_elsewhere;
 use crate::ops::Ops;
 
@@ -26,15 +26,6 @@ pub struct WriteFile {
     /// the bytes in standard base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<Encoding>,
-}
-
-/// How `write_file`'s content is given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Encoding {
-    #[serde(rename = "utf-8")]
-    Utf8,
-    #[serde(rename = "base64")]
-    Base64,
 }
 
 /// The bytes `content` stands for; base64 longer than the largest write
