@@ -15,7 +15,7 @@ work="$(mktemp -d /tmp/mcp-sandbox-rootfs.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 echo "debootstrap $SUITE into $work (about a minute)" >&2
 debootstrap --variant=minbase \
-  --include=python3,python3-venv,python3-pip,ca-certificates,tini \
+  --include=python3,python3-venv,python3-pip,ca-certificates,tini,curl,procps \
   "$SUITE" "$work/rootfs" "$MIRROR" >&2
 # The apt lists and caches are not needed in a sandbox.
 rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*

@@ -72,6 +72,10 @@ async def workflow(c, server, tag):
 
     term = await call(c, "execute_terminal_command", sandbox_id=sid, command="echo a | tr a b")
     assert term["stdout"] == "b\n" and term["exit_code"] == 0
+    # The tools people reach for in a shell are there.
+    tools = await call(c, "execute_terminal_command", sandbox_id=sid,
+                       command="curl --version | head -c 5 && ps -o comm= -p $$")
+    assert tools["stdout"] == "curl sh\n", tools
 
     (server.uploads / f"up-{tag}.txt").write_text("uploaded")
     up = await call(c, "upload_file_to_sandbox", sandbox_id=sid, local_file_path=str(server.uploads / f"up-{tag}.txt"))
