@@ -139,12 +139,13 @@ pub async fn keep_in_step(ops: Ops, cluster: Arc<Cluster>, stop: CancellationTok
                 continue;
             }
         };
+        // Sets, not lists: a node may hold thousands of sandboxes, most asleep.
+        let listed: HashSet<Uuid> = listed.into_iter().collect();
         let held = ops.sandboxes.held();
-        for id in &listed {
-            if !held.iter().any(|h| h.id == *id) {
-                info!(sandbox = %id, "a sandbox this node no longer holds leaves the directory");
-                ops.leave_directory(*id).await;
-            }
+        let ids: HashSet<Uuid> = held.iter().map(|h| h.id).collect();
+        for id in listed.difference(&ids) {
+            info!(sandbox = %id, "a sandbox this node no longer holds leaves the directory");
+            ops.leave_directory(*id).await;
         }
         for h in held.iter().filter(|h| !listed.contains(&h.id)) {
             match cluster.directory.claim(h.id, &entry(&node, h)).await {
@@ -152,7 +153,7 @@ pub async fn keep_in_step(ops: Ops, cluster: Arc<Cluster>, stop: CancellationTok
                 Err(e) => warn!(sandbox = %h.id, error = %e, "a sandbox this node holds is not in the directory"),
             }
         }
-        mark_sleepers(&cluster, &node, &held, &mut marked).await;
+        mark_sleepers(&cluster, &node, &held, &ids, &mut marked).await;
     }
 }
 
@@ -168,8 +169,14 @@ fn entry(node: &str, held: &Held) -> Entry {
 /// woken ones awake, so that the quotas over every node count live
 /// sandboxes only (within [`IN_STEP_EVERY`] of a change). `marked` is what
 /// this node marked: read from etcd when unknown, forgotten when a mark
-/// fails, so that the next round reads it again.
-async fn mark_sleepers(cluster: &Cluster, node: &str, held: &[Held], marked: &mut Option<HashSet<Uuid>>) {
+/// fails, so that the next round reads it again. `ids`: those of `held`.
+async fn mark_sleepers(
+    cluster: &Cluster,
+    node: &str,
+    held: &[Held],
+    ids: &HashSet<Uuid>,
+    marked: &mut Option<HashSet<Uuid>>,
+) {
     let known = match marked.take() {
         Some(known) => known,
         None => match cluster.directory.asleep_on(node).await {
@@ -181,7 +188,6 @@ async fn mark_sleepers(cluster: &Cluster, node: &str, held: &[Held], marked: &mu
         },
     };
     // A deleted sandbox's mark went with its entry.
-    let ids: HashSet<Uuid> = held.iter().map(|h| h.id).collect();
     let mut known: HashSet<Uuid> = known.into_iter().filter(|id| ids.contains(id)).collect();
     let changed: Vec<&Held> = held.iter().filter(|h| h.asleep != known.contains(&h.id)).collect();
     for h in changed {
