@@ -22,9 +22,14 @@ pub fn now() -> OffsetDateTime {
     t.replace_nanosecond(t.millisecond() as u32 * 1_000_000).unwrap_or(t)
 }
 
-/// `t` in UTC to the millisecond (empty for a year RFC 3339 cannot hold).
+/// `t` in UTC to the millisecond (empty for a moment whose UTC year is out
+/// of range or that RFC 3339 cannot hold: a client can name one, such as
+/// `9999-12-31T23:59:59-23:59`).
 pub fn format(t: OffsetDateTime) -> String {
-    t.to_offset(UtcOffset::UTC).format(MILLIS).unwrap_or_default()
+    t.checked_to_offset(UtcOffset::UTC)
+        .filter(|t| (0..=9999).contains(&t.year()))
+        .and_then(|t| t.format(MILLIS).ok())
+        .unwrap_or_default()
 }
 
 pub fn serialize<S: Serializer>(t: &OffsetDateTime, s: S) -> Result<S::Ok, S::Error> {
@@ -77,6 +82,10 @@ mod tests {
         assert_eq!(format(fine), "2025-12-06T05:46:40.123Z");
         let east = fine.to_offset(UtcOffset::from_hms(2, 0, 0).unwrap());
         assert_eq!(format(east), "2025-12-06T05:46:40.123Z", "always in UTC");
+        let far = OffsetDateTime::parse("9999-12-31T23:59:59-23:59", &Rfc3339).unwrap();
+        assert_eq!(format(far), "", "past year 9999 in UTC, and no panic");
+        let early = OffsetDateTime::parse("0001-01-01T00:00:00Z", &Rfc3339).unwrap() - time::Duration::days(400);
+        assert_eq!(format(early), "", "a year RFC 3339 cannot write");
         let old = r#"{"at": "2025-12-06T05:46:40.123456789Z", "until": "2025-12-06T07:46:40+02:00"}"#;
         let read: At = serde_json::from_str(old).unwrap();
         assert_eq!((read.at, read.until), (fine, Some(whole)));

@@ -50,8 +50,10 @@ fn instant(what: &str, raw: &str) -> Result<OffsetDateTime> {
             "{what} {raw:?} is not a time: give an RFC 3339 time (2026-12-01T00:00:00Z) or a date (2026-12-01)"
         ))
     };
+    // In UTC, where every report's moments are written: a far offset can
+    // take a moment past the years UTC can hold.
     if let Ok(t) = OffsetDateTime::parse(raw, &Rfc3339) {
-        return Ok(t);
+        return t.checked_to_offset(time::UtcOffset::UTC).ok_or_else(bad);
     }
     let format = time::macros::format_description!("[year]-[month]-[day]");
     let date = Date::parse(raw, format).map_err(|_| bad())?;
@@ -211,5 +213,18 @@ impl Ops {
             .into_iter()
             .map(|((hour, tenant), totals)| Row { hour, tenant, totals })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_period_is_read_in_utc_and_one_past_its_years_is_refused() {
+        let p = Period::parse(Some("2026-12-01T02:00:00+02:00"), Some("2026-12-02"), None).unwrap();
+        assert_eq!(rfc3339(p.from), "2026-12-01T00:00:00.000Z");
+        let far = Period::parse(None, Some("9999-12-31T23:59:59-23:59"), None).unwrap_err();
+        assert!(far.to_string().contains("is not a time"), "{far}");
     }
 }
