@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::access::auth::Keys;
 use crate::access::budgets::Budget;
-use crate::access::caller::Caller;
+use crate::access::caller::{Caller, LOCAL_OWNER};
 use crate::access::client_ip::SHORTEST_IPV6_PREFIX;
 use crate::access::guest::GuestConfig;
 
@@ -105,21 +105,21 @@ pub enum LimitsError {
     Ipv6Prefix,
 }
 
-/// Live sandboxes per tenant when `max_sandboxes_per_tenant` is unset and
-/// keys are the tenants: a hosted deployment shares the host among them.
-pub const HOSTED_SANDBOXES_PER_TENANT: usize = 3;
-/// The same without auth, where the tenant is a client address: on the
-/// loopback default that is one person, who forks, keeps a few sandboxes
-/// asleep and awake, and should not meet a quota of three.
+/// Live sandboxes per tenant when `max_sandboxes_per_tenant` is unset: a
+/// key, or a remote address without auth, shares the host with others.
+pub const SHARED_SANDBOXES_PER_TENANT: usize = 3;
+/// The same for this machine's own tenant without auth (clients on
+/// loopback): one person, who forks, keeps a few sandboxes asleep and
+/// awake, and should not meet a quota of three.
 pub const LOCAL_SANDBOXES_PER_TENANT: usize = 20;
 
 impl LimitsConfig {
     /// Live sandboxes one tenant may hold: the configured value, or the
-    /// default for a server with (`auth`) or without keys.
-    pub fn sandboxes_per_tenant(&self, auth: bool) -> usize {
-        let default = match auth {
-            true => HOSTED_SANDBOXES_PER_TENANT,
-            false => LOCAL_SANDBOXES_PER_TENANT,
+    /// default for this machine's own tenant (`local`) or a shared one.
+    pub fn sandboxes_per_tenant(&self, local: bool) -> usize {
+        let default = match local {
+            true => LOCAL_SANDBOXES_PER_TENANT,
+            false => SHARED_SANDBOXES_PER_TENANT,
         };
         self.max_sandboxes_per_tenant.unwrap_or(default)
     }
@@ -158,8 +158,9 @@ fn nz(n: u32) -> NonZeroU32 {
 
 pub struct Limits {
     config: LimitsConfig,
-    /// What `max_sandboxes_per_tenant` comes to on this server.
-    sandboxes_per_tenant: usize,
+    /// Whether tenants are keys: without, this machine's own tenant has a
+    /// quota of its own.
+    auth: bool,
     guest: GuestConfig,
     keys: Keys,
     per_tenant: DefaultKeyedRateLimiter<String>,
@@ -190,7 +191,8 @@ fn check_keyed<K: Hash + Eq + Clone>(limiter: &DefaultKeyedRateLimiter<K>, key: 
 }
 
 impl Limits {
-    /// `auth`: whether tenants are keys (it sets the default quota).
+    /// `auth`: whether tenants are keys (without, this machine's own tenant
+    /// has a default quota of its own).
     pub fn new(
         config: LimitsConfig,
         auth: bool,
@@ -208,7 +210,7 @@ impl Limits {
             })
             .collect();
         Self {
-            sandboxes_per_tenant: config.sandboxes_per_tenant(auth),
+            auth,
             per_tenant: RateLimiter::keyed(Quota::per_second(nz(config.requests_per_second)).allow_burst(burst)),
             per_ip: RateLimiter::keyed(
                 Quota::per_second(nz(config.ip_requests_per_second)).allow_burst(nz(config.ip_requests_per_second * 2)),
@@ -301,7 +303,10 @@ impl Limits {
         self.keys
             .tenant(tenant)
             .and_then(|t| t.max_sandboxes)
-            .unwrap_or(self.sandboxes_per_tenant)
+            .unwrap_or_else(|| {
+                let local = !self.auth && tenant == LOCAL_OWNER;
+                self.config.sandboxes_per_tenant(local)
+            })
     }
 
     /// A tenant's monthly budget: its key's, or the guest tier's.
@@ -394,7 +399,7 @@ mod tests {
         assert!(limits.check_request(ip, "guest:a").is_err(), "burst of 2 at 1/s");
         assert!(limits.check_request(ip, "guest:b").is_ok(), "each guest its own");
         assert_eq!(limits.max_sandboxes("guest:a"), 1);
-        assert_eq!(limits.max_sandboxes("alice"), HOSTED_SANDBOXES_PER_TENANT);
+        assert_eq!(limits.max_sandboxes("alice"), SHARED_SANDBOXES_PER_TENANT);
         assert!(limits.check_guest_issue(ip).is_ok() && limits.check_guest_issue(ip).is_ok());
         let wait = limits.check_guest_issue(ip).expect_err("a third key in the hour");
         assert!(wait.seconds() > 60, "{}", wait.seconds());
@@ -402,18 +407,32 @@ mod tests {
     }
 
     #[test]
-    fn the_quota_of_a_tenant_fits_one_person_without_auth_and_a_share_of_the_host_with_it() {
+    fn the_quota_of_a_tenant_fits_one_person_on_this_machine_and_a_share_of_the_host_elsewhere() {
         let unset = LimitsConfig::default();
-        assert_eq!(unset.sandboxes_per_tenant(true), HOSTED_SANDBOXES_PER_TENANT);
-        assert_eq!(unset.sandboxes_per_tenant(false), LOCAL_SANDBOXES_PER_TENANT);
-        let local = Limits::new(
-            unset,
-            false,
-            GuestConfig::default(),
-            Keys::default(),
-            std::iter::empty(),
+        assert_eq!(unset.sandboxes_per_tenant(false), SHARED_SANDBOXES_PER_TENANT);
+        assert_eq!(unset.sandboxes_per_tenant(true), LOCAL_SANDBOXES_PER_TENANT);
+        let limits = |auth| {
+            Limits::new(
+                unset.clone(),
+                auth,
+                GuestConfig::default(),
+                Keys::default(),
+                std::iter::empty(),
+            )
+        };
+        let open = limits(false);
+        assert_eq!(open.max_sandboxes(LOCAL_OWNER), LOCAL_SANDBOXES_PER_TENANT);
+        assert_eq!(
+            open.max_sandboxes("198.51.100.7"),
+            SHARED_SANDBOXES_PER_TENANT,
+            "a remote address"
         );
-        assert_eq!(local.max_sandboxes("local"), LOCAL_SANDBOXES_PER_TENANT);
+        let keyed = limits(true);
+        assert_eq!(
+            keyed.max_sandboxes(LOCAL_OWNER),
+            SHARED_SANDBOXES_PER_TENANT,
+            "a key named local"
+        );
         let set = LimitsConfig {
             max_sandboxes_per_tenant: Some(5),
             ..Default::default()
