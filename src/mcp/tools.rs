@@ -289,7 +289,8 @@ impl SandboxServer {
         description = "Read a file under /app/results in a sandbox. Text comes in windows: a file larger than one window \
             also shows its last lines (tail); pass next_offset as offset to read on. An image comes back as an image, \
             downscaled to a byte budget, next to its download link; other binary files as a link with size and type. \
-            With encoding base64, any file's bytes come as base64 (256 KiB a call; read on from next_offset), \
+            With encoding base64, any file's bytes come as base64 (64 KiB a call unless max_bytes asks for up to \
+            256 KiB; read on from next_offset), \
             for a client that cannot fetch the link.",
         output_schema = schema_for_output::<ReadResult>(),
         annotations(read_only_hint = true, open_world_hint = false)

@@ -193,10 +193,14 @@ def test_write_file_runs_in_turn_with_the_sandbox_calls(server):
             ran = await call(c, "execute_python_code", sandbox_id=sid,
                              code="import hashlib\nprint(hashlib.sha256(open('data.bin', 'rb').read()).hexdigest())")
             assert ran["stdout"] == hashlib.sha256(blob).hexdigest() + "\n", ran
-            # And they come back the same way, 256 KiB a call.
+            # And they come back the same way: 64 KiB a call unless asked
+            # for up to 256 KiB.
+            first = await call(c, "read_file", sandbox_id=sid, path="data.bin", encoding="base64")
+            assert len(base64.b64decode(first["content"])) == 65536 and first["next_offset"] == 65536, first["size"]
             got, offset, calls = b"", 0, 0
             while offset is not None:
-                window = await call(c, "read_file", sandbox_id=sid, path="data.bin", offset=offset, encoding="base64")
+                window = await call(c, "read_file", sandbox_id=sid, path="data.bin", offset=offset, max_bytes=MAX_READ,
+                                    encoding="base64")
                 assert window["type"] == "bytes" and window["encoding"] == "base64" and window["offset"] == offset, window
                 got += base64.b64decode(window["content"])
                 offset, calls = window.get("next_offset"), calls + 1

@@ -14,6 +14,10 @@ use crate::ops::Ops;
 
 /// What `read_file` returns unless asked otherwise: a screenful of text.
 pub const DEFAULT_READ_BYTES: u64 = 16 * 1024;
+/// The same for bytes in base64: a reply goes to the client twice (as
+/// text and as structured content), so about 175 KB unless it asks for
+/// more.
+pub const DEFAULT_BYTES_READ: u64 = 64 * 1024;
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ReadFile {
@@ -25,7 +29,7 @@ pub struct ReadFile {
     #[serde(default)]
     #[schemars(with = "u64")]
     pub offset: Option<u64>,
-    /// Most bytes returned (default 16384 of text, 262144 of base64; at most 262144).
+    /// Most bytes returned (default 16384 of text, 65536 of base64; at most 262144).
     #[serde(default)]
     #[schemars(with = "u64")]
     pub max_bytes: Option<u64>,
@@ -48,7 +52,7 @@ impl Ops {
         self.on_sandbox("read_file", &args.sandbox_id, |id| async move {
             let bytes = args.encoding == Some(Encoding::Base64);
             let default = match bytes {
-                true => MAX_READ_BYTES as u64,
+                true => DEFAULT_BYTES_READ,
                 false => DEFAULT_READ_BYTES,
             };
             let window = Window {
