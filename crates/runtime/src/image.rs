@@ -30,36 +30,25 @@ const REGISTRY_BASE: &str = "python:3.12-slim";
 
 /// `{image}:{hash of the build context}`.
 pub fn tag(config: &SandboxConfig) -> String {
-    let context = DOCKERFILE
+    // FNV-1a: stable across builds and platforms, and enough to tell contexts apart.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in DOCKERFILE
         .iter()
         .chain(b"\0")
         .chain(AGENT)
         .chain(b"\0")
         .chain(EGRESS_RELAY)
         .chain(b"\0")
-        .chain(OUTPUTS);
-    format!("{}:{:012x}", config.image, fnv1a(context.copied()) >> 16)
-}
-
-/// `{image}-base:bookworm-{hash of the bootstrap script}`: a changed
-/// script (another package in the base) makes a new base.
-fn offline_base(config: &SandboxConfig) -> String {
-    format!(
-        "{}-base:bookworm-{:08x}",
-        config.image,
-        fnv1a(BOOTSTRAP.iter().copied()) >> 32
-    )
-}
-
-/// FNV-1a: stable across builds and platforms, and enough to tell build
-/// contexts apart.
-fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        h ^= u64::from(byte);
+        .chain(OUTPUTS)
+    {
+        h ^= u64::from(*byte);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h
+    format!("{}:{:012x}", config.image, h >> 16)
+}
+
+fn offline_base(config: &SandboxConfig) -> String {
+    format!("{}-base:bookworm", config.image)
 }
 
 async fn exists(docker: &Docker, image: &str) -> bool {
