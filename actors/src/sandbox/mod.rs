@@ -238,7 +238,7 @@ impl Actor for SandboxActor {
             state.caller = span;
             msg = *inner;
         }
-        let handled = self.dispatch(myself, msg, state).await;
+        let handled = Box::pin(self.dispatch(myself, msg, state)).await;
         // A call's span is held no longer than its message.
         state.caller = tracing::Span::none();
         handled
@@ -250,8 +250,19 @@ impl Actor for SandboxActor {
         event: SupervisionEvent,
         state: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
-        // The only children are install tasks. One that failed took the link
-        // with it: make a new one and record the install as failed.
+        Box::pin(self.supervised(myself, event, state)).await
+    }
+}
+
+impl SandboxActor {
+    /// The only children are install tasks. One that failed took the link
+    /// with it: make a new one and record the install as failed.
+    async fn supervised(
+        &self,
+        myself: ActorRef<SandboxMsg>,
+        event: SupervisionEvent,
+        state: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(_, err) = event {
             warn!(sandbox = %state.record.id, error = %err, "an install task failed");
             let link = new_link(&state.ctx, &state.record, &state.retirement);
@@ -275,9 +286,7 @@ impl Actor for SandboxActor {
         }
         Ok(())
     }
-}
 
-impl SandboxActor {
     /// Handles one message (unwrapped of its call's span), then starts
     /// the next job if the sandbox is free.
     async fn dispatch(
