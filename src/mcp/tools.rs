@@ -180,7 +180,8 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Run a shell command in a sandbox with sh -c, in /app/results (pipes, &&, redirects work). \
+        description = "Run a shell command in a sandbox with sh -c, in /app/results (pipes, &&, redirects work; \
+            Debian's base tools, curl and ps are there). \
             Returns stdout, stderr, exit_code and the files it wrote there (links; images also inline). \
             Processes the command starts end with it; start one that must outlive it (a server, a long job) \
             with start_process.",
