@@ -160,6 +160,8 @@ def test_workflow_stdio():
         server.server_id = server.read_server_id()
         assert server.own_objects() == ([], [])
     finally:
+        # A failed workflow leaves its sandbox: removed by the server's id.
+        server.server_id = server.read_server_id()
         server.cleanup()
 
 
