@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Duration;
 
 use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuilder};
 use bollard::Docker;
@@ -55,9 +56,17 @@ async fn exists(docker: &Docker, image: &str) -> bool {
     docker.inspect_image(image).await.is_ok()
 }
 
+/// How long one image request (a build, an import) may take. The engine
+/// client's default of 120 s is for its other calls: a first build on a
+/// busy two-core machine, behind a proxy, can pass it, and the request
+/// would end with the build half done.
+const IMAGE_REQUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 /// Builds `image` unless present. `scratch` is a folder for the bootstrap
-/// script (it is compiled in, so the binary needs no checkout).
+/// script (it is compiled in, so the binary needs no checkout) and the root
+/// file system it makes.
 pub async fn ensure(docker: &Docker, config: &SandboxConfig, image: &str, scratch: &Path) -> Result<()> {
+    let docker = &docker.clone().with_timeout(IMAGE_REQUEST_TIMEOUT);
     if exists(docker, image).await {
         return Ok(());
     }
@@ -76,8 +85,10 @@ pub async fn ensure(docker: &Docker, config: &SandboxConfig, image: &str, scratc
             path: script.clone(),
             source,
         })?;
-        let imported = import_rootfs(docker, &base, &script).await;
+        let rootfs = scratch.join("bootstrap-rootfs.tar");
+        let imported = import_rootfs(docker, &base, &script, &rootfs).await;
         let _ = std::fs::remove_file(&script);
+        let _ = std::fs::remove_file(&rootfs);
         imported?;
     }
     build(docker, config, image, &base).await
@@ -159,21 +170,33 @@ async fn build(docker: &Docker, config: &SandboxConfig, image: &str, base: &str)
     }
 }
 
-/// Runs the bootstrap script and streams its tar output into `docker import`.
-async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()> {
+/// Runs the bootstrap script into the file `rootfs`, then imports it. The
+/// script runs to its end first: streamed as it ran, its minute or more
+/// of debootstrap would count against the import request's time, and an
+/// ended request would show only as the script's broken pipe.
+async fn import_rootfs(docker: &Docker, base: &str, script: &Path, rootfs: &Path) -> Result<()> {
     info!(script = %script.display(), "bootstrapping a Debian root file system (about a minute)");
-    let mut child = tokio::process::Command::new("bash")
+    let file = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ImageError::File { what, path, source }
+    };
+    let tar = std::fs::File::create(rootfs).map_err(file("writing", rootfs))?;
+    let status = tokio::process::Command::new("bash")
         .arg(script)
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(tar))
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| ImageError::File {
-            what: "running",
-            path: script.to_path_buf(),
-            source,
-        })?;
-    let stdout = child.stdout.take().expect("piped stdout");
+        .status()
+        .await
+        .map_err(file("running", script))?;
+    if !status.success() {
+        return Err(ImageError::Bootstrap {
+            script: script.to_path_buf(),
+            status,
+        }
+        .into());
+    }
+    let tar = tokio::fs::File::open(rootfs).await.map_err(file("reading", rootfs))?;
     let (repo, tag) = base.split_once(':').expect("base has a tag");
     let options = CreateImageOptionsBuilder::default()
         .from_src("-")
@@ -181,7 +204,7 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
         .tag(tag)
         .changes(vec![format!("LABEL {}={}", labels::PROJECT, labels::PROJECT_VALUE)])
         .build();
-    let body = bollard::body_try_stream(ReaderStream::new(stdout));
+    let body = bollard::body_try_stream(ReaderStream::new(tar));
     let mut stream = docker.create_image(Some(options), Some(body), None);
     let mut failure = None;
     while let Some(item) = stream.next().await {
@@ -194,22 +217,9 @@ async fn import_rootfs(docker: &Docker, base: &str, script: &Path) -> Result<()>
             Err(e) => failure = Some(ImageError::Import(e)),
         }
     }
-    let status = child.wait().await.map_err(|source| ImageError::File {
-        what: "waiting for",
-        path: script.to_path_buf(),
-        source,
-    })?;
-    let failure = match status.success() {
-        false => Some(ImageError::Bootstrap {
-            script: script.to_path_buf(),
-            status,
-        }),
-        true => failure,
-    };
     if let Some(f) = failure {
-        // The engine imports whatever the script wrote before it failed (an
-        // empty file system, say): such a base must not stay to be built on
-        // at every later start.
+        // An import cut short may leave what the engine had read: such a
+        // base must not stay to be built on at every later start.
         let _ = docker
             .remove_image(base, None::<bollard::query_parameters::RemoveImageOptions>, None)
             .await;
