@@ -17,7 +17,9 @@
 //! cap of their own, set past `--n`), and each step waits until its
 //! sandboxes sleep: the rows then show what sleeping sandboxes cost (kernel
 //! objects should follow the awake ones only, the server's RSS stay small)
-//! and the probes' `print(1)` is mostly a wake.
+//! and the probes' `print(1)` is mostly a wake. The figures are read
+//! [`REST_WAIT`] after the sleeps, once the actors of sandboxes left asleep
+//! have stopped (an older server's, compared with `--bin`, keep theirs).
 //!
 //! `cargo build --release && cargo bench --bench density [-- --n 1000 --step 100 --parallel 4]`
 //! `cargo bench --bench density -- --n 10000 --step 200 --hibernate-after 5`
@@ -96,6 +98,10 @@ fn hibernated(listed: &serde_json::Value) -> usize {
         .as_array()
         .map_or(0, |all| all.iter().filter(|s| s["status"] == "hibernated").count())
 }
+
+/// How long the actor of a sleeping sandbox left alone stays (ten seconds),
+/// and the upkeep period that asks it to rest, with room.
+const REST_WAIT: Duration = Duration::from_secs(15);
 
 /// Waits (at most `limit`) until all but the last step's few of `live`
 /// sandboxes sleep: a step's sleeps take the time of their dumps and
@@ -200,6 +206,7 @@ async fn main() -> std::process::ExitCode {
         tokio::time::sleep(Duration::from_secs(pause_after.max(hibernate_after) + 2)).await;
         if hibernate_after > 0 {
             asleep_by_now(&c, live.len(), Duration::from_secs(120)).await;
+            tokio::time::sleep(REST_WAIT).await;
         }
         let t = Instant::now();
         let listed = c.try_tool("list_sandboxes", json!({})).await;

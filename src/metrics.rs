@@ -265,6 +265,13 @@ impl Metrics {
         for (status, n) in &by_status {
             let _ = writeln!(out, "mcp_sandbox_sandboxes{{status=\"{status}\"}} {n}");
         }
+        header(
+            &mut out,
+            "mcp_sandbox_sandboxes_dormant",
+            "gauge",
+            "Hibernated sandboxes left alone, held with no actor (their next call starts one).",
+        );
+        let _ = writeln!(out, "mcp_sandbox_sandboxes_dormant {}", stats.dormant);
         let pool = &stats.pool;
         for (name, kind, help, value) in [
             (

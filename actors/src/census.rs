@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use crate::config::Settings;
 use crate::error::{Result, SandboxError};
-use crate::supervisor::Registry;
+use crate::registry::Registry;
 
 pub struct Census {
     registry: Registry,

@@ -9,15 +9,19 @@
 //! # Layout
 //!
 //! - `service/`: [`Sandboxes`], the face the front end calls; it finds a
-//!   sandbox's actor and sends it a message (`mod.rs`); creations and the
+//!   sandbox's actor and sends it a message (`mod.rs`, through `reach.rs`,
+//!   which wakes a dormant sandbox's actor); creations and the
 //!   quota (`creation.rs`), the file tools and uploads (`files.rs`),
 //!   snapshots (`snapshots.rs`), forks, which make new sandboxes from one
 //!   (`fork.rs`), the start-up reconciliation (`reconcile.rs`), and the
 //!   usage sampler that walks the supervisor's registry (`sampler.rs`).
-//! - `supervisor`: parent and registry of the sandbox actors.
+//! - `supervisor`: parent of the sandbox actors, keeper of the `registry`
+//!   (every sandbox: its owner, whether it sleeps, its actor or, dormant,
+//!   what its rested actor kept).
 //! - `sandbox/`: the sandbox actor: its state and upkeep (`mod.rs`), the jobs
 //!   it queues and the tasks that run them (`jobs.rs`), snapshot work
-//!   (`snapshot.rs`), deletion (`deletion.rs`).
+//!   (`snapshot.rs`), deletion (`deletion.rs`), sleep and wake
+//!   (`hibernation.rs`), and the rest of a sleeping one's actor (`rest.rs`).
 //! - `snapshots/`: the host side of snapshots: their store and bounds
 //!   (`mod.rs`), the symlink-proof copies of a sandbox's folders (`copy.rs`),
 //!   and what a fork carries into new sandboxes (`fork.rs`).
@@ -59,6 +63,7 @@ mod pool_yield;
 pub mod processes;
 mod receipt;
 pub mod records;
+mod registry;
 mod resources;
 mod results;
 mod sandbox;

@@ -76,6 +76,10 @@ pub enum SandboxMsg {
     /// Periodic: deletes the sandbox if its lifetime is over, pauses it if
     /// it has been idle long enough, and notices a container that died.
     Tick,
+    /// From the supervisor: stop, answering with what the next actor needs,
+    /// if the sandbox sleeps and nothing waits for it (see
+    /// `sandbox::rest`); answered `None` otherwise.
+    Rest(RpcReplyPort<Option<Box<crate::sandbox::Rested>>>),
     /// A job ended and hands the link back.
     Done(Box<Finished>),
     /// A job's task panicked: its link is gone and must be rebuilt.

@@ -243,29 +243,59 @@ impl RecordStore {
             let mut out = Vec::new();
             for entry in table.iter()? {
                 let (_, value) = entry?;
-                let mut record: SandboxRecord = match serde_json::from_slice(value.value()) {
-                    Ok(record) => record,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "skipping an unreadable sandbox record");
-                        continue;
-                    }
-                };
-                let range = installs_of(record.id);
-                for entry in installs.range::<&str>(range.start.as_str()..range.end.as_str())? {
-                    let (_, value) = entry?;
-                    match serde_json::from_slice::<InstallRecord>(value.value()) {
-                        Ok(install) => {
-                            record.installs.insert(install.package.clone(), install);
-                        }
-                        Err(e) => tracing::warn!(error = %e, "skipping an unreadable install record"),
-                    }
-                }
-                out.push(record);
+                out.extend(with_installs(value.value(), &installs)?);
             }
             Ok(out)
         })
         .await
     }
+
+    /// The records of `ids` that exist, read in one transaction.
+    pub async fn some(&self, ids: Vec<Uuid>) -> Result<Vec<SandboxRecord>> {
+        let db = self.db.clone();
+        blocking(move || {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(SANDBOXES)?;
+            let installs = txn.open_table(INSTALLS)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(value) = table.get(id.to_string().as_str())? {
+                    out.extend(with_installs(value.value(), &installs)?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn get(&self, id: Uuid) -> Result<Option<SandboxRecord>> {
+        Ok(self.some(vec![id]).await?.pop())
+    }
+}
+
+/// A stored record with its installs; `None` (logged) if it cannot be read.
+fn with_installs(
+    value: &[u8],
+    installs: &impl redb::ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Option<SandboxRecord>> {
+    let mut record: SandboxRecord = match serde_json::from_slice(value) {
+        Ok(record) => record,
+        Err(e) => {
+            tracing::warn!(error = %e, "skipping an unreadable sandbox record");
+            return Ok(None);
+        }
+    };
+    let range = installs_of(record.id);
+    for entry in installs.range::<&str>(range.start.as_str()..range.end.as_str())? {
+        let (_, value) = entry?;
+        match serde_json::from_slice::<InstallRecord>(value.value()) {
+            Ok(install) => {
+                record.installs.insert(install.package.clone(), install);
+            }
+            Err(e) => tracing::warn!(error = %e, "skipping an unreadable install record"),
+        }
+    }
+    Ok(Some(record))
 }
 
 /// Records written by earlier versions carry their installs inline: each

@@ -11,6 +11,8 @@ during the wake keep their order. What does not pickle (a socket) wakes as
 The Python copies its snapshots parked in memory are written to disk with
 the sleep: restored after the wake, or forked, they bring Python back.
 An idle sandbox sleeps by itself after `sandbox.hibernate_after_seconds`.
+A sleeping sandbox left alone keeps no actor in the server (it is counted
+dormant in /metrics) and its next calls wake it the same way, in order.
 Another tenant can neither wake, list, hibernate nor delete it, and its
 deletion leaves nothing on the host."""
 
@@ -23,7 +25,7 @@ import urllib.parse
 from mcp import Client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from harness import Server, docker, new_key
+from harness import Server, docker, get, in_sandbox, new_key
 from harness import call as ok
 
 KEYS = {name: new_key(name) for name in ("alice", "bob")}
@@ -166,6 +168,44 @@ def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
                 await ok(c, "delete_sandbox", sandbox_id=sid)
 
         asyncio.run(after())
+    finally:
+        s.cleanup()
+
+
+def dormant(s):
+    """The server's count of sleeping sandboxes held with no actor."""
+    body = get(s.url + "/metrics")[2].decode()
+    return int(next(l.split()[1] for l in body.splitlines() if l.startswith("mcp_sandbox_sandboxes_dormant ")))
+
+
+def test_a_sleeping_sandbox_left_alone_keeps_no_actor_and_its_calls_wake_it_in_order():
+    s = Server().start()
+    try:
+
+        async def scenario(c, sid):
+            await ok(c, "execute_python_code", sandbox_id=sid, code="seen = []")
+            await ok(c, "hibernate_sandbox", sandbox_id=sid)
+            for _ in range(60):
+                if dormant(s) == 1:
+                    break
+                await asyncio.sleep(1)
+            assert dormant(s) == 1, "its actor rested"
+            assert await status_of(c, sid) == "hibernated"
+            assert dormant(s) == 1, "a listing woke nothing"
+            # Calls sent during the wake, 50 ms apart (each its own HTTP
+            # request): one wake, then each in the order sent.
+            async def append(i):
+                await asyncio.sleep(i * 0.05)
+                return await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": f"seen.append({i})"})
+
+            for r in await asyncio.gather(*(append(i) for i in range(5))):
+                assert not r.is_error, r.content[0].text
+            ran = await ok(c, "execute_python_code", sandbox_id=sid, code="print(seen)")
+            assert ran["stdout"] == "[0, 1, 2, 3, 4]\n", ran
+            assert dormant(s) == 0
+            assert await status_of(c, sid) == "running"
+
+        in_sandbox(s, scenario)
     finally:
         s.cleanup()
 

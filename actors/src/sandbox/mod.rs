@@ -15,6 +15,7 @@
 mod deletion;
 mod hibernation;
 mod jobs;
+mod rest;
 mod snapshot;
 
 use std::collections::{HashMap, VecDeque};
@@ -45,6 +46,7 @@ use sandbox_runtime::agent::{AgentClient, Package};
 use sandbox_runtime::ContainerState;
 
 pub use deletion::remove_everything;
+pub use rest::{Rested, RESTED};
 
 /// Requirement strings whose last install a sandbox remembers; past it the
 /// oldest finished ones are forgotten.
@@ -66,6 +68,8 @@ pub struct SandboxArgs {
     pub started: Option<Started>,
     /// Its flag in the census: whether it is hibernated.
     pub asleep: Arc<AtomicBool>,
+    /// What its last actor kept in memory, when it rested (see [`rest`]).
+    pub rested: Option<Box<Rested>>,
 }
 
 /// What the creation of a sandbox knows of it: its container runs.
@@ -120,6 +124,9 @@ pub struct SandboxState {
     /// `notice` says Python variables were lost (a restart on request): the
     /// run that tells it says `state_lost` too.
     python_lost: bool,
+    /// When the last message other than upkeep came: a sleeping sandbox
+    /// rests only a while after it (see [`rest`]).
+    touched: tokio::time::Instant,
 }
 
 impl SandboxState {
@@ -146,6 +153,7 @@ impl Actor for SandboxActor {
             notice,
             started,
             asleep,
+            rested,
         } = args;
         // An install that was running when the server (or this actor) went
         // away has no one to finish it.
@@ -202,6 +210,16 @@ impl Actor for SandboxActor {
             Some(asleep) => asleep.snapshots,
             None => ctx.snapshots.totals(record.id),
         };
+        let Rested {
+            history,
+            last_used,
+            notice: told,
+            python_lost,
+            ..
+        } = match rested {
+            Some(rested) => *rested,
+            None => Rested::adopted(record.expires_at),
+        };
         Ok(SandboxState {
             ctx,
             record,
@@ -209,21 +227,22 @@ impl Actor for SandboxActor {
             queue,
             caller: tracing::Span::none(),
             installs: HashMap::new(),
-            notice,
+            notice: join_notices(told, notice),
             deletion,
             retirement,
             restarting: false,
             stopped,
             checking_venv: Arc::default(),
-            history: History::default(),
-            last_used: moment::now(),
+            history,
+            last_used,
             snapshots,
             first_call,
             processes_may_run: false,
             slept_at: None,
             sleeping: false,
             asleep,
-            python_lost: false,
+            python_lost,
+            touched: tokio::time::Instant::now(),
         })
     }
 
@@ -237,6 +256,14 @@ impl Actor for SandboxActor {
         while let SandboxMsg::Traced(span, inner) = msg {
             state.caller = span;
             msg = *inner;
+        }
+        // Reads of its state (listings, metrics, the usage sampler) and
+        // upkeep keep no sleeping sandbox's actor from resting.
+        if !matches!(
+            msg,
+            SandboxMsg::Tick | SandboxMsg::Rest(_) | SandboxMsg::Info(_) | SandboxMsg::History(_)
+        ) {
+            state.touched = tokio::time::Instant::now();
         }
         let handled = Box::pin(self.dispatch(myself, msg, state)).await;
         // A call's span is held no longer than its message.
@@ -425,6 +452,14 @@ impl SandboxActor {
                 let _ = reply.send(ready);
             }
             SandboxMsg::Tick => self.tick(&myself, state).await,
+            SandboxMsg::Rest(reply) => {
+                if rest::may_rest(state) {
+                    let _ = reply.send(Some(Box::new(rest::take(state))));
+                    myself.stop(Some(RESTED.into()));
+                    return Ok(());
+                }
+                let _ = reply.send(None);
+            }
             SandboxMsg::Done(finished) => self.finished(state, *finished).await?,
             SandboxMsg::JobPanicked(why) => {
                 warn!(sandbox = %state.record.id, error = %why, "a sandbox job panicked; rebuilding its link");
@@ -572,12 +607,7 @@ fn forget_oldest_installs(state: &mut SandboxState, package: &str) -> Vec<String
 
 /// The earlier of the end of the sandbox's lifetime and of its idle time.
 fn expires_at(state: &SandboxState) -> Option<OffsetDateTime> {
-    let idle = state.ctx.settings.sandbox.idle_timeout_seconds;
-    let idle_end = (idle > 0).then(|| state.last_used + Duration::from_secs(idle));
-    match (state.record.expires_at, idle_end) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    rest::expiry(&state.ctx.settings, state.record.expires_at, state.last_used)
 }
 
 impl SandboxActor {
@@ -795,11 +825,28 @@ fn live_status(state: &SandboxState) -> SandboxStatus {
 }
 
 fn info(state: &SandboxState) -> SandboxInfo {
-    let r = &state.record;
     let status = match state.deletion {
         Some(_) => SandboxStatus::Deleting,
         None => live_status(state),
     };
+    describe(&state.ctx, &state.record, status, expires_at(state), state.snapshots)
+}
+
+/// What a dormant sandbox's listing shows: its record, as its actor would
+/// answer asleep.
+pub(crate) fn dormant_info(ctx: &Context, record: &SandboxRecord, last_used: OffsetDateTime) -> SandboxInfo {
+    let snapshots = record.hibernated.as_ref().map(|h| h.snapshots).unwrap_or_default();
+    let expires_at = rest::expiry(&ctx.settings, record.expires_at, last_used);
+    describe(ctx, record, SandboxStatus::Hibernated, expires_at, snapshots)
+}
+
+fn describe(
+    ctx: &Context,
+    r: &SandboxRecord,
+    status: SandboxStatus,
+    expires_at: Option<OffsetDateTime>,
+    snapshots: SnapshotTotals,
+) -> SandboxInfo {
     SandboxInfo {
         sandbox_id: r.id,
         name: r.name.clone(),
@@ -808,10 +855,10 @@ fn info(state: &SandboxState) -> SandboxInfo {
         egress: r.egress,
         status,
         created_at: r.created_at,
-        expires_at: expires_at(state),
+        expires_at,
         installed_packages: r.packages.clone(),
-        disk: state.ctx.disks.usage(r.id),
-        snapshots: state.snapshots,
+        disk: ctx.disks.usage(r.id),
+        snapshots,
         exposed_ports: r.exposed_ports.clone(),
         hibernated_since: r.hibernated.as_ref().map(|h| h.since),
     }

@@ -17,10 +17,11 @@ use crate::messages::SandboxMsg;
 use crate::moment;
 use crate::pool::{self, Pool};
 use crate::records::SandboxRecord;
+use crate::registry::Registry;
 use crate::resources;
 use crate::results::SandboxInfo;
 use crate::sandbox::{remove_everything, Started};
-use crate::supervisor::{Registry, SupervisorMsg};
+use crate::supervisor::SupervisorMsg;
 
 use super::{answer, spawn_actor, Sandboxes, QUERY_DEADLINE};
 

@@ -86,7 +86,7 @@ impl Sandboxes {
         data: Vec<u8>,
     ) -> Result<Uploaded> {
         let scope = scope.into();
-        self.actor(scope, id)?;
+        self.reach.check(scope, id)?;
         let name = path.name().ok_or_else(|| FileError::IsFolder(path.absolute()))?;
         let name = uploads::check_file_name(name).map_err(|_| {
             SandboxError::InvalidArgument(format!(
@@ -116,7 +116,7 @@ impl Sandboxes {
         dest: &str,
     ) -> Result<Uploaded> {
         let scope = scope.into();
-        self.actor(scope, id)?;
+        self.reach.check(scope, id)?;
         let source = UploadSource::Host(uploads::resolve_source(&self.ctx.settings, local_path)?);
         self.send_upload(scope, id, source, dest).await
     }
@@ -131,7 +131,7 @@ impl Sandboxes {
         dest: &str,
     ) -> Result<Uploaded> {
         let scope = scope.into();
-        self.actor(scope, id)?;
+        self.reach.check(scope, id)?;
         let source = UploadSource::Bytes {
             name: uploads::check_file_name(name)?,
             data,

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 use uuid::Uuid;
 
-use super::{answer, unexpected, CreateOptions, Creation, Quota, Sandboxes};
+use super::{answer, unexpected, CreateOptions, Creation, Quota, Reach, Sandboxes};
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::{Queued, SandboxMsg};
@@ -107,8 +107,8 @@ impl Sandboxes {
         // Only the owner's own sandboxes (an administrator's too): the
         // forks count against the caller's quota and live by its lifetime.
         let scope = Scope::from(owner);
-        let source = self.actor(scope, id)?;
-        let SandboxInfo { name, egress, .. } = self.query(scope, id, SandboxMsg::Info).await?;
+        self.reach.check(scope, id)?;
+        let SandboxInfo { name, egress, .. } = self.info(scope, id).await?;
         // A sleeping sandbox's proxy is detached: its record says.
         let egress = self
             .ctx
@@ -142,7 +142,7 @@ impl Sandboxes {
         let gone = CancellationToken::new();
         let _hung_up = gone.clone().drop_guard();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let ctx = self.ctx.clone();
+        let (ctx, reach) = (self.ctx.clone(), self.reach.clone());
         let under_way = UnderWay::begin(ctx.clone(), fork);
         tokio::spawn(
             async move {
@@ -155,12 +155,7 @@ impl Sandboxes {
                         return;
                     }
                 };
-                let source = Source {
-                    actor: source,
-                    id,
-                    fork,
-                    from,
-                };
+                let source = Source { reach, id, fork, from };
                 match source.carry(&ctx, &made, &gone).await {
                     Ok(forked) => {
                         if tx.send(Ok(forked)).is_err() {
@@ -233,9 +228,10 @@ async fn make(creations: &[Creation], gone: &CancellationToken) -> Result<Vec<Ma
 /// A new sandbox of a fork, and its actor.
 type Made = (SandboxInfo, ActorRef<SandboxMsg>);
 
-/// What a fork is made from.
+/// What a fork is made from: a sandbox reached by its id, as it may sleep
+/// (and its actor rest) while the new sandboxes are made.
 struct Source {
-    actor: ActorRef<SandboxMsg>,
+    reach: Reach,
     id: Uuid,
     fork: Uuid,
     from: Option<Uuid>,
@@ -246,7 +242,7 @@ impl Source {
     /// the source's actor give them its folders and namespace, then each
     /// new actor load the namespace; marks them seeded.
     async fn carry(self, ctx: &Context, made: &[Made], gone: &CancellationToken) -> Result<Forked> {
-        let Source { actor, id, fork, from } = self;
+        let Source { reach, id, fork, from } = self;
         // Queued first: each new sandbox's queue waits for the copy (and
         // refuses the caller's calls until it is seeded).
         let mut releases = Vec::with_capacity(made.len());
@@ -264,10 +260,9 @@ impl Source {
             into,
             hold: hold.clone(),
         };
-        let exported_by_source = actor.call(
-            |reply| SandboxMsg::Queued(Queued::Snapshot { op, reply }).traced(),
-            None,
-        );
+        let exported_by_source = reach.ask(Scope::Everyone, id, None, |reply| {
+            SandboxMsg::Queued(Queued::Snapshot { op, reply })
+        });
         // Given up when the caller hangs up or the source's queue holds the
         // copy too long; the new sandboxes are removed once nothing of the
         // copy runs.
@@ -286,7 +281,7 @@ impl Source {
                 )));
             }
         };
-        let (export, notice) = match answer(&actor, id, called)?? {
+        let (export, notice) = match called?? {
             (SnapshotDone::Exported(export), notice) => (Arc::new(export), notice),
             (other, _) => return Err(unexpected(other)),
         };

@@ -14,7 +14,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -36,13 +35,14 @@ use crate::packages;
 use crate::pool::{Pool, PoolStats};
 use crate::processes::{self, ProcessAnswer, ProcessOp};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
+use crate::registry::{Registry, Slot};
 use crate::resources::{self, Resources};
 use crate::results::{InstallStatus, SandboxInfo, Slept};
 use crate::sandbox::Started;
 use crate::scope::Scope;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
-use crate::supervisor::{Registry, Supervisor, SupervisorMsg};
+use crate::supervisor::{Supervisor, SupervisorMsg};
 use crate::usage::{Meter, Row, Totals};
 use sampler::Sampler;
 use sandbox_runtime::ports::{PortError, PortStream};
@@ -51,6 +51,7 @@ use sandbox_runtime::{ContainerRuntime, DockerRuntime, Usage};
 mod creation;
 mod files;
 mod fork;
+mod reach;
 mod reconcile;
 mod sampler;
 mod snapshots;
@@ -59,6 +60,7 @@ pub use creation::{CreateOptions, Quota};
 pub use fork::{Fork, Forked, MAX_FORKS};
 
 use creation::{Creation, Pending};
+use reach::{answer, Reach, Seen};
 use snapshots::unexpected;
 
 /// How long a question to a sandbox's actor may take (it answers from its
@@ -73,6 +75,9 @@ const SWEEP_DEADLINE: Duration = Duration::from_secs(15);
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub by_status: BTreeMap<SandboxStatus, usize>,
+    /// Hibernated sandboxes whose actors rested: they cost the server their
+    /// registry entry only.
+    pub dormant: usize,
     pub pool: PoolStats,
     pub container_restarts: u64,
     pub installs_succeeded: u64,
@@ -101,6 +106,7 @@ pub struct Held {
 pub struct Sandboxes {
     ctx: Arc<Context>,
     registry: Registry,
+    reach: Reach,
     pending: Pending,
     pool: Arc<Pool>,
     supervisor: ActorRef<SupervisorMsg>,
@@ -174,9 +180,15 @@ impl Sandboxes {
         let (supervisor, _) = Actor::spawn(None, Supervisor, (ctx.clone(), registry.clone()))
             .await
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
+        let most_waiting = ctx.settings.sandbox.max_queued_calls;
         let me = Self {
             pool: Pool::off(ctx.clone()),
             ctx,
+            reach: Reach {
+                registry: registry.clone(),
+                supervisor: supervisor.clone(),
+                most_waiting,
+            },
             registry,
             pending: Pending::default(),
             supervisor,
@@ -210,17 +222,7 @@ impl Sandboxes {
         spawn_actor(&self.supervisor, record, None).await
     }
 
-    fn actor(&self, scope: Scope, id: Uuid) -> Result<ActorRef<SandboxMsg>> {
-        let registry = self.registry.read().expect("registry lock");
-        match registry.get(&id) {
-            Some(e) if scope.admits(&e.owner) => Ok(e.actor.clone()),
-            _ => Err(SandboxError::NotFound(id)),
-        }
-    }
-
-    /// Sends a request to a sandbox's actor. A stopped actor (deleted
-    /// meanwhile) reads as not found; a reply port dropped by a live actor
-    /// is a failure inside the server; a query past `deadline` says so.
+    /// Sends a request to a sandbox's actor (see [`Reach::ask`]).
     async fn ask<T: Send + 'static>(
         &self,
         scope: Scope<'_>,
@@ -228,8 +230,7 @@ impl Sandboxes {
         deadline: Option<Duration>,
         msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SandboxMsg,
     ) -> Result<T> {
-        let actor = self.actor(scope, id)?;
-        answer(&actor, id, actor.call(|reply| msg(reply).traced(), deadline).await)
+        self.reach.ask(scope, id, deadline, msg).await
     }
 
     /// A question answered from the actor's own state.
@@ -247,34 +248,63 @@ impl Sandboxes {
         Ok(self.ctx.runtime.ping().await?)
     }
 
-    /// The sandboxes in `scope`, oldest first.
+    /// The sandboxes in `scope`, oldest first. Dormant ones are described
+    /// from their records, which wakes nothing.
     pub async fn list<'a>(&self, scope: impl Into<Scope<'a>>) -> Vec<SandboxInfo> {
         let scope = scope.into();
-        let actors: Vec<_> = {
+        let ids: Vec<Uuid> = {
             let registry = self.registry.read().expect("registry lock");
             registry
-                .values()
-                .filter(|e| scope.admits(&e.owner))
-                .map(|e| e.actor.clone())
+                .iter()
+                .filter(|(_, e)| scope.admits(&e.owner))
+                .map(|(id, _)| *id)
                 .collect()
         };
-        let asked = actors
-            .iter()
-            .map(|actor| actor.call(SandboxMsg::Info, Some(QUERY_DEADLINE)));
+        let (mut dormant, mut awake) = (Vec::new(), Vec::new());
+        for id in ids {
+            match self.reach.seen(Scope::Everyone, id) {
+                Ok(Seen::Dormant(last_used)) => dormant.push((id, last_used)),
+                Ok(Seen::Actor) => awake.push(id),
+                Err(_) => {}
+            }
+        }
+        let asked = awake.into_iter().map(|id| self.info(Scope::Everyone, id));
         let mut out: Vec<SandboxInfo> = futures_util::future::join_all(asked)
             .await
             .into_iter()
             .filter_map(|answer| match answer {
-                Ok(CallResult::Success(info)) => Some(info),
-                Ok(CallResult::Timeout) => {
-                    warn!("a sandbox did not answer the listing in time; left out");
+                Ok(info) => Some(info),
+                Err(SandboxError::NotFound(_)) => None,
+                Err(e) => {
+                    warn!(error = %e, "a sandbox did not answer the listing; left out");
                     None
                 }
-                _ => None,
             })
             .collect();
+        out.extend(self.describe_dormant(dormant).await);
         out.sort_by_key(|i| i.created_at);
         out
+    }
+
+    /// Dormant sandboxes (with when each was last used) as listings show
+    /// them, from their records read at once.
+    async fn describe_dormant(&self, dormant: Vec<(Uuid, time::OffsetDateTime)>) -> Vec<SandboxInfo> {
+        if dormant.is_empty() {
+            return Vec::new();
+        }
+        let ids = dormant.iter().map(|(id, _)| *id).collect();
+        let records = match self.ctx.store.some(ids).await {
+            Ok(records) => records,
+            Err(e) => {
+                warn!(error = %e, "could not read the records of sleeping sandboxes; left out of the listing");
+                return Vec::new();
+            }
+        };
+        let last_used: std::collections::HashMap<Uuid, time::OffsetDateTime> = dormant.into_iter().collect();
+        records
+            .iter()
+            .map(|r| crate::sandbox::dormant_info(&self.ctx, r, last_used[&r.id]))
+            .collect()
     }
 
     /// Runs Python code or a shell command; dropping the returned future
@@ -430,8 +460,16 @@ impl Sandboxes {
         })
     }
 
+    /// A sandbox's listing; a dormant one's is read from its record, which
+    /// wakes nothing.
     pub async fn info<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
-        self.query(scope.into(), id, SandboxMsg::Info).await
+        let scope = scope.into();
+        if let Seen::Dormant(last_used) = self.reach.seen(scope, id)? {
+            if let Some(info) = self.describe_dormant(vec![(id, last_used)]).await.pop() {
+                return Ok(info);
+            }
+        }
+        self.query(scope, id, SandboxMsg::Info).await
     }
 
     /// The recent calls on a sandbox, oldest first.
@@ -469,16 +507,29 @@ impl Sandboxes {
         self.ctx.meter.top_this_month(most)
     }
 
-    /// Figures for the server's metrics.
+    /// Figures for the server's metrics; dormant sandboxes are counted,
+    /// not read.
     pub async fn stats(&self) -> Stats {
         let mut by_status = BTreeMap::new();
-        for info in self.list(Scope::Everyone).await {
+        let (dormant, actors): (Vec<_>, Vec<_>) = {
+            let registry = self.registry.read().expect("registry lock");
+            registry
+                .iter()
+                .map(|(id, e)| (*id, matches!(e.slot, Slot::Dormant(_))))
+                .partition(|(_, dormant)| *dormant)
+        };
+        if !dormant.is_empty() {
+            by_status.insert(SandboxStatus::Hibernated, dormant.len());
+        }
+        let asked = actors.into_iter().map(|(id, _)| self.info(Scope::Everyone, id));
+        for info in futures_util::future::join_all(asked).await.into_iter().flatten() {
             *by_status.entry(info.status).or_default() += 1;
         }
         let c = &self.ctx.counters;
         let read = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         Stats {
             by_status,
+            dormant: dormant.len(),
             pool: self.pool.stats(),
             container_restarts: read(&c.container_restarts),
             installs_succeeded: read(&c.installs_succeeded),
@@ -626,27 +677,10 @@ impl Sandboxes {
 /// What the engine-free tests look at directly.
 #[cfg(test)]
 impl Sandboxes {
+    /// Its actor, when it has one (a dormant sandbox has none).
     pub(crate) fn actor_of(&self, id: Uuid) -> Option<ActorRef<SandboxMsg>> {
         let registry = self.registry.read().expect("registry lock");
-        registry.get(&id).map(|e| e.actor.clone())
-    }
-}
-
-/// What a call to an actor came to (see [`Sandboxes::ask`]).
-fn answer<T>(
-    actor: &ActorRef<SandboxMsg>,
-    id: Uuid,
-    called: std::result::Result<CallResult<T>, ractor::MessagingErr<SandboxMsg>>,
-) -> Result<T> {
-    match called {
-        Ok(CallResult::Success(v)) => Ok(v),
-        Ok(CallResult::Timeout) => Err(SandboxError::Internal(format!(
-            "sandbox {id} did not answer in time; try again"
-        ))),
-        Ok(CallResult::SenderError) if actor.get_status() == ractor::ActorStatus::Running => Err(
-            SandboxError::Internal("the call failed inside the server before it finished; run it again".into()),
-        ),
-        _ => Err(SandboxError::NotFound(id)),
+        registry.get(&id).and_then(|e| e.actor().cloned())
     }
 }
 

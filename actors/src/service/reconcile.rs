@@ -2,14 +2,17 @@
 //! against what the engine and the host's folders hold.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::error::Result;
 use crate::moment;
-use crate::records::SandboxRecord;
-use crate::sandbox::remove_everything;
+use crate::records::{InstallState, SandboxRecord};
+use crate::registry::{Registered, Slot};
+use crate::sandbox::{remove_everything, Rested};
 use sandbox_runtime::ContainerState;
 
 use super::Sandboxes;
@@ -51,7 +54,18 @@ impl Sandboxes {
                     self.remount(&record).await?;
                 }
             }
-            self.spawn(record).await?;
+            if dormant(&record) {
+                self.registry.write().expect("registry lock").insert(
+                    record.id,
+                    Registered {
+                        owner: record.owner,
+                        asleep: Arc::new(AtomicBool::new(true)),
+                        slot: Slot::Dormant(Box::new(Rested::adopted(record.expires_at))),
+                    },
+                );
+            } else {
+                self.spawn(record).await?;
+            }
         }
         self.remove_unexplained(&known).await?;
         info!(
@@ -139,6 +153,15 @@ impl Sandboxes {
         }
         Ok(())
     }
+}
+
+/// Whether an adopted sandbox needs no actor until its next call: asleep,
+/// with nothing an actor must finish (a deletion, an install the last
+/// server did not end).
+fn dormant(record: &SandboxRecord) -> bool {
+    record.hibernated.is_some()
+        && !record.deleting
+        && record.installs.values().all(|i| i.status != InstallState::Installing)
 }
 
 /// The container a record's sandbox runs in: none while it sleeps, so that

@@ -3,6 +3,7 @@
 //! what accrued. It walks the supervisor's registry, so it stands above the
 //! supervisor, beside the service that starts and stops it.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,10 +11,12 @@ use ractor::rpc::CallResult;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
+use uuid::Uuid;
 
 use crate::context::Context;
 use crate::messages::SandboxMsg;
-use crate::supervisor::Registry;
+use crate::registry::{Registry, Slot};
+use crate::sandbox::dormant_info;
 use crate::usage::reading::{Subject, READING_DEADLINE};
 
 /// The running sampler; stopping it writes what accrued.
@@ -52,21 +55,46 @@ async fn run(ctx: Arc<Context>, registry: Registry, stop: CancellationToken) {
     }
 }
 
-/// One reading of every registered sandbox.
+/// One reading of every registered sandbox: an actor's answers for its
+/// sandbox; a dormant one is read from its record (its disks and snapshots
+/// are billed while it sleeps).
 async fn sample(ctx: &Context, registry: &Registry) {
-    let actors: Vec<_> = {
+    let (held, actors, dormant) = {
         let registry = registry.read().expect("registry lock");
-        registry.iter().map(|(id, e)| (*id, e.actor.clone())).collect()
+        let held: HashSet<Uuid> = registry.keys().copied().collect();
+        let mut actors = Vec::new();
+        let mut dormant = HashMap::new();
+        for (id, entry) in registry.iter() {
+            match &entry.slot {
+                Slot::Dormant(rested) => {
+                    dormant.insert(*id, rested.last_used());
+                }
+                _ => actors.extend(entry.actor().cloned()),
+            }
+        }
+        (held, actors, dormant)
     };
     ctx.meter
         .readings
         .lock()
         .expect("readings lock")
-        .retain(|id, _| actors.iter().any(|(a, _)| a == id));
-    let readings = actors.into_iter().map(|(_, actor)| async move {
+        .retain(|id, _| held.contains(id));
+    let readings = actors.into_iter().map(|actor| async move {
         if let Ok(CallResult::Success(info)) = actor.call(SandboxMsg::Info, Some(READING_DEADLINE)).await {
             ctx.read_usage(Subject::from(&info), false).await;
         }
     });
     futures_util::future::join_all(readings).await;
+    if dormant.is_empty() {
+        return;
+    }
+    match ctx.store.some(dormant.keys().copied().collect()).await {
+        Ok(records) => {
+            for record in &records {
+                let info = dormant_info(ctx, record, dormant[&record.id]);
+                ctx.read_usage(Subject::from(&info), false).await;
+            }
+        }
+        Err(e) => warn!(error = %e, "could not read the records of sleeping sandboxes for their usage"),
+    }
 }

@@ -9,6 +9,7 @@ mod disks;
 mod fork;
 mod pool;
 mod registry;
+mod rest;
 mod snapshot;
 mod spans;
 mod supervisor;
@@ -79,6 +80,20 @@ impl Server {
     pub async fn create(&self) -> Uuid {
         self.sb()
             .create(OWNER, None, Quota::UNLIMITED, Default::default())
+            .await
+            .expect("create")
+            .sandbox_id
+    }
+
+    /// A sandbox deleted `lifetime` after its creation; lifetimes are read
+    /// on the wall clock, which the paused clock leaves alone.
+    pub async fn create_for(&self, lifetime: Duration) -> Uuid {
+        let options = crate::CreateOptions {
+            lifetime: Some(lifetime),
+            ..Default::default()
+        };
+        self.sb()
+            .create(OWNER, None, Quota::UNLIMITED, options)
             .await
             .expect("create")
             .sandbox_id

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use super::{pass, until, Server, OWNER};
+use super::{pass, until, Server};
 use crate::error::SandboxError;
-use crate::CreateOptions;
 use sandbox_runtime::fake::Event;
 use sandbox_runtime::ContainerState;
 
@@ -63,18 +62,8 @@ async fn an_actor_that_stops_unasked_is_started_again_from_its_record() {
 #[tokio::test(start_paused = true)]
 async fn a_sandbox_past_its_lifetime_is_deleted_with_everything() {
     let s = Server::start().await;
-    let options = CreateOptions {
-        // The actor reads the wall clock: a lifetime already over by the
-        // first upkeep, whatever the paused clock says.
-        lifetime: Some(Duration::from_millis(1)),
-        ..Default::default()
-    };
-    let id = s
-        .sb()
-        .create(OWNER, None, crate::Quota::UNLIMITED, options)
-        .await
-        .unwrap()
-        .sandbox_id;
+    // Over by the first upkeep, whatever the paused clock says.
+    let id = s.create_for(Duration::from_millis(1)).await;
     let container = s.container(id);
     std::thread::sleep(Duration::from_millis(5));
     until("the sandbox is gone", || {

@@ -53,6 +53,19 @@ pub fn memory_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Gives the free pages of the server's heap back to the kernel (glibc's
+/// `malloc_trim`). Memory the server freed (the actors of sandboxes that went
+/// dormant) is otherwise kept by the allocator, among allocations that live
+/// on, and counted in the server's memory. It walks the heap: call it
+/// seldom, off the async threads. Elsewhere than glibc, it does nothing.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointer and only releases free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Lowers this process's OOM score so that, when the host runs out of
 /// memory, the kernel ends a sandbox rather than the server. Needs root
 /// (CAP_SYS_RESOURCE) to go below zero.
