@@ -119,6 +119,7 @@ async fn a_resting_sandbox_past_its_lifetime_is_deleted() {
     let id = s.create_for(Duration::from_secs(2)).await;
     s.sb().hibernate(OWNER, id).await.unwrap();
     until("its actor rests", || s.sb().actor_of(id).is_none()).await;
+    assert_eq!(s.sb().held().len(), 1, "it rested before its lifetime ended");
     std::thread::sleep(Duration::from_secs(2));
     until("the sandbox is gone", || s.sb().held().is_empty()).await;
     assert!(s.fake.volumes().is_empty());
