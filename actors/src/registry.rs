@@ -11,10 +11,11 @@
 //! An entry between the two ([`Slot::Resting`], [`Slot::Waking`]) is being
 //! changed by the supervisor: messages for it wait in the entry, in the
 //! order they came, and go to the actor that comes out of the change before
-//! any later one. Messages to an actor are sent under the registry's lock,
-//! and the supervisor asks an actor to rest under the write lock, so every
-//! message sent before that question is ahead of it in the actor's mailbox:
-//! an actor rests only when nothing waits for it.
+//! any later one. Calls reach an actor under the registry's lock, and the
+//! supervisor asks an actor to rest under the write lock, so every call sent
+//! before that question is ahead of it in the actor's mailbox: an actor
+//! rests only when no call waits for it. (The usage sampler's reads go
+//! without the lock: one that meets a rested actor is a reading skipped.)
 //!
 //! Written by the supervisor (and by creations and deletions), read by the
 //! front end.

@@ -103,7 +103,7 @@ impl Supervisor {
     /// ([`Slot::Waking`]), from its record and what its last actor kept. If
     /// that fails, the sandbox stays dormant and the calls that waited are
     /// answered that it failed.
-    async fn wake(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState, id: Uuid, rested: Box<Rested>) {
+    async fn rouse(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState, id: Uuid, rested: Box<Rested>) {
         let lifetime_ends = rested.lifetime_ends();
         let (failed, kept) = match state.ctx.store.get(id).await {
             Ok(Some(record)) => match Self::spawn_child(myself, state, record, None, None, Some(rested)).await {
@@ -187,7 +187,7 @@ impl Supervisor {
             Self::ask_to_rest(myself, state, id);
         }
         for (id, rested) in due {
-            Self::wake(myself, state, id, rested).await;
+            Self::rouse(myself, state, id, rested).await;
         }
         if state.trimmed_at.elapsed() >= TRIM_EVERY && state.rested.swap(0, Ordering::Relaxed) > 0 {
             state.trimmed_at = Instant::now();
@@ -226,7 +226,7 @@ impl Actor for Supervisor {
             SupervisorMsg::Spawn { record, started, reply } => {
                 let _ = reply.send(Self::spawn_child(&myself, state, *record, None, started, None).await);
             }
-            SupervisorMsg::Rouse { id, rested } => Self::wake(&myself, state, id, rested).await,
+            SupervisorMsg::Rouse { id, rested } => Self::rouse(&myself, state, id, rested).await,
             SupervisorMsg::Reap => Self::reap(&myself, state).await,
         }
         Ok(())

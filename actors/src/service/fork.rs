@@ -107,7 +107,6 @@ impl Sandboxes {
         // Only the owner's own sandboxes (an administrator's too): the
         // forks count against the caller's quota and live by its lifetime.
         let scope = Scope::from(owner);
-        self.reach.check(scope, id)?;
         let SandboxInfo { name, egress, .. } = self.info(scope, id).await?;
         // A sleeping sandbox's proxy is detached: its record says.
         let egress = self

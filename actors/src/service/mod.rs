@@ -9,12 +9,13 @@
 //! a creation runs to its end in a task of its own: a caller that hangs up
 //! midway leaves no container that nobody counts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::{Actor, ActorRef};
+use time::OffsetDateTime;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -35,7 +36,7 @@ use crate::packages;
 use crate::pool::{Pool, PoolStats};
 use crate::processes::{self, ProcessAnswer, ProcessOp};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
-use crate::registry::{Registry, Slot};
+use crate::registry::Registry;
 use crate::resources::{self, Resources};
 use crate::results::{InstallStatus, SandboxInfo, Slept};
 use crate::sandbox::Started;
@@ -251,23 +252,7 @@ impl Sandboxes {
     /// The sandboxes in `scope`, oldest first. Dormant ones are described
     /// from their records, which wakes nothing.
     pub async fn list<'a>(&self, scope: impl Into<Scope<'a>>) -> Vec<SandboxInfo> {
-        let scope = scope.into();
-        let ids: Vec<Uuid> = {
-            let registry = self.registry.read().expect("registry lock");
-            registry
-                .iter()
-                .filter(|(_, e)| scope.admits(&e.owner))
-                .map(|(id, _)| *id)
-                .collect()
-        };
-        let (mut dormant, mut awake) = (Vec::new(), Vec::new());
-        for id in ids {
-            match self.reach.seen(Scope::Everyone, id) {
-                Ok(Seen::Dormant(last_used)) => dormant.push((id, last_used)),
-                Ok(Seen::Actor) => awake.push(id),
-                Err(_) => {}
-            }
-        }
+        let (awake, dormant) = self.reach.split(scope.into());
         let asked = awake.into_iter().map(|id| self.info(Scope::Everyone, id));
         let mut out: Vec<SandboxInfo> = futures_util::future::join_all(asked)
             .await
@@ -286,25 +271,13 @@ impl Sandboxes {
         out
     }
 
-    /// Dormant sandboxes (with when each was last used) as listings show
-    /// them, from their records read at once.
-    async fn describe_dormant(&self, dormant: Vec<(Uuid, time::OffsetDateTime)>) -> Vec<SandboxInfo> {
-        if dormant.is_empty() {
-            return Vec::new();
-        }
-        let ids = dormant.iter().map(|(id, _)| *id).collect();
-        let records = match self.ctx.store.some(ids).await {
-            Ok(records) => records,
-            Err(e) => {
-                warn!(error = %e, "could not read the records of sleeping sandboxes; left out of the listing");
-                return Vec::new();
-            }
-        };
-        let last_used: std::collections::HashMap<Uuid, time::OffsetDateTime> = dormant.into_iter().collect();
-        records
-            .iter()
-            .map(|r| crate::sandbox::dormant_info(&self.ctx, r, last_used[&r.id]))
-            .collect()
+    /// Dormant sandboxes as listings show them; none if their records
+    /// cannot be read (logged).
+    async fn describe_dormant(&self, dormant: HashMap<Uuid, OffsetDateTime>) -> Vec<SandboxInfo> {
+        describe_dormant(&self.ctx, dormant).await.unwrap_or_else(|e| {
+            warn!(error = %e, "could not read the records of sleeping sandboxes; left out of the listing");
+            Vec::new()
+        })
     }
 
     /// Runs Python code or a shell command; dropping the returned future
@@ -465,7 +438,7 @@ impl Sandboxes {
     pub async fn info<'a>(&self, scope: impl Into<Scope<'a>>, id: Uuid) -> Result<SandboxInfo> {
         let scope = scope.into();
         if let Seen::Dormant(last_used) = self.reach.seen(scope, id)? {
-            if let Some(info) = self.describe_dormant(vec![(id, last_used)]).await.pop() {
+            if let Some(info) = self.describe_dormant(HashMap::from([(id, last_used)])).await.pop() {
                 return Ok(info);
             }
         }
@@ -511,17 +484,11 @@ impl Sandboxes {
     /// not read.
     pub async fn stats(&self) -> Stats {
         let mut by_status = BTreeMap::new();
-        let (dormant, actors): (Vec<_>, Vec<_>) = {
-            let registry = self.registry.read().expect("registry lock");
-            registry
-                .iter()
-                .map(|(id, e)| (*id, matches!(e.slot, Slot::Dormant(_))))
-                .partition(|(_, dormant)| *dormant)
-        };
+        let (awake, dormant) = self.reach.split(Scope::Everyone);
         if !dormant.is_empty() {
             by_status.insert(SandboxStatus::Hibernated, dormant.len());
         }
-        let asked = actors.into_iter().map(|(id, _)| self.info(Scope::Everyone, id));
+        let asked = awake.into_iter().map(|id| self.info(Scope::Everyone, id));
         for info in futures_util::future::join_all(asked).await.into_iter().flatten() {
             *by_status.entry(info.status).or_default() += 1;
         }
@@ -647,6 +614,22 @@ impl Sandboxes {
             }
         }
     }
+}
+
+/// Dormant sandboxes (with when each was last used) as listings show them,
+/// from their records read at once.
+pub(super) async fn describe_dormant(
+    ctx: &Context,
+    dormant: HashMap<Uuid, OffsetDateTime>,
+) -> Result<Vec<SandboxInfo>> {
+    if dormant.is_empty() {
+        return Ok(Vec::new());
+    }
+    let records = ctx.store.some(dormant.keys().copied().collect()).await?;
+    Ok(records
+        .iter()
+        .map(|r| crate::sandbox::dormant_info(ctx, r, dormant[&r.id]))
+        .collect())
 }
 
 /// Makes the server's folders and opens its records.

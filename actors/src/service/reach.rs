@@ -5,6 +5,7 @@
 //! message goes to an actor under the registry's lock, so no actor rests
 //! with one unread.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -123,6 +124,23 @@ impl Reach {
                 }
             }
         }
+    }
+
+    /// The sandboxes `scope` reaches, waking nothing: those with an actor
+    /// (or whose entry changes), and the dormant ones with when each was
+    /// last used.
+    pub(super) fn split(&self, scope: Scope<'_>) -> (Vec<Uuid>, HashMap<Uuid, OffsetDateTime>) {
+        let (mut awake, mut dormant) = (Vec::new(), HashMap::new());
+        for (id, e) in self.registry.read().expect("registry lock").iter() {
+            match &e.slot {
+                _ if !scope.admits(&e.owner) => {}
+                Slot::Dormant(rested) => {
+                    dormant.insert(*id, rested.last_used());
+                }
+                _ => awake.push(*id),
+            }
+        }
+        (awake, dormant)
     }
 
     /// Whether `scope` reaches sandbox `id`, waking nothing.

@@ -16,8 +16,9 @@ use uuid::Uuid;
 use crate::context::Context;
 use crate::messages::SandboxMsg;
 use crate::registry::{Registry, Slot};
-use crate::sandbox::dormant_info;
 use crate::usage::reading::{Subject, READING_DEADLINE};
+
+use super::describe_dormant;
 
 /// The running sampler; stopping it writes what accrued.
 pub(crate) struct Sampler {
@@ -85,14 +86,10 @@ async fn sample(ctx: &Context, registry: &Registry) {
         }
     });
     futures_util::future::join_all(readings).await;
-    if dormant.is_empty() {
-        return;
-    }
-    match ctx.store.some(dormant.keys().copied().collect()).await {
-        Ok(records) => {
-            for record in &records {
-                let info = dormant_info(ctx, record, dormant[&record.id]);
-                ctx.read_usage(Subject::from(&info), false).await;
+    match describe_dormant(ctx, dormant).await {
+        Ok(infos) => {
+            for info in &infos {
+                ctx.read_usage(Subject::from(info), false).await;
             }
         }
         Err(e) => warn!(error = %e, "could not read the records of sleeping sandboxes for their usage"),
