@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::addresses::{host_networks, name_servers, PRIVATE_V4};
+use crate::addresses::{name_servers, PRIVATE_V4};
 use crate::syscalls::Syscalls;
 
 /// Link-local range holding the cloud metadata address 169.254.169.254.
@@ -162,8 +162,10 @@ const OPTIONAL: [Chain; 2] = [RAW, MANGLE];
 /// How far past its flow bounds `mangle` lets a sandbox go.
 const BACKSTOP: u32 = 2;
 
-/// The rules, in order, as (chain, arguments after the chain).
+/// The rules, in order, as (chain, arguments after the chain);
+/// `host_networks`: the host's own (see [`Syscalls::host_networks`]).
 fn rules(
+    host_networks: Vec<IpNet>,
     server_id: &str,
     generation: char,
     subnet: &str,
@@ -263,7 +265,7 @@ fn rules(
         .iter()
         .map(|n| n.parse().expect("valid range"))
         .chain(
-            host_networks()
+            host_networks
                 .into_iter()
                 .filter(|n| n.addr().is_ipv4() && n.prefix_len() < 32),
         )
@@ -455,7 +457,7 @@ pub fn apply(
     let chains = chains(host)?;
     let old = tagged(host, server_id, &chains)?;
     let generation = next_generation(&old, server_id);
-    let new = rules(server_id, generation, subnet, listed, bounds);
+    let new = rules(host.host_networks(), server_id, generation, subnet, listed, bounds);
     // Each rule is inserted first, so they go in last to first.
     for (chain, rule) in new.into_iter().rev().filter(|(c, _)| chains.contains(c)) {
         let mut args = vec!["1"];
@@ -507,16 +509,19 @@ mod tests {
         host.append_rule("filter", "DOCKER-USER", &["-j", "RETURN"]);
         let listed: Vec<IpNet> = vec!["10.1.0.0/16".parse().unwrap()];
         apply(&host, "abc", SUBNET, &listed, BOUNDS).unwrap();
-        // Ours first, in the order the rules are made (the host's own
-        // networks, read at each call, may change between two calls while
-        // other programs make networks: the order is checked by its kinds).
+        // Ours first, in the order the rules are made.
+        let made = rules(host.host_networks(), "abc", 'a', SUBNET, &listed, BOUNDS);
         for chain in CHAINS {
-            let have = comments(&host, chain);
-            let ours = have.iter().take_while(|c| *c == "mcp-sandbox:abc:a").count();
-            assert!(ours >= 1, "{chain:?}: {have:?}");
-            assert!(
-                have[ours..].iter().all(|c| !c.starts_with("mcp-sandbox:abc")),
-                "{chain:?}: ours first"
+            let ours: Vec<Vec<String>> = made
+                .iter()
+                .filter(|(c, _)| *c == chain)
+                .map(|(_, r)| r.clone())
+                .collect();
+            assert!(!ours.is_empty(), "{chain:?}");
+            assert_eq!(
+                host.rules(chain.0, chain.1)[..ours.len()],
+                ours[..],
+                "{chain:?}: ours first, in order"
             );
         }
         let top = host.rules(DOCKER_USER.0, DOCKER_USER.1);
@@ -600,7 +605,14 @@ mod tests {
             connections: 6,
             bytes_per_minute: 60 * 1024 * 1024,
         };
-        let r = rules("abc", 'b', "172.30.0.0/16", &listed, bounds);
+        let r = rules(
+            Recorder::new().host_networks(),
+            "abc",
+            'b',
+            "172.30.0.0/16",
+            &listed,
+            bounds,
+        );
         assert!(r
             .iter()
             .all(|(_, args)| args.contains(&"mcp-sandbox:abc:b".to_string())));

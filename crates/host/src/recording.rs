@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use ipnet::IpNet;
+
 use crate::syscalls::{Port, Syscalls, ToolOutput};
 use crate::veth::{Addressing, Deadline, StepError};
 
@@ -330,6 +332,13 @@ impl Syscalls for Recorder {
 
     fn links(&self) -> Vec<String> {
         self.state().links.keys().cloned().collect()
+    }
+
+    /// A host on one network, with the loopback: the same at every call.
+    fn host_networks(&self) -> Vec<IpNet> {
+        ["127.0.0.0/8", "127.0.0.1/32", "192.168.5.0/24", "192.168.5.15/32"]
+            .map(|n| n.parse().expect("valid network"))
+            .to_vec()
     }
 
     fn port(&self, name: &str) -> Option<Port> {

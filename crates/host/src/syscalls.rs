@@ -9,7 +9,9 @@
 //!
 //! What stays outside: reading and writing plain files and folders (tests
 //! give each run a folder of its own), and the reads of the host's own
-//! figures (`figures`, `addresses`).
+//! figures (`figures`, `addresses`) but for the host's networks the
+//! firewall is made of, which change whenever another program makes a
+//! network and so are a call of their own.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -21,6 +23,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
 
 use crate::veth::{Addressing, Deadline, StepError};
 use crate::SANDBOX_UID;
@@ -70,6 +74,9 @@ pub trait Syscalls: Send + Sync + 'static {
     fn has_eth0(&self, pid: u32) -> bool;
     /// The names of the host's network links.
     fn links(&self) -> Vec<String>;
+    /// The host's own addresses and the networks its interfaces sit on,
+    /// as they are now.
+    fn host_networks(&self) -> Vec<IpNet>;
     /// The link `name` as a bridge port; none when there is no such link.
     fn port(&self, name: &str) -> Option<Port>;
     /// Makes a veth pair: `eth0` in `namespace` as `addressing` says, and
@@ -235,6 +242,10 @@ impl Syscalls for Linux {
             .flatten()
             .filter_map(|entry| entry.file_name().into_string().ok())
             .collect()
+    }
+
+    fn host_networks(&self) -> Vec<IpNet> {
+        crate::addresses::host_networks()
     }
 
     fn port(&self, name: &str) -> Option<Port> {
