@@ -27,7 +27,16 @@
 //! Every `MCP_SANDBOX_*` variable of the benchmark's environment reaches the
 //! server and overrides the file. The server listens on 127.0.0.1 only.
 //!
-//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min auto --pool-max 100 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst]`
+//! With `--template NAME`, the server also offers template NAME with
+//! `--template-packages` (pandas and matplotlib by default), whose pool
+//! keeps `--pool-min` too (`pool.max` is raised by as much); each mode then
+//! runs a second time creating sandboxes of the template, so that the two
+//! rows compare in one run. After the modes it times, in `--imports`
+//! fresh sandboxes of each kind, the first `import` of those packages: in
+//! one of the template (nothing to install), and in a default one after
+//! `install_package_in_sandbox` of each, one after the other.
+//!
+//! `cargo build --release && cargo bench --bench tti [-- --n 100 --pool-min auto --pool-max 100 --second-burst-after-seconds 60 --modes sequential,staggered,burst,second-burst] [--template data --template-packages pandas,matplotlib --imports 3]`
 
 mod common;
 
@@ -55,14 +64,14 @@ struct Attempt {
     error: Option<String>,
 }
 
-/// Creates a sandbox and runs `echo ok` in it, timed from the sending of
-/// `create_sandbox`; gives up after `deadline`.
-async fn attempt(c: &McpClient, name: String, deadline: Duration) -> Attempt {
+/// Creates a sandbox (of `template`) and runs `echo ok` in it, timed from
+/// the sending of `create_sandbox`; gives up after `deadline`.
+async fn attempt(c: &McpClient, name: String, template: Option<&str>, deadline: Duration) -> Attempt {
     let mut sandbox = None;
     let mut created = None;
     let t = Instant::now();
     let work = async {
-        let id = c.try_create(&name).await?;
+        let id = c.try_create_from(&name, template).await?;
         created = Some(t.elapsed());
         sandbox = Some(id.clone());
         let ran = c
@@ -114,6 +123,7 @@ async fn run_mode(
     agents: &[McpClient],
     label: &str,
     mode: Mode,
+    template: Option<&str>,
     deadline: Duration,
     mode_deadline: Duration,
 ) -> Vec<Attempt> {
@@ -130,7 +140,7 @@ async fn run_mode(
             let mut out = vec![];
             for (i, c) in agents.iter().enumerate() {
                 out.push(match start.elapsed() < mode_deadline {
-                    true => attempt(c, name(i), deadline).await,
+                    true => attempt(c, name(i), template, deadline).await,
                     false => late(),
                 });
             }
@@ -143,12 +153,16 @@ async fn run_mode(
                     return late();
                 }
                 tokio::time::sleep_until((start + slot).into()).await;
-                attempt(c, name(i), deadline).await
+                attempt(c, name(i), template, deadline).await
             });
             futures_util::future::join_all(runs).await
         }
         Mode::Burst => {
-            futures_util::future::join_all(agents.iter().enumerate().map(|(i, c)| attempt(c, name(i), deadline))).await
+            let runs = agents
+                .iter()
+                .enumerate()
+                .map(|(i, c)| attempt(c, name(i), template, deadline));
+            futures_util::future::join_all(runs).await
         }
     }
 }
@@ -199,8 +213,9 @@ fn score(s: &Series, success: f64) -> f64 {
 
 /// The configuration the server runs with: limits for `n` concurrent
 /// agents (and the sessions of every mode), the pool, a lifetime that ends
-/// whatever a killed run left behind.
-fn config_text(n: usize, pool: (usize, usize)) -> String {
+/// whatever a killed run left behind, and the template, if any (name and
+/// packages), with a pool of its own of the same `min`.
+fn config_text(n: usize, pool: (usize, usize), template: Option<(&str, &[String])>) -> String {
     let sandboxes = (2 * n + pool.1).max(200);
     let sessions = (5 * n).max(2000);
     let mut text = String::from(
@@ -214,7 +229,39 @@ fn config_text(n: usize, pool: (usize, usize)) -> String {
         "\n[sandbox]\nmax_lifetime_seconds = {LOAD_SANDBOX_LIFETIME_SECONDS}\n\n[pool]\nmin = {}\nmax = {}\n",
         pool.0, pool.1
     ));
+    if let Some((name, packages)) = template {
+        text.push_str(&format!(
+            "\n[[templates]]\nname = {name:?}\npackages = {packages:?}\npool_min = {}\n",
+            pool.0
+        ));
+    }
     text
+}
+
+/// Seconds from creating `k` fresh sandboxes (of `template`, or default
+/// ones given `packages` by `install_package_in_sandbox`, one after the
+/// other) to the answer of their first `import` of `packages`.
+async fn first_imports(c: &McpClient, template: Option<&str>, packages: &[String], k: usize) -> Series {
+    let mut took = vec![];
+    for i in 0..k {
+        let t = Instant::now();
+        let id = c
+            .try_create_from(&format!("import-{i}"), template)
+            .await
+            .expect("create");
+        if template.is_none() {
+            for p in packages {
+                let status = c.install(&id, p).await;
+                assert_eq!(status["status"], "success", "{p}: {status}");
+            }
+        }
+        c.py(&id, &format!("import {}", packages.join(", "))).await;
+        took.push(t.elapsed());
+        c.try_tool("delete_sandbox", json!({"sandbox_id": id}))
+            .await
+            .expect("delete");
+    }
+    Series::new("first import", took)
 }
 
 #[tokio::main]
@@ -226,7 +273,13 @@ async fn main() -> std::process::ExitCode {
         "auto" => sandbox_actors::config::auto_pool_min(sandbox_host::figures::memory_bytes()),
         n => n.parse().expect("--pool-min: a number or auto"),
     };
-    let max: usize = arg("--pool-max", 100).max(min);
+    let template: String = arg("--template", String::new());
+    let template = Some(template.as_str()).filter(|t| !t.is_empty());
+    let packages: String = arg("--template-packages", "pandas,matplotlib".to_string());
+    let packages: Vec<String> = packages.split(',').map(|p| p.trim().to_string()).collect();
+    let imports: usize = arg("--imports", 3);
+    // The template's pool keeps `min` as well, beside the default's.
+    let max: usize = arg("--pool-max", 100).max(min) + template.map_or(0, |_| min);
     let stagger = Duration::from_millis(arg("--stagger-ms", 200));
     let pause = Duration::from_secs(arg("--second-burst-after-seconds", 60));
     let deadline = Duration::from_secs(arg("--deadline-seconds", 120));
@@ -236,7 +289,7 @@ async fn main() -> std::process::ExitCode {
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tti.toml");
-    let text = config_text(n, (min, max));
+    let text = config_text(n, (min, max), template.map(|t| (t, packages.as_slice())));
     std::fs::write(&config, &text).unwrap();
     // The flags win over inherited MCP_SANDBOX_POOL_MIN/MAX/SIZE variables
     // (which would otherwise override the file).
@@ -274,9 +327,24 @@ async fn main() -> std::process::ExitCode {
         .into_iter()
         .filter(|(label, ..)| chosen.iter().any(|c| *c == label.replace(' ', "-")))
         .collect();
+    // Each mode with the default sandboxes, then (with --template) with
+    // the template's.
+    let kinds: Vec<Option<&str>> = std::iter::once(None).chain(template.map(Some)).collect();
+    let modes: Vec<_> = modes
+        .into_iter()
+        .flat_map(|(label, mode, quiet)| {
+            kinds.iter().enumerate().map(move |(i, kind)| {
+                let label = match kind {
+                    None => label.to_string(),
+                    Some(t) => format!("{label} ({t})"),
+                };
+                (label, mode, if i == 0 { quiet } else { Duration::ZERO }, *kind)
+            })
+        })
+        .collect();
     let mut rows = vec![];
     let mut problems = vec![];
-    for (label, mode, quiet) in modes {
+    for (label, mode, quiet, kind) in modes {
         if !quiet.is_zero() {
             println!("quiet for {quiet:?} before the {label}");
             tokio::time::sleep(quiet).await;
@@ -285,7 +353,8 @@ async fn main() -> std::process::ExitCode {
         let clients = agents(&http, &server.base, n).await;
         let t = Instant::now();
         let before = CpuMark::now(server.pid());
-        let attempts = run_mode(&clients, &label.replace(' ', "-"), mode, deadline, mode_deadline).await;
+        let tag: String = label.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+        let attempts = run_mode(&clients, &tag, mode, kind, deadline, mode_deadline).await;
         let cpu = CpuSplit::since(&before, &CpuMark::now(server.pid()));
         let took = t.elapsed();
         let ok: Vec<Duration> = attempts.iter().filter_map(|a| a.tti).collect();
@@ -323,8 +392,18 @@ async fn main() -> std::process::ExitCode {
         if let Err(e) = deleted {
             problems.push(e);
         }
-        rows.push((label, Series::new(label, ok), n));
+        rows.push((label.clone(), Series::new(&label, ok), n));
     }
+    let first_import = match template {
+        Some(t) if imports > 0 => {
+            let import = packages.join(", ");
+            println!("first `import {import}` in {imports} fresh sandboxes of each kind, one after the other");
+            let templated = first_imports(&admin, Some(t), &packages, imports).await;
+            let installed = first_imports(&admin, None, &packages, imports).await;
+            Some((import, templated, installed))
+        }
+        _ => None,
+    };
     let left = delete_all(&admin).await;
     drop(admin);
     drop(server);
@@ -343,6 +422,30 @@ async fn main() -> std::process::ExitCode {
             s.pct(99.0),
             s.pct(100.0),
             score(s, success)
+        );
+    }
+    if let (Some((import, templated, installed)), Some(t)) = (&first_import, template) {
+        println!();
+        println!("create_sandbox sent → first `import {import}` answered, s");
+        println!("| sandbox | n | p50 | max |");
+        println!("|---|---|---|---|");
+        for (what, s) in [
+            (format!("template {t}"), templated),
+            (
+                "default, install_package_in_sandbox of each first".to_string(),
+                installed,
+            ),
+        ] {
+            println!(
+                "| {what} | {} | {:.2} | {:.2} |",
+                s.n(),
+                s.pct(50.0) / 1000.0,
+                s.pct(100.0) / 1000.0
+            );
+        }
+        println!(
+            "saved by the template: {:.1} s at the median",
+            (installed.pct(50.0) - templated.pct(50.0)) / 1000.0
         );
     }
     match left {

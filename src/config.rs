@@ -5,7 +5,9 @@
 use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 
-use sandbox_actors::config::{PackagesConfig, PoolConfig, ProcessesConfig, SandboxConfig, UploadsConfig, UsageConfig};
+use sandbox_actors::config::{
+    PackagesConfig, PoolConfig, ProcessesConfig, SandboxConfig, TemplateConfig, UploadsConfig, UsageConfig,
+};
 use sandbox_actors::Settings;
 use serde::Deserialize;
 
@@ -38,6 +40,9 @@ pub struct Config {
     /// Several servers as one, through etcd (see docs/cluster.md); absent:
     /// a single host.
     pub cluster: Option<ClusterConfig>,
+    /// `[[templates]]`: prepared environments sandboxes may start from
+    /// (see docs/templates.md).
+    pub templates: Vec<TemplateConfig>,
 }
 
 /// `[server]`
@@ -293,6 +298,10 @@ pub enum ConfigError {
     Sandbox(#[from] sandbox_actors::config::InvalidConfig),
     #[error(transparent)]
     Limits(#[from] LimitsError),
+    /// A `[[templates]]` entry, or an allow-list of them, is wrong; the
+    /// message names the key.
+    #[error("{0}")]
+    Templates(String),
     #[error(transparent)]
     Tasks(#[from] TasksConfigError),
     #[error(transparent)]
@@ -357,7 +366,11 @@ impl Config {
     pub fn proxied_connections_per_sandbox(&self) -> usize {
         let keys = self.auth.keys.iter().filter_map(|k| k.egress);
         let guests = self.guest.enabled.then_some(self.guest.network).flatten();
-        let mut policies = std::iter::once(self.sandbox.network).chain(keys).chain(guests);
+        let templates = self.templates.iter().filter_map(|t| t.network);
+        let mut policies = std::iter::once(self.sandbox.network)
+            .chain(keys)
+            .chain(guests)
+            .chain(templates);
         match policies.any(sandbox_actors::EgressPolicy::is_proxied) {
             true => self.sandbox.egress_max_connections,
             false => 0,
@@ -451,6 +464,9 @@ impl Config {
         if let Some(ca) = &mut self.sandbox.ca_bundle {
             resolve(ca);
         }
+        for files in self.templates.iter_mut().filter_map(|t| t.files.as_mut()) {
+            resolve(files);
+        }
         if let Some(cluster) = &mut self.cluster {
             for file in [
                 &mut cluster.etcd_ca_file,
@@ -485,6 +501,7 @@ impl Config {
         self.tasks.validate(longest_run)?;
         Keys::from_config(&self.auth, self.guest.enabled)?;
         self.guest.validate(self.auth.enabled)?;
+        self.validate_templates()?;
         self.client_addresses()?;
         if let Some(bad) = self
             .server
@@ -530,6 +547,42 @@ impl Config {
         Ok(())
     }
 
+    /// Each template's own checks, unique names, and allow-lists of keys
+    /// and guests that name only templates there are.
+    fn validate_templates(&self) -> Result<(), ConfigError> {
+        let most = sandbox_runtime::template::MAX_TEMPLATES;
+        if self.templates.len() > most {
+            return Err(ConfigError::Templates(format!("templates: at most {most}")));
+        }
+        let memory_mb = sandbox_host::figures::memory_bytes().map(|b| b >> 20);
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        for (i, t) in self.templates.iter().enumerate() {
+            t.validate(memory_mb, cpus)?;
+            if self.templates[..i].iter().any(|o: &TemplateConfig| o.name == t.name) {
+                return Err(ConfigError::Templates(format!(
+                    "templates: {:?} is defined twice",
+                    t.name
+                )));
+            }
+        }
+        let lists = self
+            .auth
+            .keys
+            .iter()
+            .map(|k| (format!("auth.keys[{}].templates", k.name), &k.templates))
+            .chain([("guest.templates".to_string(), &self.guest.templates)]);
+        for (key, list) in lists {
+            for name in list.iter().flatten() {
+                if !self.templates.iter().any(|t| &t.name == name) {
+                    return Err(ConfigError::Templates(format!(
+                        "{key}: {name:?} is not the name of a [[templates]] entry"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// How client addresses are found behind proxies and grouped.
     pub fn client_addresses(&self) -> Result<ClientAddresses, NotANetwork> {
         ClientAddresses::parse(
@@ -565,6 +618,7 @@ impl Config {
             pool: self.pool.clone(),
             usage: self.usage.clone(),
             processes: self.processes.clone(),
+            templates: self.templates.clone(),
             state_dir: abs(&self.server.state_dir),
             results_dir: abs(&self.results.dir),
             protected: config_path

@@ -48,6 +48,11 @@ enum Command {
     },
     /// Build the sandbox image if it is missing, and print its tag.
     BuildImage,
+    /// The [[templates]] of the configuration.
+    Template {
+        #[command(subcommand)]
+        command: TemplateCommand,
+    },
     /// Print what tenants used (sandbox time, CPU, memory, disk, network,
     /// calls, installs), by day or hour, as a running server reports it.
     Usage(mcp_sandbox::report::Ask),
@@ -62,6 +67,13 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// Build the templates' images that are missing (or template NAME's),
+    /// with a line per build step; an unchanged definition is not built again.
+    Build { name: Option<String> },
 }
 
 #[derive(Subcommand)]
@@ -126,6 +138,9 @@ async fn run(command: Command, mut config: Config, path: Option<&std::path::Path
         } => mcp_sandbox::bridge::run(&url, key).await,
         Command::Stdio { connect: None, .. } => mcp_sandbox::serve::stdio(config, path).await,
         Command::BuildImage => mcp_sandbox::serve::build_image(config, path).await,
+        Command::Template {
+            command: TemplateCommand::Build { name },
+        } => mcp_sandbox::serve::build_templates(config, path, name.as_deref()).await,
         Command::Usage(ask) => {
             print!("{}", mcp_sandbox::report::usage(&config, ask).await?);
             Ok(())

@@ -331,6 +331,29 @@ pub async fn build_image(config: Config, config_path: Option<&Path>) -> anyhow::
     Ok(())
 }
 
+/// `mcp-sandbox template build [NAME]`: builds the templates (their build
+/// steps in the log), then prints each one's state; fails if one failed.
+pub async fn build_templates(config: Config, config_path: Option<&Path>, only: Option<&str>) -> anyhow::Result<()> {
+    let built = Sandboxes::build_templates(&config.settings(config_path)?, only).await?;
+    let mut failed = 0;
+    for t in &built {
+        match &t.error {
+            None => println!(
+                "{}: {} ({})",
+                t.name,
+                t.image.as_deref().unwrap_or_default(),
+                if t.built_now { "built" } else { "already built" }
+            ),
+            Some(e) => {
+                failed += 1;
+                println!("{}: FAILED: {e}", t.name);
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} of {} templates could not be built", built.len());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

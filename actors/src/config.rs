@@ -17,6 +17,7 @@ use sandbox_runtime::config::invalid;
 pub use sandbox_runtime::config::{
     InvalidConfig, SandboxConfig, AUTO_OCI_RUNTIME, MAX_SNAPSHOTS, MIN_EGRESS_MB_PER_MINUTE, OCI_RUNTIMES,
 };
+pub use sandbox_runtime::template::TemplateConfig;
 
 /// [`Settings::egress_total_connections`] until the server has measured
 /// its open-file limit.
@@ -31,6 +32,8 @@ pub struct Settings {
     pub pool: PoolConfig,
     pub usage: UsageConfig,
     pub processes: ProcessesConfig,
+    /// `[[templates]]`: the prepared environments sandboxes may start from.
+    pub templates: Vec<TemplateConfig>,
     /// The server's own folder: records and agent sockets. Never uploadable.
     pub state_dir: PathBuf,
     /// Host folder holding each sandbox's `/app/results`.
@@ -94,6 +97,7 @@ impl Settings {
             pool: PoolConfig::off(),
             usage: UsageConfig::default(),
             processes: ProcessesConfig::default(),
+            templates: vec![],
             max_sandboxes_total: usize::MAX,
             live_cap: LiveCap::default(),
             max_hibernated_total: usize::MAX,

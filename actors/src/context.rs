@@ -14,6 +14,7 @@ use crate::pool_pace::CallsInFlight;
 use crate::records::RecordStore;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
+use crate::templates::Templates;
 use crate::usage::reading::{Subject, READING_DEADLINE};
 use crate::usage::Meter;
 use sandbox_egress::Egress;
@@ -39,6 +40,8 @@ pub struct Context {
     pub census: Census,
     /// The runs under way, which the pool's refills give way to.
     pub calls: Arc<CallsInFlight>,
+    /// The templates offered, and which sandbox is made from which.
+    pub templates: Templates,
 }
 
 impl Context {
@@ -72,6 +75,7 @@ impl Context {
             agent: agent_dir(&self.settings.agents_dir(), id),
             egress: self.egress.socket_dir(id),
             packages: self.disks.packages_dir(id),
+            template: self.templates.of(id),
         }
     }
 

@@ -59,6 +59,8 @@ pub enum SandboxError {
     /// not one that wakes it); `why` says which.
     #[error("sandbox {id} is hibernated: {why}")]
     Asleep { id: Uuid, why: String },
+    #[error(transparent)]
+    Template(#[from] crate::templates::TemplateError),
     /// A preview connection could not be opened through the agent.
     #[error("could not open a preview connection: {0}")]
     Preview(#[source] sandbox_runtime::ports::PortError),
@@ -86,6 +88,8 @@ impl SandboxError {
             SandboxError::Internal(_) => "internal",
             SandboxError::Asleep { .. } => "asleep",
             SandboxError::Preview(_) => "preview",
+            SandboxError::Template(crate::templates::TemplateError::Unknown(_)) => "invalid_argument",
+            SandboxError::Template(_) => "template_unavailable",
         }
     }
 }

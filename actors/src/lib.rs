@@ -31,7 +31,8 @@
 //! - `agent_connection`: one sandbox's connection to its agent, with recovery.
 //! - `pool`: making sandboxes, and keeping some made ahead of demand;
 //!   `pool_target`: how many, as demand shows; `pool_yield`: when refills
-//!   give way to the first calls of sandboxes just claimed.
+//!   give way to the first calls of sandboxes just claimed; `pools`: the
+//!   sandbox image's pool and one per template.
 //! - `records`: the record store; `history`: a sandbox's recent calls.
 //! - `usage/`: what each tenant used, by the hour: the meter and this
 //!   month's totals (`mod.rs`), their rows in the record store (`store.rs`),
@@ -41,6 +42,8 @@
 //!   packing; `packages`: accepted package specs.
 //! - `config`: the configuration sections and [`Settings`]; `context`: what
 //!   every actor shares.
+//! - `templates`: the templates offered and which sandbox is made from
+//!   which.
 //! - `error`: [`SandboxError`] and the errors it carries; `status`, `scope`,
 //!   `resources`: sandbox states, whose sandboxes a call reaches, what the
 //!   sandboxes take from the host and the free-disk guard.
@@ -60,6 +63,7 @@ mod pool;
 mod pool_pace;
 mod pool_target;
 mod pool_yield;
+mod pools;
 pub mod processes;
 mod receipt;
 pub mod records;
@@ -72,6 +76,7 @@ mod service;
 pub mod snapshots;
 mod status;
 mod supervisor;
+pub mod templates;
 pub mod uploads;
 pub mod usage;
 

@@ -44,8 +44,10 @@ use crate::error::{AgentFailure, Result, SandboxError};
 use crate::pool_pace::Pace;
 use crate::pool_target::Target;
 use crate::pool_yield::{Yield, MAX_YIELD};
+use crate::templates::{place_files, Offered};
 use sandbox_host::SANDBOX_UID;
 use sandbox_runtime::agent::{AgentClient, Work};
+use sandbox_runtime::template::Template;
 use sandbox_runtime::ContainerRef;
 
 /// A sandbox's container before it has an owner.
@@ -152,19 +154,52 @@ fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// What a new sandbox is made from: the sandbox image, or a template's
+/// image, with the template's files placed in its results folder (none
+/// for a fork, which carries its source's files instead).
+#[derive(Clone, Default)]
+pub struct Recipe {
+    pub template: Option<Arc<Template>>,
+    pub files: Option<Arc<Offered>>,
+}
+
+impl Recipe {
+    /// A new sandbox of the offered template `offered`.
+    pub fn of(offered: &Arc<Offered>) -> Self {
+        Self {
+            template: Some(offered.template.clone()),
+            files: Some(offered.clone()),
+        }
+    }
+
+    /// Whether a sandbox made by `other` is one this recipe makes (a
+    /// template's without its files, for a fork, is not).
+    fn same(&self, other: &Recipe) -> bool {
+        self.template.as_ref().map(|t| &t.image) == other.template.as_ref().map(|t| &t.image)
+            && self.files.is_some() == other.files.is_some()
+    }
+}
+
 /// Makes the folders, egress proxy socket, capped file systems, package
-/// volume and running container of a new sandbox under `egress`.
-pub async fn provision(ctx: &Context, egress: EgressPolicy) -> Result<Provisioned> {
+/// volume and running container of a new sandbox under `egress`, as
+/// `recipe` says.
+pub async fn provision(ctx: &Context, egress: EgressPolicy, recipe: &Recipe) -> Result<Provisioned> {
     // The pool does not refill while the host's disk is nearly full.
     crate::resources::check_free_disk(&ctx.settings)?;
     let id = Uuid::new_v4();
     ctx.egress.attach(id, egress)?;
+    ctx.templates.attach(id, recipe.template.clone());
     let paths = ctx.paths(id);
     let made = async {
         for dir in [&paths.results, &paths.agent] {
             prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
         }
         ctx.disks.prepare(id).await?;
+        if let Some(offered) = &recipe.files {
+            place_files(&offered.files, &paths.results).map_err(|e| {
+                SandboxError::Internal(format!("placing template {:?}'s files: {e}", offered.config.name))
+            })?;
+        }
         Ok::<_, SandboxError>(ctx.runtime.create(&paths, None).await?)
     };
     match made.await {
@@ -191,6 +226,7 @@ async fn remove_host_side(ctx: &Context, id: Uuid) {
     let _ = std::fs::remove_dir_all(&paths.results);
     let _ = std::fs::remove_dir_all(&paths.agent);
     ctx.egress.detach(id);
+    ctx.templates.detach(id);
 }
 
 /// How long the removal of a sandbox that was never handed out is retried
@@ -229,8 +265,13 @@ pub async fn discard(ctx: &Context, p: &Provisioned) {
 /// first Python call, as a cold sandbox's does (claims that wait want an
 /// answer, and a worker's start is a second interpreter's start-up, of the
 /// CPU a burst's creations share).
-async fn provision_warm(ctx: &Context, for_a_waiting_claim: impl Fn() -> bool) -> Result<Provisioned> {
-    let mut p = provision(ctx, ctx.egress.default_policy()).await?;
+async fn provision_warm(
+    ctx: &Context,
+    recipe: &Recipe,
+    egress: EgressPolicy,
+    for_a_waiting_claim: impl Fn() -> bool,
+) -> Result<Provisioned> {
+    let mut p = provision(ctx, egress, recipe).await?;
     let warmed = async {
         let mut client = wait_for_agent(ctx, p.id, &p.container.container_id).await?;
         if for_a_waiting_claim() {
@@ -332,6 +373,9 @@ impl Drop for WaitingClaim {
 
 pub struct Pool {
     ctx: Arc<Context>,
+    /// What its sandboxes are made from, and under which egress policy.
+    recipe: Recipe,
+    egress: EgressPolicy,
     room: Room,
     enabled: bool,
     /// Creations run at once.
@@ -351,13 +395,22 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool under `config` that fills at most `room()` places.
-    pub fn start(ctx: Arc<Context>, config: &PoolConfig, room: Room) -> Arc<Self> {
+    /// A pool under `config` that fills at most `room()` places, of
+    /// sandboxes that `recipe` makes under `egress`.
+    pub fn start(
+        ctx: Arc<Context>,
+        config: &PoolConfig,
+        room: Room,
+        recipe: Recipe,
+        egress: EgressPolicy,
+    ) -> Arc<Self> {
         let min = config.min.resolve(sandbox_host::figures::memory_bytes());
         let target = Target::new(min, config.max, Duration::from_secs(config.shrink_after_seconds));
         let enabled = config.max.max(min) > 0;
         let pool = Arc::new(Self {
             ctx,
+            recipe,
+            egress,
             room,
             enabled,
             at_once: config.creations_at_once.max(1),
@@ -380,7 +433,15 @@ impl Pool {
 
     /// A pool that never fills (before the records are reconciled).
     pub fn off(ctx: Arc<Context>) -> Arc<Self> {
-        Self::start(ctx, &PoolConfig::off(), Box::new(|| 0))
+        let egress = ctx.egress.default_policy();
+        Self::start(ctx, &PoolConfig::off(), Box::new(|| 0), Recipe::default(), egress)
+    }
+
+    /// Whether its sandboxes are what `recipe` makes, under a policy that
+    /// a claim may switch to `egress` (a proxied one to another proxied
+    /// one: the proxy looks the policy up per connection).
+    pub fn serves(&self, recipe: &Recipe, egress: EgressPolicy) -> bool {
+        self.recipe.same(recipe) && self.egress.is_proxied() == egress.is_proxied()
     }
 
     /// Takes a ready sandbox, or waits for the next one the pool finishes
@@ -615,7 +676,7 @@ impl Pool {
                 let pool = self.clone();
                 refilling.spawn(async move {
                     let started = Instant::now();
-                    let made = provision_warm(&pool.ctx, || pool.take_waiting_place()).await;
+                    let made = provision_warm(&pool.ctx, &pool.recipe, pool.egress, || pool.take_waiting_place()).await;
                     (made, started.elapsed())
                 });
             }

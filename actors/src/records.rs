@@ -20,6 +20,7 @@ use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError, StoreError};
 use crate::snapshots::SnapshotTotals;
 use sandbox_runtime::agent::{Carried, Package};
+use sandbox_runtime::template::Template;
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 /// `"{sandbox id}/{requirement}"` → [`InstallRecord`].
@@ -93,6 +94,9 @@ pub struct SandboxRecord {
     /// Set while the sandbox sleeps on disk (see `sandbox::hibernation`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hibernated: Option<Hibernated>,
+    /// The template it was made from (none: the sandbox image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Template>,
 }
 
 /// A sandbox asleep on disk: no container, its disks unmounted.
@@ -388,6 +392,7 @@ mod tests {
             seeding: None,
             exposed_ports: Vec::new(),
             hibernated: None,
+            template: None,
         }
     }
 

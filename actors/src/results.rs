@@ -83,6 +83,9 @@ pub struct SandboxInfo {
     /// When it went to sleep on disk, while it sleeps.
     #[serde(default, with = "crate::moment::option", skip_serializing_if = "Option::is_none")]
     pub hibernated_since: Option<OffsetDateTime>,
+    /// The template it was made from (absent: the default sandbox image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// What a sandbox put to sleep kept of its state.

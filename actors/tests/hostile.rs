@@ -118,6 +118,7 @@ async fn the_installer_has_no_route_to_the_host_or_link_local_addresses() {
         agent: sandbox_host::agent_dir(&settings.agents_dir(), id),
         egress: None,
         packages: Some(settings.state_dir.join("disks").join(id.to_string()).join("packages")),
+        template: None,
     };
     let volume = format!("mcp-sandbox-{id}-venv");
     let argv = vec!["/opt/uv/bin/python".into(), "-c".into(), probe(port)];

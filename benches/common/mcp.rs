@@ -251,8 +251,13 @@ impl McpClient {
 
     /// Creates a sandbox named `name`: its id, or what the call came to.
     pub async fn try_create(&self, name: &str) -> Result<String, String> {
+        self.try_create_from(name, None).await
+    }
+
+    /// A sandbox named `name` of `template` (none: the default).
+    pub async fn try_create_from(&self, name: &str, template: Option<&str>) -> Result<String, String> {
         let created = self
-            .try_tool("create_sandbox", json!({"name": name}))
+            .try_tool("create_sandbox", json!({"name": name, "template": template}))
             .await
             .map_err(|e| format!("create_sandbox: {e:?}"))?;
         created["sandbox_id"]
@@ -481,7 +486,8 @@ impl Server {
             config,
             env,
         };
-        assert!(me.wait_healthy(Duration::from_secs(60)).await, "server did not start");
+        // A start may build templates first.
+        assert!(me.wait_healthy(Duration::from_secs(600)).await, "server did not start");
         me
     }
 
@@ -625,6 +631,8 @@ impl Drop for Server {
         remove(&["rm", "-f", "-v"], listed(&["ps", "-a"]));
         remove(&["volume", "rm", "-f"], listed(&["volume", "ls"]));
         remove(&["network", "rm"], listed(&["network", "ls"]));
+        // The template images it built.
+        remove(&["image", "rm", "-f"], listed(&["images"]));
         let tag = format!("mcp-sandbox:{}", id.trim());
         for (table, chain) in [
             ("filter", "INPUT"),

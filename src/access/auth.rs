@@ -63,6 +63,8 @@ pub struct KeyConfig {
     pub requests_per_second: Option<u32>,
     /// Egress policy of this key's sandboxes instead of `sandbox.network`.
     pub egress: Option<EgressPolicy>,
+    /// The `[[templates]]` this key may create sandboxes from (absent: all).
+    pub templates: Option<Vec<String>>,
     /// Monthly budgets (see [`crate::access::budgets`]).
     pub cpu_hours_per_month: Option<f64>,
     pub sandbox_hours_per_month: Option<f64>,
@@ -79,6 +81,7 @@ pub struct Tenant {
     pub max_sandboxes: Option<usize>,
     pub requests_per_second: Option<u32>,
     pub egress: Option<EgressPolicy>,
+    pub templates: Option<Vec<String>>,
     pub budget: Budget,
 }
 
@@ -182,6 +185,7 @@ impl Keys {
                 max_sandboxes: k.max_sandboxes,
                 requests_per_second: k.requests_per_second,
                 egress: k.egress,
+                templates: k.templates.clone(),
                 budget,
             });
         }

@@ -39,6 +39,8 @@ pub struct GuestConfig {
     pub sandbox_lifetime_seconds: u64,
     /// Egress policy of guests' sandboxes; unset: `sandbox.network`.
     pub network: Option<EgressPolicy>,
+    /// The `[[templates]]` guests may create sandboxes from (absent: all).
+    pub templates: Option<Vec<String>>,
     /// Monthly budgets of each guest (see [`crate::access::budgets`]).
     pub cpu_hours_per_month: Option<f64>,
     pub sandbox_hours_per_month: Option<f64>,
@@ -55,6 +57,7 @@ impl Default for GuestConfig {
             requests_per_second: 5,
             sandbox_lifetime_seconds: 1800,
             network: None,
+            templates: None,
             cpu_hours_per_month: None,
             sandbox_hours_per_month: None,
             egress_mb_per_month: None,

@@ -322,6 +322,16 @@ impl Limits {
         self.keys.tenant(tenant).and_then(|t| t.egress)
     }
 
+    /// Whether `tenant` (a guest when `guest`) may create sandboxes from
+    /// template `name`: its key's or the guests' list, when set, names it.
+    pub fn may_use_template(&self, tenant: &str, guest: bool, name: &str) -> bool {
+        let list = match guest {
+            true => self.guest.templates.as_ref(),
+            false => self.keys.tenant(tenant).and_then(|t| t.templates.as_ref()),
+        };
+        list.is_none_or(|names| names.iter().any(|n| n == name))
+    }
+
     pub fn max_sandboxes_total(&self) -> usize {
         self.config.max_sandboxes_total
     }

@@ -11,6 +11,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use sandbox_actors::files::FileError;
 use sandbox_actors::snapshots::{CopyError, SnapshotError};
+use sandbox_actors::templates::TemplateError;
 use sandbox_actors::{RuntimeError, SandboxError};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
@@ -26,7 +27,7 @@ use crate::ops::args::{SandboxRef, SnapshotRef};
 use crate::ops::error::{Channel, OpsError};
 use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, HibernateResult, InstallResult, PythonResult,
-    RestoreResult, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
+    RestoreResult, SnapshotDeleted, SnapshotList, SnapshotResult, TemplateList, UploadResult,
 };
 use crate::ops::usage::Period;
 use crate::ops::verbs::install_package_in_sandbox::INSTALL_WAIT;
@@ -54,6 +55,7 @@ pub fn routes() -> Router<AppState> {
         )
         .route("/api/sandboxes/{id}/forks", post(fork))
         .route("/api/usage", get(usage))
+        .route("/api/templates", get(templates))
 }
 
 /// The routes whose bodies are files (`[uploads] max_upload_mb`, not the
@@ -100,6 +102,8 @@ fn status_of(e: &SandboxError) -> StatusCode {
         }
         SandboxError::Ended { .. } => StatusCode::GONE,
         SandboxError::Asleep { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        SandboxError::Template(TemplateError::Unknown(_)) => StatusCode::BAD_REQUEST,
+        SandboxError::Template(TemplateError::NotBuilt { .. }) => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Snapshot(e) => match e {
             SnapshotError::NotFound(_) => StatusCode::NOT_FOUND,
             SnapshotError::TooMany(_) => StatusCode::CONFLICT,
@@ -232,6 +236,10 @@ pub(crate) fn json_body<T: DeserializeOwned + JsonSchema>(
 
 async fn list(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Json<SandboxPage> {
     Json(app.ops.show_sandboxes(&caller).await)
+}
+
+async fn templates(State(app): State<AppState>, Extension(caller): Extension<Caller>) -> Json<TemplateList> {
+    Json(app.ops.list_templates(&caller))
 }
 
 async fn create(

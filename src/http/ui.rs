@@ -226,6 +226,7 @@ async fn sandboxes_page(
 <h1>Sandboxes</h1>
 <form id="create-form" class="row">
 <input name="name" id="create-name" placeholder="Name (optional)" maxlength="100">
+<select name="template" id="create-template" hidden><option value="">Default environment</option></select>
 <button type="submit">Create sandbox</button>
 </form>
 <p class="error" id="error" hidden></p>

@@ -32,7 +32,8 @@ use crate::ops::args::{PackageRef, SandboxRef, SnapshotRef};
 use crate::ops::files::{FileListing, ReadResult, WriteResult};
 use crate::ops::results::{
     CommandResult, CreatedSandbox, DeleteResult, ForkResult, HibernateResult, InstallResult, ListedSandbox,
-    PythonResult, ResetResult, RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, UploadResult,
+    PythonResult, ResetResult, RestoreResult, SandboxList, SnapshotDeleted, SnapshotList, SnapshotResult, TemplateList,
+    UploadResult,
 };
 use crate::ops::verbs::create_sandbox::CreateSandbox;
 use crate::ops::verbs::execute_python_code::ExecutePythonCode;
@@ -139,6 +140,19 @@ impl SandboxServer {
         Parameters(args): Parameters<CreateSandbox>,
     ) -> CallToolResult {
         reply(self.ops.create_sandbox(&self.caller(&ctx), args).await)
+    }
+
+    #[tool(
+        description = "List the prepared environments (templates) you may create sandboxes from: each one's name, \
+            description, preinstalled packages and limits. Pass a name to create_sandbox as `template` to start \
+            with those packages already importable, instead of installing them.",
+        output_schema = schema_for_output::<TemplateList>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_templates(&self, ctx: RequestContext<RoleServer>) -> CallToolResult {
+        let list = self.ops.list_templates(&self.caller(&ctx));
+        let text = serde_json::to_value(&list).expect("serialisable");
+        success(&list, Some(text), vec![])
     }
 
     #[tool(

@@ -6,6 +6,7 @@
 
 use sandbox_actors::files::FileError;
 use sandbox_actors::snapshots::SnapshotError;
+use sandbox_actors::templates::TemplateError;
 use sandbox_actors::SandboxError;
 
 use crate::metrics::Outcome;
@@ -111,6 +112,12 @@ fn next_step(e: &SandboxError, channel: Channel) -> &'static str {
     match (e, channel) {
         (SandboxError::NotFound(_), Tools) => " Call list_sandboxes to see yours, or create_sandbox to make one.",
         (SandboxError::NotFound(_), Web) => " See yours in the sandbox list (GET /api/sandboxes), or create one.",
+        (SandboxError::Template(TemplateError::Unknown(_)), Tools) => {
+            ". Call list_templates to see the templates you may use, or leave template out for the default"
+        }
+        (SandboxError::Template(TemplateError::Unknown(_)), Web) => {
+            ". See the templates you may use (GET /api/templates), or leave template out for the default"
+        }
         (SandboxError::Ended { .. }, Tools) => " Create a new sandbox with create_sandbox.",
         (SandboxError::Ended { .. }, Web) => " Create a new sandbox.",
         (SandboxError::Outdated { .. }, Tools) => " A sandbox made now with create_sandbox has the current agent.",

@@ -24,6 +24,9 @@ pub struct CreatedSandbox {
     pub created_at: String,
     /// When the sandbox will be removed (RFC 3339, UTC); null: never.
     pub expires_at: Option<String>,
+    /// The template it started from (absent: the default environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -43,6 +46,9 @@ pub struct ListedSandbox {
     /// Ports reachable through preview links (expose_port); absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exposed_ports: Vec<u16>,
+    /// The template it started from (absent: the default environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// A sandbox's snapshots and the host disk they take.
@@ -96,6 +102,55 @@ pub struct InstalledPackage {
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<ListedSandbox>,
+}
+
+/// The templates the caller may create sandboxes from.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TemplateList {
+    pub templates: Vec<ListedTemplate>,
+}
+
+/// A template: what its sandboxes start with, and their limits.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ListedTemplate {
+    /// What create_sandbox's `template` names it by.
+    pub name: String,
+    pub description: String,
+    /// The pip requirements installed in it (import them without installing).
+    pub packages: Vec<String>,
+    /// How many files it places in /app/results.
+    pub files: usize,
+    /// Its sandboxes' network policy, memory, CPUs and OCI runtime, where
+    /// they differ from the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// False when its build failed; `error` says why.
+    pub available: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl From<sandbox_actors::templates::TemplateInfo> for ListedTemplate {
+    fn from(t: sandbox_actors::templates::TemplateInfo) -> Self {
+        Self {
+            name: t.name,
+            description: t.description,
+            packages: t.packages,
+            files: t.files,
+            network: t.network.map(|n| n.name().to_string()),
+            memory_mb: t.memory_mb,
+            cpus: t.cpus,
+            runtime: t.runtime,
+            available: t.available,
+            error: t.error,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -486,6 +541,7 @@ impl From<SandboxInfo> for CreatedSandbox {
             status: i.status.to_string(),
             created_at: rfc3339(i.created_at),
             expires_at: i.expires_at.map(rfc3339),
+            template: i.template,
         }
     }
 }
@@ -504,6 +560,7 @@ impl ListedSandbox {
             disk: None,
             snapshots: None,
             exposed_ports: vec![],
+            template: None,
         }
     }
 }
@@ -526,6 +583,7 @@ impl From<SandboxInfo> for ListedSandbox {
                 disk_mb: i.snapshots.bytes.div_ceil(1 << 20),
             }),
             exposed_ports: i.exposed_ports,
+            template: i.template,
         }
     }
 }

@@ -15,7 +15,7 @@ async fn the_tools_run_a_sandbox_from_creation_to_deletion_in_order() {
     let tools = alice.0.list_all_tools().await.unwrap();
     assert_eq!(
         tools.len(),
-        25,
+        26,
         "{:?}",
         tools.iter().map(|t| &t.name).collect::<Vec<_>>()
     );

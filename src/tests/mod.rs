@@ -15,6 +15,7 @@ mod app;
 mod mcp;
 mod rest;
 mod tasks;
+mod templates;
 mod usage;
 
 use std::sync::Arc;
@@ -56,6 +57,12 @@ impl App {
     /// changed by `vars` (`MCP_SANDBOX_*` pairs, as the environment gives
     /// them): no pool, no capped disks, no pausing unless a test asks.
     pub async fn start(vars: &[(&str, &str)]) -> Self {
+        Self::start_with(vars, |_| {}).await
+    }
+
+    /// [`App::start`], with the configuration then changed by `tweak` (for
+    /// what the environment cannot set, such as `[[templates]]`).
+    pub async fn start_with(vars: &[(&str, &str)], tweak: impl FnOnce(&mut Config)) -> Self {
         let root = tempfile::tempdir().unwrap();
         let dir = |name: &str| root.path().join(name).to_string_lossy().into_owned();
         let mut env = vec![
@@ -69,7 +76,9 @@ impl App {
             ("MCP_SANDBOX_POOL_MIN", "0"),
         ];
         env.extend(defaults.iter().chain(vars).map(|(k, v)| (k.to_string(), v.to_string())));
-        let config = Config::load(None, env.into_iter()).expect("a valid configuration");
+        let mut config = Config::load(None, env.into_iter()).expect("a valid configuration");
+        tweak(&mut config);
+        config.validate().expect("a valid configuration");
         let signer = crate::serve::signer(&config, None).unwrap();
         let limits = crate::serve::limits(&config, signer.as_ref()).unwrap();
         let mut settings = config.settings(None).unwrap();

@@ -122,6 +122,9 @@ class Server:
                 docker("volume", "rm", "-f", *volumes)
             for network in docker("network", "ls", "-q", "--filter", f"label={SERVER_LABEL}={self.server_id}").split():
                 docker("network", "rm", network)
+            # The template images it built (labelled as its own).
+            for image in docker("images", "-q", "--filter", f"label={SERVER_LABEL}={self.server_id}").split():
+                docker("image", "rm", "-f", image)
             tag = f"mcp-sandbox:{self.server_id}"
             for table, chain in (("filter", "INPUT"), ("filter", "DOCKER-USER"), ("raw", "PREROUTING"), ("mangle", "FORWARD")):
                 rules = subprocess.run(["iptables", "-w", "-t", table, "-S", chain], capture_output=True, text=True).stdout

@@ -1,6 +1,7 @@
 """The docs hold together: every relative link in the README and docs/
 names a file of the repository and, with an anchor, a heading of that file
-(as GitHub makes anchors of headings)."""
+(as GitHub makes anchors of headings); and the end-to-end tier runs every
+test file there is."""
 
 import re
 from pathlib import Path
@@ -61,3 +62,12 @@ def test_the_check_sees_a_broken_anchor_and_a_missing_file(tmp_path):
     page.write_text("# Where the engine's time goes\n\n[a](#where-the-engines-time-goes) [b](#nowhere) [c](gone.md)\n")
     assert "where-the-engines-time-goes" in anchors(page)
     assert [t for _, t in links(page)] == ["#where-the-engines-time-goes", "#nowhere", "gone.md"]
+
+
+def test_the_end_to_end_tier_runs_every_test_file():
+    """scripts/e2e names the files it runs: one left off its list would
+    never run in the suite."""
+    script = (REPO / "scripts" / "e2e").read_text()
+    named = set(re.findall(r"\btest_\w+\.py\b", script))
+    files = {p.name for p in (REPO / "tests" / "e2e").glob("test_*.py")}
+    assert files - named == set(), "not run by scripts/e2e"

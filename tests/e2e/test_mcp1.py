@@ -29,7 +29,7 @@ def test_workflow(server, kind):
             async with ClientSession(streams[0], streams[1]) as s:
                 await s.initialize()
                 tools = (await s.list_tools()).tools
-                assert len(tools) == 25 and all(t.outputSchema for t in tools)
+                assert len(tools) == 26 and all(t.outputSchema for t in tools)
                 sid = (await call(s, "create_sandbox", name=kind))["sandbox_id"]
                 inst = await call(s, "install_package_in_sandbox", sandbox_id=sid, package_name="six")
                 assert inst["status"] in ("success", "installing")

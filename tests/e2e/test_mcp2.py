@@ -40,6 +40,7 @@ TOOLS = {
     "expose_port",
     "unexpose_port",
     "hibernate_sandbox",
+    "list_templates",
 }
 
 

@@ -102,6 +102,7 @@ pub async fn remove_everything(ctx: &Context, record: &SandboxRecord) -> Result<
     }
     ctx.runtime.remove_volume(&record.volume).await?;
     ctx.egress.detach(record.id);
+    ctx.templates.detach(record.id);
     ctx.disks.remove(record.id).await?;
     if let Err(e) = ctx.snapshots.remove_all(record.id).await {
         warn!(sandbox = %record.id, error = %e, "could not remove a deleted sandbox's snapshots; the next start removes them");

@@ -861,6 +861,7 @@ fn describe(
         snapshots,
         exposed_ports: r.exposed_ports.clone(),
         hibernated_since: r.hibernated.as_ref().map(|h| h.since),
+        template: r.template.as_ref().map(|t| t.name.clone()),
     }
 }
 

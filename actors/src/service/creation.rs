@@ -15,7 +15,7 @@ use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::SandboxMsg;
 use crate::moment;
-use crate::pool::{self, Pool};
+use crate::pool::{self, Pool, Recipe};
 use crate::records::SandboxRecord;
 use crate::registry::Registry;
 use crate::resources;
@@ -41,6 +41,8 @@ pub struct CreateOptions {
     pub lifetime: Option<Duration>,
     /// The egress policy (the caller's key may set one); `None`: the server's.
     pub egress: Option<EgressPolicy>,
+    /// The template it starts from (`None`: the sandbox image).
+    pub template: Option<String>,
 }
 
 impl Quota {
@@ -116,6 +118,7 @@ impl Sandboxes {
         name: String,
         egress: EgressPolicy,
         lifetime: Option<Duration>,
+        recipe: Recipe,
     ) -> Creation {
         let configured = self.ctx.settings.sandbox.max_lifetime_seconds;
         let configured = (configured > 0).then(|| Duration::from_secs(configured));
@@ -125,7 +128,8 @@ impl Sandboxes {
         };
         Creation {
             ctx: self.ctx.clone(),
-            pool: self.pool.clone(),
+            pool: self.pools.serving(&recipe, egress),
+            recipe,
             supervisor: self.supervisor.clone(),
             registry: self.registry.clone(),
             owner: owner.to_string(),
@@ -157,10 +161,17 @@ impl Sandboxes {
             // its details would cost one message per sandbox per creation.
             None => format!("Sandbox {}", self.count(owner) + 1),
         };
+        let (recipe, egress) = match &options.template {
+            Some(t) => {
+                let offered = self.ctx.templates.get(t)?;
+                (Recipe::of(&offered), offered.egress(options.egress))
+            }
+            None => (Recipe::default(), options.egress),
+        };
         resources::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, 1)?;
-        let egress = options.egress.unwrap_or(self.ctx.egress.default_policy());
-        let creation = self.creation(owner, name, egress, options.lifetime);
+        let egress = egress.unwrap_or(self.ctx.egress.default_policy());
+        let creation = self.creation(owner, name, egress, options.lifetime, recipe);
         let (mut tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(
             async move {
@@ -183,7 +194,10 @@ impl Sandboxes {
 /// The work of one creation, owned by its own task.
 pub(super) struct Creation {
     pub(super) ctx: Arc<Context>,
-    pub(super) pool: Arc<Pool>,
+    /// The pool that serves it, if one does.
+    pub(super) pool: Option<Arc<Pool>>,
+    /// What it is made from.
+    pub(super) recipe: Recipe,
     pub(super) supervisor: ActorRef<SupervisorMsg>,
     pub(super) registry: Registry,
     pub(super) owner: String,
@@ -204,15 +218,15 @@ impl Creation {
         &self,
         left: impl std::future::Future<Output = ()>,
     ) -> Result<(SandboxInfo, ActorRef<SandboxMsg>)> {
-        // Pooled sandboxes are made under the server's policy; one of the
-        // other kind (bridged or proxied) cannot serve this policy.
+        // A pool serves only sandboxes of its recipe, and of its kind of
+        // policy (bridged or proxied).
         let egress = self.egress;
-        let pooled = match egress.is_proxied() == self.ctx.egress.default_policy().is_proxied() {
-            true => tokio::select! {
-                claimed = self.pool.claim() => claimed.transpose()?,
+        let pooled = match &self.pool {
+            Some(pool) => tokio::select! {
+                claimed = pool.claim() => claimed.transpose()?,
                 () = left => return Err(SandboxError::Internal("the caller went away before its sandbox was ready".into())),
             },
-            false => None,
+            None => None,
         };
         let mut provisioned = match pooled {
             Some(p) if self.ctx.egress.claim(p.id, egress) => p,
@@ -220,9 +234,9 @@ impl Creation {
                 // No first call of this one will come.
                 drop(p.take_first_call());
                 pool::discard(&self.ctx, &p).await;
-                pool::provision(&self.ctx, egress).await?
+                pool::provision(&self.ctx, egress, &self.recipe).await?
             }
-            None => pool::provision(&self.ctx, egress).await?,
+            None => pool::provision(&self.ctx, egress, &self.recipe).await?,
         };
         let agent = provisioned.take_agent();
         let first_call = provisioned.take_first_call();
@@ -243,6 +257,7 @@ impl Creation {
             seeding: self.seeding,
             exposed_ports: Vec::new(),
             hibernated: None,
+            template: self.recipe.template.as_deref().cloned(),
         };
         if let Err(e) = self.ctx.store.put(record.clone()).await {
             drop(first_call);

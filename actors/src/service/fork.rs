@@ -27,6 +27,7 @@ use super::{answer, unexpected, CreateOptions, Creation, Quota, Reach, Sandboxes
 use crate::context::Context;
 use crate::error::{Result, SandboxError};
 use crate::messages::{Queued, SandboxMsg};
+use crate::pool::Recipe;
 use crate::resources;
 use crate::results::SandboxInfo;
 use crate::scope::Scope;
@@ -124,6 +125,12 @@ impl Sandboxes {
                 allowed.name()
             )));
         }
+        // The forks are of the source's template, without its files: they
+        // carry the source's own.
+        let recipe = Recipe {
+            template: self.ctx.templates.of(id),
+            files: None,
+        };
         resources::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, count)?;
         let fork = Uuid::new_v4();
@@ -133,7 +140,7 @@ impl Sandboxes {
             .into_iter()
             .map(|name| Creation {
                 seeding: Some(fork),
-                ..self.creation(owner, name, egress, options.lifetime)
+                ..self.creation(owner, name, egress, options.lifetime, recipe.clone())
             })
             .collect();
         // Cancelled when this call is dropped (the caller hung up): claims

@@ -33,7 +33,8 @@ use crate::agent_connection::Ran;
 use crate::history::CallRecord;
 use crate::messages::{Queued, RunRequest, SandboxMsg};
 use crate::packages;
-use crate::pool::{Pool, PoolStats};
+use crate::pool::PoolStats;
+use crate::pools::Pools;
 use crate::processes::{self, ProcessAnswer, ProcessOp};
 use crate::records::{InstallRecord, InstallState, RecordStore, SandboxRecord};
 use crate::registry::Registry;
@@ -44,6 +45,7 @@ use crate::scope::Scope;
 use crate::snapshots::Snapshots;
 use crate::status::SandboxStatus;
 use crate::supervisor::{Supervisor, SupervisorMsg};
+use crate::templates::{TemplateInfo, Templates};
 use crate::usage::{Meter, Row, Totals};
 use sampler::Sampler;
 use sandbox_runtime::ports::{PortError, PortStream};
@@ -109,7 +111,7 @@ pub struct Sandboxes {
     registry: Registry,
     reach: Reach,
     pending: Pending,
-    pool: Arc<Pool>,
+    pools: Pools,
     supervisor: ActorRef<SupervisorMsg>,
     server_id: String,
     /// Taken (and stopped) at shutdown.
@@ -140,17 +142,45 @@ impl Sandboxes {
 
     /// Builds the sandbox image unless present, and returns its tag.
     pub async fn build_image(settings: &Settings) -> Result<String> {
+        let runtime = Self::builder(settings, Some("image-build")).await?;
+        Ok(runtime.ensure_image(&settings.state_dir).await?)
+    }
+
+    /// Builds the sandbox image and the templates (or template `only`)
+    /// unless present, labelled as this state folder's server's (whose
+    /// start removes them once unused), and returns them as listed.
+    pub async fn build_templates(settings: &Settings, only: Option<&str>) -> Result<Vec<TemplateInfo>> {
+        let configs: Vec<_> = settings
+            .templates
+            .iter()
+            .filter(|t| only.is_none_or(|n| n == t.name))
+            .cloned()
+            .collect();
+        if let (Some(name), true) = (only, configs.is_empty()) {
+            return Err(crate::templates::TemplateError::Unknown(name.into()).into());
+        }
+        let runtime = Self::builder(settings, None).await?;
+        runtime.ensure_image(&settings.state_dir).await?;
+        Ok(Templates::build(&runtime, &configs).await.list())
+    }
+
+    /// A runtime for building images, with the state folder made, as
+    /// server `name` (none: the state folder's server).
+    async fn builder(settings: &Settings, name: Option<&str>) -> Result<DockerRuntime> {
         std::fs::create_dir_all(&settings.state_dir)
             .map_err(|e| SandboxError::Internal(format!("creating the state folder: {e}")))?;
-        let runtime = DockerRuntime::connect(
-            "image-build",
+        let name = match name {
+            Some(n) => n.to_string(),
+            None => server_id(&settings.state_dir)?,
+        };
+        Ok(DockerRuntime::connect(
+            &name,
             &settings.sandbox,
             &settings.state_dir,
             settings.agents_dir(),
             sandbox_host::syscalls::linux(),
         )
-        .await?;
-        Ok(runtime.ensure_image(&settings.state_dir).await?)
+        .await?)
     }
 
     pub async fn with_runtime(
@@ -164,7 +194,9 @@ impl Sandboxes {
         let meter = Meter::open(store.clone(), &settings.usage).await?;
         let disks = settings.disks(host);
         let registry = Registry::default();
+        let templates = Templates::build(runtime.as_ref(), &settings.templates).await;
         let ctx = Arc::new(Context {
+            templates,
             census: Census::new(registry.clone()),
             calls: Arc::default(),
             runtime,
@@ -183,7 +215,7 @@ impl Sandboxes {
             .map_err(|e| SandboxError::Internal(e.to_string()))?;
         let most_waiting = ctx.settings.sandbox.max_queued_calls;
         let me = Self {
-            pool: Pool::off(ctx.clone()),
+            pools: Pools::off(ctx.clone()),
             ctx,
             reach: Reach {
                 registry: registry.clone(),
@@ -201,15 +233,16 @@ impl Sandboxes {
         // have no record.
         let (ctx, pending) = (me.ctx.clone(), me.pending.clone());
         let total = me.ctx.settings.max_sandboxes_total;
-        let room = Box::new(move || {
+        let room = Arc::new(move || {
             let live = ctx.census.count(None, false);
             let creating: usize = pending.lock().expect("pending lock").values().sum();
             total.saturating_sub(live + creating)
         });
         let me = Self {
-            pool: Pool::start(me.ctx.clone(), &me.ctx.settings.pool, room),
+            pools: Pools::start(me.ctx.clone(), &me.ctx.settings.pool, room),
             ..me
         };
+        me.remove_unused_templates().await;
         *me.sampler.lock().expect("sampler lock") = Some(Sampler::start(me.ctx.clone(), me.registry.clone()));
         Ok(me)
     }
@@ -427,10 +460,14 @@ impl Sandboxes {
     /// [`Self::let_preview_through`] lets through.
     pub async fn open_preview(&self, id: Uuid, port: u16) -> Result<PortStream> {
         self.let_preview_through(id, port).await?;
-        self.ctx.runtime.open_port(id, port).await.map_err(|e| match e {
-            PortError::Refused(why) => SandboxError::InvalidArgument(why),
-            other => SandboxError::Preview(other),
-        })
+        self.ctx
+            .runtime
+            .open_port(&self.ctx.paths(id), port)
+            .await
+            .map_err(|e| match e {
+                PortError::Refused(why) => SandboxError::InvalidArgument(why),
+                other => SandboxError::Preview(other),
+            })
     }
 
     /// A sandbox's listing; a dormant one's is read from its record, which
@@ -497,7 +534,7 @@ impl Sandboxes {
         Stats {
             by_status,
             dormant: dormant.len(),
-            pool: self.pool.stats(),
+            pool: self.pools.stats(),
             container_restarts: read(&c.container_restarts),
             installs_succeeded: read(&c.installs_succeeded),
             installs_failed: read(&c.installs_failed),
@@ -531,9 +568,33 @@ impl Sandboxes {
         self.registry.read().expect("registry lock").contains_key(&id)
     }
 
+    /// The templates in force, built or not.
+    pub fn templates(&self) -> Vec<TemplateInfo> {
+        self.ctx.templates.list()
+    }
+
+    /// Removes the template images that neither a template in force nor a
+    /// sandbox uses (a sandbox keeps the image of the definition it was
+    /// made from until it is deleted).
+    async fn remove_unused_templates(&self) {
+        let recorded = match self.ctx.store.all().await {
+            Ok(records) => records
+                .into_iter()
+                .filter_map(|r| r.template.map(|t| t.image))
+                .collect::<Vec<_>>(),
+            Err(e) => return warn!(error = %e, "could not read the records; unused template images stay"),
+        };
+        let keep = self.ctx.templates.images_in_use(recorded);
+        match self.ctx.runtime.remove_unused_templates(&keep).await {
+            Ok(removed) if !removed.is_empty() => info!(?removed, "removed template images nothing uses"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "could not remove unused template images"),
+        }
+    }
+
     /// Pooled sandboxes ready to be claimed.
     pub fn pool_ready(&self) -> usize {
-        self.pool.ready()
+        self.pools.ready()
     }
 
     /// The memory one sandbox may take (`sandbox.memory_mb`).
@@ -543,7 +604,7 @@ impl Sandboxes {
 
     /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
     pub fn resources(&self) -> Resources {
-        let containers = self.registry.read().expect("registry lock").len() + self.pool.ready();
+        let containers = self.registry.read().expect("registry lock").len() + self.pools.ready();
         Resources {
             disk_free_bytes: resources::sandbox_disk_free_bytes(&self.ctx.settings),
             memory_limits_bytes: containers as u64 * (self.ctx.settings.sandbox.memory_mb << 20),
@@ -571,7 +632,7 @@ impl Sandboxes {
         if let Some(sampler) = sampler {
             sampler.stop().await;
         }
-        self.pool.drain().await;
+        self.pools.drain().await;
         let none_left = self.registry.read().expect("registry lock").is_empty();
         self.supervisor
             .stop_children_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
@@ -582,9 +643,9 @@ impl Sandboxes {
             .await;
         // Work still finishing (a run's task, a status query) holds the
         // context and with it the record store; let it end, briefly. What
-        // remains is this value's own handle and the pool's.
+        // remains is this value's own handle and the pools'.
         for _ in 0..100 {
-            if Arc::strong_count(&self.ctx) <= 2 {
+            if Arc::strong_count(&self.ctx) <= 1 + self.pools.count() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -43,6 +43,11 @@ impl Sandboxes {
                 }
             }
             known.insert(record.id, current_container(&record));
+            // Made again from its own template's image, whatever the
+            // configuration says by now.
+            self.ctx
+                .templates
+                .attach(record.id, record.template.clone().map(Arc::new));
             // One asleep on disk gets its proxy and its mounts when it
             // wakes; a sleep the last server did not finish is finished
             // (a container it left is one no record explains).

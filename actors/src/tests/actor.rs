@@ -149,6 +149,7 @@ async fn a_deletion_removes_every_container_of_its_sandbox_and_no_other() {
         agent: s.settings.agents_dir().join(id.to_string()),
         egress: None,
         packages: None,
+        template: None,
     };
     let second = s.fake.create(&paths, Some(&volume)).await.unwrap().container_id;
     s.sb().delete(OWNER, id).await.unwrap();

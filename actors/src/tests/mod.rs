@@ -13,6 +13,7 @@ mod rest;
 mod snapshot;
 mod spans;
 mod supervisor;
+mod templates;
 mod usage;
 
 use std::sync::Arc;

@@ -109,6 +109,7 @@ async fn unrecorded_container(s: &Server) -> sandbox_runtime::ContainerRef {
         agent: Default::default(),
         egress: None,
         packages: None,
+        template: None,
     };
     sandbox_runtime::ContainerRuntime::create(&s.fake, &paths, None)
         .await

@@ -58,19 +58,24 @@ pub enum ImageError {
     },
     #[error("packing the build context: {0}")]
     Context(#[source] std::io::Error),
-    /// The engine failed during the build; `hint` says what may fix it.
-    #[error("build on {base}: {source}{hint}")]
+    /// The engine failed during the build (a step that failed, as the
+    /// engine's stream reports it); `hint` says what may fix it, `output`
+    /// holds the last lines the build printed.
+    #[error("build on {base}: {source}{hint}{}", last_lines(.output))]
     Engine {
         base: String,
         source: bollard::errors::Error,
         hint: &'static str,
+        output: String,
     },
-    /// A build step failed; `message` is the engine's.
-    #[error("build on {base}: {message}{hint}")]
+    /// A build step failed; `message` is the engine's, `output` the last
+    /// lines the build printed before it.
+    #[error("build on {base}: {message}{hint}{}", last_lines(.output))]
     Step {
         base: String,
         message: String,
         hint: &'static str,
+        output: String,
     },
     #[error("build on {base} finished without producing {image}")]
     NotProduced { base: String, image: String },
@@ -83,6 +88,14 @@ pub enum ImageError {
     ImportRefused(String),
     #[error("importing the root file system: {0}")]
     Import(#[source] bollard::errors::Error),
+}
+
+/// A build's last lines, after its error.
+fn last_lines(output: &str) -> String {
+    match output.is_empty() {
+        true => String::new(),
+        false => format!("; its last lines:\n{output}"),
+    }
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

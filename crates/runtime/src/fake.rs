@@ -54,6 +54,8 @@ struct Container {
     /// is written and read (`dump`, `load`).
     results: PathBuf,
     volume: String,
+    /// The template's image it was made from (none: the sandbox image).
+    image: Option<String>,
     state: ContainerState,
     life: CancellationToken,
     paused: watch::Sender<bool>,
@@ -141,6 +143,8 @@ struct State {
     agent_start: Duration,
     /// Calls of `state`: each is an inspection by a real engine.
     inspections: usize,
+    /// Template images built and not removed.
+    images: std::collections::BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -226,6 +230,16 @@ impl FakeRuntime {
             .containers
             .get(container)
             .map_or(ContainerState::Missing, |c| c.state.clone())
+    }
+
+    /// The template image `container` was made from (none: the sandbox image).
+    pub fn image_of(&self, container: &str) -> Option<String> {
+        self.lock().containers.get(container).and_then(|c| c.image.clone())
+    }
+
+    /// The template images built so far.
+    pub fn template_images(&self) -> Vec<String> {
+        self.lock().images.iter().cloned().collect()
     }
 
     pub fn volume_of(&self, container: &str) -> Option<String> {
@@ -333,6 +347,7 @@ impl ContainerRuntime for FakeRuntime {
             sandbox: paths.id,
             results: paths.results.clone(),
             volume: volume.clone(),
+            image: paths.template.as_ref().map(|t| t.image.clone()),
             state: ContainerState::Missing,
             life: CancellationToken::new(),
             paused: watch::channel(false).0,
@@ -507,10 +522,48 @@ impl ContainerRuntime for FakeRuntime {
         self.engine()
     }
 
-    async fn open_port(&self, _sandbox: Uuid, port: u16) -> Result<crate::ports::PortStream, crate::ports::PortError> {
+    async fn open_port(
+        &self,
+        _paths: &SandboxPaths,
+        port: u16,
+    ) -> Result<crate::ports::PortStream, crate::ports::PortError> {
         Err(crate::ports::PortError::Refused(format!(
             "port {port}: the test runtime has no network"
         )))
+    }
+
+    /// Builds nothing: a template whose packages name `no-such-package`
+    /// fails as an index without it would.
+    async fn ensure_template(
+        &self,
+        definition: &crate::template::Definition,
+        progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
+    ) -> Result<(String, bool)> {
+        self.engine()?;
+        if let Some(p) = definition
+            .config
+            .packages
+            .iter()
+            .find(|p| p.contains("no-such-package"))
+        {
+            return Err(RuntimeError::Internal(format!(
+                "{p} was not found in the package registry"
+            )));
+        }
+        let tag = definition.tag(&crate::config::SandboxConfig::default(), "fake-image");
+        progress("Step 1/1");
+        let built = self.lock().images.insert(tag.clone());
+        Ok((tag, built))
+    }
+
+    async fn remove_unused_templates(&self, keep: &std::collections::HashSet<String>) -> Result<Vec<String>> {
+        self.engine()?;
+        let mut state = self.lock();
+        let gone: Vec<String> = state.images.iter().filter(|i| !keep.contains(*i)).cloned().collect();
+        for image in &gone {
+            state.images.remove(image);
+        }
+        Ok(gone)
     }
 
     async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient> {

@@ -11,6 +11,9 @@ pub const PROJECT: &str = "io.mcp-sandbox.project";
 pub const PROJECT_VALUE: &str = "mcp-sandbox";
 pub const SERVER: &str = "io.mcp-sandbox.server";
 pub const SANDBOX: &str = "io.mcp-sandbox.sandbox";
+/// The template an image was built for (`crate::template`); with
+/// [`SERVER`], the server that built it, which alone removes it.
+pub const TEMPLATE: &str = "io.mcp-sandbox.template";
 /// The address the server gave an `open` sandbox on its bridge
 /// (`sandbox_host::bridge`): its record of what it handed out, read back at start.
 pub const ADDRESS: &str = "io.mcp-sandbox.address";

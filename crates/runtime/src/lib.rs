@@ -3,8 +3,10 @@
 //! (`fake`, in this crate's tests and with the `test-runtime` feature).
 //!
 //! - [`ContainerRuntime`] (here) and its Docker implementation (`docker`),
-//!   with the sandbox image's build (`image`) and the labels every engine
-//!   object carries (`labels`);
+//!   with the sandbox image's and the templates' builds (`image`) and the
+//!   labels every engine object carries (`labels`);
+//! - `template`: a template's definition, its image's tag and Dockerfile,
+//!   and what a sandbox made from it records;
 //! - `agent`: the channel to the agent inside each sandbox;
 //! - `spans`: the trace spans of agent exchanges and engine calls;
 //! - `config`: the `[sandbox]` section, what every container is made with;
@@ -23,6 +25,7 @@ pub mod outputs;
 pub mod ports;
 pub mod processes;
 pub mod spans;
+pub mod template;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,6 +53,9 @@ pub struct SandboxPaths {
     /// The capped file system the package volume is bound to (none: a
     /// plain Docker volume).
     pub packages: Option<PathBuf>,
+    /// The template its container is made from (none: the sandbox image,
+    /// under `[sandbox]`'s limits).
+    pub template: Option<std::sync::Arc<template::Template>>,
 }
 
 /// A sandbox's Docker objects.
@@ -168,5 +174,16 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     async fn connect_agent(&self, sandbox: Uuid) -> std::io::Result<AgentClient>;
     /// Opens a connection to `port` inside the sandbox, through its agent
     /// (see [`ports`]).
-    async fn open_port(&self, sandbox: Uuid, port: u16) -> Result<ports::PortStream, ports::PortError>;
+    async fn open_port(&self, paths: &SandboxPaths, port: u16) -> Result<ports::PortStream, ports::PortError>;
+    /// Builds the image of template `definition` on the sandbox image
+    /// unless it is present; its tag, and whether it was built now.
+    /// `progress` hears a line per build step.
+    async fn ensure_template(
+        &self,
+        definition: &template::Definition,
+        progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
+    ) -> Result<(String, bool)>;
+    /// Removes the project's template images that `keep` does not name;
+    /// the tags removed.
+    async fn remove_unused_templates(&self, keep: &std::collections::HashSet<String>) -> Result<Vec<String>>;
 }

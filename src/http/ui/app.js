@@ -137,17 +137,29 @@ async function loadList() {
   table.dataset.loaded = 'true';
 }
 
+// The templates the key may use, as choices of the create form (hidden
+// when there are none).
+async function loadTemplates() {
+  const select = document.getElementById('create-template');
+  const { templates } = await api('GET', '/api/templates');
+  const usable = templates.filter((t) => t.available);
+  select.append(...usable.map((t) => el('option', { value: t.name, title: t.description }, t.name)));
+  select.hidden = usable.length === 0;
+}
+
 function listPage() {
   const form = document.getElementById('create-form');
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     busy(form, async () => {
       const name = form.elements.name.value.trim();
-      await api('POST', '/api/sandboxes', name ? { name } : {});
+      const template = form.elements.template.value;
+      await api('POST', '/api/sandboxes', { ...(name ? { name } : {}), ...(template ? { template } : {}) });
       form.reset();
       await loadList();
     });
   });
+  loadTemplates().catch(showError);
   loadList().catch(showError);
   setInterval(() => loadList().catch(showError), 5000);
 }
@@ -170,6 +182,7 @@ function sandboxPage(root) {
       ['CPU time', cpu(s.usage)],
       ['Memory', memory(s.usage)],
       ['Disk', disk(s.disk)],
+      ['Template', s.template ?? 'default'],
       ['Packages', s.installed_packages.map((p) => `${p.name} ${p.version}`).join(', ') || 'none'],
     ];
     if (s.owner) rows.splice(1, 0, ['Owner', s.owner]);

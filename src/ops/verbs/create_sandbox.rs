@@ -1,7 +1,8 @@
 //! `create_sandbox`: a new sandbox for the caller, within its quota, its
 //! creation rate and its budget.
 
-use sandbox_actors::{CreateOptions, Quota};
+use sandbox_actors::templates::TemplateError;
+use sandbox_actors::{CreateOptions, Quota, SandboxError};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,11 @@ pub struct CreateSandbox {
     #[serde(default)]
     #[schemars(with = "String")]
     pub name: Option<String>,
+    /// A prepared environment to start from, by its name in list_templates
+    /// (optional; without it, the default environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
+    pub template: Option<String>,
 }
 
 impl Ops {
@@ -58,17 +64,36 @@ impl Ops {
     /// the quotas counted over the cluster, and enters it in the directory.
     pub(crate) async fn create_here(&self, caller: &Caller, args: CreateSandbox) -> Result<CreatedSandbox, OpsError> {
         self.check_cluster_room(caller, 1).await?;
+        let options = CreateOptions {
+            template: self.template_for(caller, args.template)?,
+            ..self.create_options(caller)
+        };
         let info = self
             .sandboxes
-            .create(
-                &caller.owner,
-                args.name,
-                self.quota(caller),
-                self.create_options(caller),
-            )
+            .create(&caller.owner, args.name, self.quota(caller), options)
             .await?;
         self.enter_directory(caller, &[info.sandbox_id]).await?;
         Ok(CreatedSandbox::from(info))
+    }
+
+    /// The template the caller asked for, when it may use it; one it may
+    /// not is refused as one that does not exist, so that a key learns
+    /// nothing of the templates of others.
+    fn template_for(&self, caller: &Caller, asked: Option<String>) -> Result<Option<String>, OpsError> {
+        let Some(name) = asked.map(|t| t.trim().to_string()).filter(|t| !t.is_empty()) else {
+            return Ok(None);
+        };
+        match self.may_use_template(caller, &name) {
+            true => Ok(Some(name)),
+            false => Err(SandboxError::from(TemplateError::Unknown(name)).into()),
+        }
+    }
+
+    /// Whether the caller's key (or the guests' tier) lets it use template
+    /// `name`.
+    pub(crate) fn may_use_template(&self, caller: &Caller, name: &str) -> bool {
+        self.limits
+            .may_use_template(&caller.owner, caller.expires_at.is_some(), name)
     }
 
     /// How many sandboxes the caller may hold, and the server in all.
@@ -95,6 +120,7 @@ impl Ops {
                 key_left.min(guest.sandbox_lifetime_seconds),
             )),
             egress: guest.network,
+            template: None,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod list_processes;
 pub mod list_result_files;
 pub mod list_sandboxes;
 pub mod list_snapshots;
+pub mod list_templates;
 pub mod read_file;
 pub mod read_process_output;
 pub mod reset_python;

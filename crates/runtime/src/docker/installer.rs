@@ -29,6 +29,7 @@ impl DockerRuntime {
             vec![format!("{volume}:{VENV_IN_CONTAINER}:rw")],
             &network,
             "runc",
+            None,
         );
         body.cmd = Some(argv);
         body.entrypoint = Some(vec![]);

@@ -37,6 +37,7 @@ use sandbox_host::{agent_dir, firewall, SANDBOX_UID};
 use crate::agent::{AgentClient, AGENT_DIR_IN_CONTAINER, RESULTS_IN_CONTAINER, SOCKET_NAME};
 use crate::config::{SandboxConfig, AUTO_OCI_RUNTIME};
 use crate::ports::{self, PortError, PortStream};
+use crate::template::{Definition, Template};
 use crate::{image, labels, spans};
 use crate::{
     ContainerRef, ContainerRuntime, ContainerState, Installed, Labelled, Result, RuntimeError, SandboxPaths, Usage,
@@ -200,6 +201,13 @@ impl DockerRuntime {
                 false
             }
         }
+    }
+
+    /// The OCI runtime of a sandbox made from `template`.
+    fn oci_runtime<'a>(&'a self, template: Option<&'a Template>) -> &'a str {
+        template
+            .and_then(|t| t.runtime.as_deref())
+            .unwrap_or(&self.config.runtime)
     }
 
     /// Builds the sandbox image unless it is present (see [`image`]).
@@ -436,10 +444,33 @@ impl ContainerRuntime for DockerRuntime {
         AgentClient::connect(&socket, self.config.output_cap_bytes).await
     }
 
-    async fn open_port(&self, sandbox: Uuid, port: u16) -> Result<PortStream, PortError> {
+    async fn open_port(&self, paths: &SandboxPaths, port: u16) -> Result<PortStream, PortError> {
         // gVisor keeps a sandbox's sockets in its own kernel: they cannot
         // be passed out, so its agent relays.
-        let relay = self.config.runtime == "runsc";
-        ports::open_port(&agent_dir(&self.agents, sandbox).join(SOCKET_NAME), port, relay).await
+        let relay = self.oci_runtime(paths.template.as_deref()) == "runsc";
+        ports::open_port(&agent_dir(&self.agents, paths.id).join(SOCKET_NAME), port, relay).await
+    }
+
+    async fn ensure_template(
+        &self,
+        definition: &Definition,
+        progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
+    ) -> Result<(String, bool)> {
+        let tag = definition.tag(&self.config, &self.image);
+        let built = image::ensure_template(
+            &self.docker,
+            &self.server_id,
+            &self.config,
+            definition,
+            &tag,
+            &self.image,
+            progress,
+        )
+        .await?;
+        Ok((tag, built))
+    }
+
+    async fn remove_unused_templates(&self, keep: &HashSet<String>) -> Result<Vec<String>> {
+        image::remove_unused_templates(&self.docker, &self.server_id, keep).await
     }
 }

@@ -105,17 +105,22 @@ impl DockerRuntime {
         format!("mcp-sandbox-{id}")
     }
 
-    /// A hardened container of the sandbox image: all capabilities dropped,
-    /// no new privileges, read-only root, size-capped `/tmp`, memory (no
-    /// swap), CPU and PID limits, the sandbox user, this server's labels.
+    /// A hardened container of the sandbox image, or of `template`'s: all
+    /// capabilities dropped, no new privileges, read-only root, size-capped
+    /// `/tmp`, memory (no swap), CPU and PID limits (the template's where it
+    /// sets them), the sandbox user, this server's labels.
     pub(super) fn hardened(
         &self,
         sandbox: Uuid,
         mut binds: Vec<String>,
         network: &str,
         runtime: &str,
+        template: Option<&Template>,
     ) -> ContainerCreateBody {
         let c = &self.config;
+        let memory_mb = template.and_then(|t| t.memory_mb).unwrap_or(c.memory_mb);
+        let cpus = template.and_then(|t| t.cpus).unwrap_or(c.cpus);
+        let image = template.map_or(&self.image, |t| &t.image);
         let mut env = vec![];
         if let Some(ca) = &c.ca_bundle {
             binds.push(format!("{}:{CA_IN_CONTAINER}:ro", ca.display()));
@@ -123,7 +128,7 @@ impl DockerRuntime {
                 env.push(format!("{var}={CA_IN_CONTAINER}"));
             }
         }
-        let memory = (c.memory_mb * 1024 * 1024) as i64;
+        let memory = (memory_mb * 1024 * 1024) as i64;
         let tmpfs = format!(
             "rw,nosuid,nodev,size={}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777",
             c.tmp_size_mb
@@ -137,7 +142,7 @@ impl DockerRuntime {
             tmpfs: Some(HashMap::from([("/tmp".to_string(), tmpfs)])),
             memory: Some(memory),
             memory_swap: Some(memory),
-            nano_cpus: Some((c.cpus * 1e9) as i64),
+            nano_cpus: Some((cpus * 1e9) as i64),
             pids_limit: Some(c.pids_limit),
             network_mode: Some(network.to_string()),
             runtime: Some(runtime.to_string()),
@@ -146,7 +151,7 @@ impl DockerRuntime {
             ..Default::default()
         };
         ContainerCreateBody {
-            image: Some(self.image.clone()),
+            image: Some(image.clone()),
             user: Some(format!("{SANDBOX_UID}:{SANDBOX_UID}")),
             labels: Some(labels::for_sandbox(&self.server_id, sandbox)),
             env: Some(env),
@@ -163,6 +168,7 @@ impl DockerRuntime {
         volume: &str,
         address: Option<Ipv4Addr>,
     ) -> Result<ContainerCreateBody> {
+        let template = paths.template.as_deref();
         let mut binds = vec![
             format!("{}:{RESULTS_IN_CONTAINER}:rw", paths.results.display()),
             format!("{}:{AGENT_DIR_IN_CONTAINER}:rw", paths.agent.display()),
@@ -170,7 +176,8 @@ impl DockerRuntime {
         ];
         if paths.egress.is_none() && address.is_none() {
             let network = self.server_network()?.to_string();
-            return Ok(self.hardened(paths.id, binds, &network, &self.config.runtime));
+            let runtime = self.oci_runtime(template);
+            return Ok(self.hardened(paths.id, binds, &network, runtime, template));
         }
         binds.push(format!("{}:/etc/hosts:ro", self.loopback_hosts.display()));
         if let Some(egress) = &paths.egress {
@@ -178,7 +185,7 @@ impl DockerRuntime {
         } else {
             binds.push(format!("{}:/etc/resolv.conf:ro", self.resolv_conf.display()));
         }
-        let mut body = self.hardened(paths.id, binds, "none", &self.config.runtime);
+        let mut body = self.hardened(paths.id, binds, "none", self.oci_runtime(template), template);
         body.hostname = Some(SANDBOX_HOSTNAME.into());
         // Networking disabled, not only mode "none": the container still gets
         // a namespace of its own holding only loopback, but the engine skips
