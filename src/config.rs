@@ -557,7 +557,7 @@ impl Config {
         let memory_mb = sandbox_host::figures::memory_bytes().map(|b| b >> 20);
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
         for (i, t) in self.templates.iter().enumerate() {
-            t.validate(memory_mb, cpus)?;
+            t.validate(&self.sandbox, memory_mb, cpus)?;
             if self.templates[..i].iter().any(|o: &TemplateConfig| o.name == t.name) {
                 return Err(ConfigError::Templates(format!(
                     "templates: {:?} is defined twice",

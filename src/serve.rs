@@ -337,7 +337,7 @@ pub async fn build_templates(config: Config, config_path: Option<&Path>, only: O
     let built = Sandboxes::build_templates(&config.settings(config_path)?, only).await?;
     let mut failed = 0;
     for t in &built {
-        match &t.error {
+        match &t.detail {
             None => println!(
                 "{}: {} ({})",
                 t.name,

@@ -44,7 +44,7 @@ use crate::error::{AgentFailure, Result, SandboxError};
 use crate::pool_pace::Pace;
 use crate::pool_target::Target;
 use crate::pool_yield::{Yield, MAX_YIELD};
-use crate::templates::{place_files, Offered};
+use crate::templates::{disk_sizes, place_files, Offered};
 use sandbox_host::SANDBOX_UID;
 use sandbox_runtime::agent::{AgentClient, Work};
 use sandbox_runtime::template::Template;
@@ -194,7 +194,7 @@ pub async fn provision(ctx: &Context, egress: EgressPolicy, recipe: &Recipe) -> 
         for dir in [&paths.results, &paths.agent] {
             prepare_dir(dir).map_err(|e| SandboxError::Internal(format!("preparing {}: {e}", dir.display())))?;
         }
-        ctx.disks.prepare(id).await?;
+        ctx.disks.prepare(id, disk_sizes(recipe.template.as_deref())).await?;
         if let Some(offered) = &recipe.files {
             place_files(&offered.files, &paths.results).map_err(|e| {
                 SandboxError::Internal(format!("placing template {:?}'s files: {e}", offered.config.name))

@@ -46,7 +46,8 @@ impl Pools {
                     .filter_map(|(_, p)| p.upgrade())
                     .map(|p| p.ready())
                     .sum();
-                room().min(most.saturating_sub(taken))
+                // The others' ready sandboxes take places under both bounds.
+                room().saturating_sub(taken).min(most.saturating_sub(taken))
             })
         };
         let default = ctx.egress.default_policy();

@@ -6,12 +6,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::config::EgressPolicy;
+use sandbox_host::disk::Sizes;
 use sandbox_host::SANDBOX_UID;
 use sandbox_runtime::template::{read_files, Definition, Template, TemplateConfig, TemplateFile};
 use sandbox_runtime::ContainerRuntime;
@@ -23,9 +25,11 @@ pub enum TemplateError {
     /// one the caller may use).
     #[error("no template named {0:?} here")]
     Unknown(String),
-    /// Its build failed at the server's start; `why` is the build's error.
-    #[error("template {name:?} could not be built when the server started, so no sandbox can be made from it: {why}")]
-    NotBuilt { name: String, why: String },
+    /// Its build failed at the server's start. Why is the operator's to
+    /// read (the log, `template build`): the build's output may name hosts
+    /// and steps a tenant has no business seeing.
+    #[error("template {name:?} could not be built when the server started, so no sandbox can be made from it; the server's operator finds why in its log")]
+    NotBuilt { name: String },
 }
 
 /// A template whose image is built.
@@ -42,12 +46,9 @@ pub struct Offered {
 
 impl Offered {
     /// The egress policy of its sandboxes for a caller whose key sets
-    /// `key`'s: the key's, but never more than a template without network.
+    /// `key`'s (see [`Template::egress`]).
     pub fn egress(&self, key: Option<EgressPolicy>) -> Option<EgressPolicy> {
-        match self.config.network {
-            Some(EgressPolicy::None) => Some(EgressPolicy::None),
-            template => key.or(template),
-        }
+        Template::egress(self.config.network, key)
     }
 }
 
@@ -68,10 +69,17 @@ pub struct TemplateInfo {
     pub cpus: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
-    /// Whether sandboxes can be made from it; `error`: why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub results_mb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packages_mb: Option<u64>,
+    /// Whether sandboxes can be made from it; `error`: why not, as a
+    /// tenant is told, and `detail`, as the operator is.
     pub available: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(skip)]
+    pub detail: Option<String>,
     /// Its image, and whether this start built it (for the operator).
     #[serde(skip)]
     pub image: Option<String>,
@@ -89,14 +97,25 @@ pub struct Templates {
 
 impl Templates {
     /// Builds each of `configs` whose image is missing (a line in the log
-    /// per build step). A template that cannot be read or built is kept
-    /// with its error, and the others are offered all the same.
-    pub async fn build(runtime: &dyn ContainerRuntime, configs: &[TemplateConfig]) -> Self {
+    /// per build step), each within [`BUILD_DEADLINE`], for sandboxes
+    /// whose `/app/results` holds `results_mb` MiB (0: not capped) unless
+    /// the template sizes it. A template that cannot be read or built is
+    /// kept with its error, and the others are offered all the same.
+    pub async fn build(runtime: &dyn ContainerRuntime, configs: &[TemplateConfig], results_mb: u64) -> Self {
         let mut offered = BTreeMap::new();
         for config in configs {
             let name = config.name.clone();
             let progress = |line: &str| info!(template = %name, "{line}");
-            let built = match build_one(runtime, config, &progress).await {
+            let results_mb = config.results_mb.filter(|_| results_mb > 0).unwrap_or(results_mb);
+            let built = tokio::time::timeout(BUILD_DEADLINE, build_one(runtime, config, results_mb, &progress))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "its build did not end within {} minutes",
+                        BUILD_DEADLINE.as_secs() / 60
+                    ))
+                });
+            let built = match built {
                 Ok(o) => Ok(Arc::new(o)),
                 Err(why) => {
                     warn!(template = %name, error = %why, "template not built; the server offers the others");
@@ -115,10 +134,7 @@ impl Templates {
     pub fn get(&self, name: &str) -> Result<Arc<Offered>, TemplateError> {
         match self.offered.get(name) {
             Some(Ok(o)) => Ok(o.clone()),
-            Some(Err((_, why))) => Err(TemplateError::NotBuilt {
-                name: name.into(),
-                why: why.clone(),
-            }),
+            Some(Err(_)) => Err(TemplateError::NotBuilt { name: name.into() }),
             None => Err(TemplateError::Unknown(name.into())),
         }
     }
@@ -133,7 +149,7 @@ impl Templates {
         self.offered
             .values()
             .map(|o| {
-                let (config, files, error, image, built_now) = match o {
+                let (config, files, detail, image, built_now) = match o {
                     Ok(o) => (
                         &o.config,
                         o.files.iter().filter(|f| f.bytes.is_some()).count(),
@@ -143,6 +159,9 @@ impl Templates {
                     ),
                     Err((config, why)) => (config, 0, Some(why.clone()), None, false),
                 };
+                let error = detail
+                    .as_ref()
+                    .map(|_| "its build failed when the server started".to_string());
                 TemplateInfo {
                     name: config.name.clone(),
                     description: config.description.clone(),
@@ -152,8 +171,11 @@ impl Templates {
                     memory_mb: config.memory_mb,
                     cpus: config.cpus,
                     runtime: config.runtime.clone(),
+                    results_mb: config.results_mb,
+                    packages_mb: config.packages_mb,
                     available: error.is_none(),
                     error,
+                    detail,
                     image,
                     built_now,
                 }
@@ -180,23 +202,56 @@ impl Templates {
     }
 
     /// The images of the templates in force and of the sandboxes made from
-    /// earlier definitions: what the removal of unused images keeps.
-    pub fn images_in_use(&self, recorded: impl IntoIterator<Item = String>) -> HashSet<String> {
+    /// earlier definitions: what the removal of unused images keeps. None
+    /// when a template in force could not be built this time: its image of
+    /// before may be what the next start finds built again.
+    pub fn images_in_use(&self, recorded: impl IntoIterator<Item = String>) -> Option<HashSet<String>> {
+        if self.offered.values().any(Result::is_err) {
+            return None;
+        }
         let mut keep: HashSet<String> = self.built().map(|o| o.template.image.clone()).collect();
         keep.extend(recorded);
-        keep
+        Some(keep)
+    }
+
+    /// What a sandbox made from `recorded` is made from again (a revival, a
+    /// wake, a restart): the template of that name as it is built now, so
+    /// that it runs the current agent and definition, or what it was made
+    /// from when the template is no longer offered.
+    pub fn current(&self, recorded: &Template) -> Arc<Template> {
+        match self.offered.get(&recorded.name) {
+            Some(Ok(o)) => o.template.clone(),
+            _ => Arc::new(recorded.clone()),
+        }
     }
 }
+
+/// How long one template's build may take (a step that hangs must not
+/// hold the server's start for ever).
+pub const BUILD_DEADLINE: Duration = Duration::from_secs(20 * 60);
 
 async fn build_one(
     runtime: &dyn ContainerRuntime,
     config: &TemplateConfig,
+    results_mb: u64,
     progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
 ) -> Result<Offered, String> {
     let files = match &config.files {
         Some(dir) => read_files(dir).map_err(|e| e.to_string())?,
         None => vec![],
     };
+    // Files that do not fit would fail every creation of the template.
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|f| f.bytes.as_ref())
+        .map(|b| b.len() as u64)
+        .sum();
+    if results_mb > 0 && bytes > (results_mb << 20) / 2 {
+        return Err(format!(
+            "its files ({} MiB) take more than half of /app/results ({results_mb} MiB)",
+            bytes.div_ceil(1 << 20)
+        ));
+    }
     let definition = Definition {
         config: config.clone(),
         files,
@@ -213,11 +268,22 @@ async fn build_one(
             memory_mb: config.memory_mb,
             cpus: config.cpus,
             runtime: config.runtime.clone(),
+            results_mb: config.results_mb,
+            packages_mb: config.packages_mb,
+            network: config.network,
         }),
         config: definition.config,
         files: definition.files,
         built_now: built,
     })
+}
+
+/// The sizes of the disks of a sandbox made from `template`.
+pub fn disk_sizes(template: Option<&Template>) -> Sizes {
+    Sizes {
+        results_mb: template.and_then(|t| t.results_mb),
+        packages_mb: template.and_then(|t| t.packages_mb),
+    }
 }
 
 /// Writes `files` into a new sandbox's results folder `dir`, owned by the

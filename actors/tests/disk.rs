@@ -141,7 +141,7 @@ async fn files_deleted_in_a_sandbox_give_their_blocks_back_to_the_host() {
     std::fs::create_dir_all(&results).unwrap();
     std::fs::create_dir_all(s.agents_dir().join(id.to_string())).unwrap();
     let disks = s.disks(sandbox_host::syscalls::linux());
-    disks.prepare(id).await.unwrap();
+    disks.prepare(id, sandbox_host::disk::Sizes::default()).await.unwrap();
     let image = s.state_dir.join("disks").join(id.to_string()).join("results.img");
     let fresh = allocated(&image);
 
@@ -268,7 +268,10 @@ async fn caps_hold_after_a_killed_container_a_server_restart_and_a_reboot() {
     ] {
         std::fs::create_dir_all(dir).unwrap();
     }
-    disks.prepare(orphan).await.unwrap();
+    disks
+        .prepare(orphan, sandbox_host::disk::Sizes::default())
+        .await
+        .unwrap();
     for sandbox in [id, lost] {
         unmount_under(&h.settings.results_dir.join(sandbox.to_string()));
         unmount_under(&h.settings.state_dir.join("disks").join(sandbox.to_string()));

@@ -130,6 +130,11 @@ pub struct ListedTemplate {
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// Sizes of /app/results and of the installed packages' volume, in MB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages_mb: Option<u64>,
     /// False when its build failed; `error` says why.
     pub available: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +152,8 @@ impl From<sandbox_actors::templates::TemplateInfo> for ListedTemplate {
             memory_mb: t.memory_mb,
             cpus: t.cpus,
             runtime: t.runtime,
+            results_mb: t.results_mb,
+            packages_mb: t.packages_mb,
             available: t.available,
             error: t.error,
         }

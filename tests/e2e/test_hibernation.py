@@ -192,10 +192,11 @@ def test_a_sleeping_sandbox_left_alone_keeps_no_actor_and_its_calls_wake_it_in_o
             assert dormant(s) == 1, "its actor rested"
             assert await status_of(c, sid) == "hibernated"
             assert dormant(s) == 1, "a listing woke nothing"
-            # Calls sent during the wake, 50 ms apart (each its own HTTP
-            # request): one wake, then each in the order sent.
+            # Calls sent during the wake, 0.2 s apart (each its own HTTP
+            # request, which under load may overtake one sent 50 ms
+            # earlier): one wake, then each in the order sent.
             async def append(i):
-                await asyncio.sleep(i * 0.05)
+                await asyncio.sleep(i * 0.2)
                 return await c.call_tool("execute_python_code", {"sandbox_id": sid, "code": f"seen.append({i})"})
 
             for r in await asyncio.gather(*(append(i) for i in range(5))):
@@ -232,9 +233,12 @@ def test_what_does_not_pickle_wakes_partial_calls_keep_their_order_and_deletion_
                 assert await status_of(c, sid) == "hibernated"
 
                 # Sent one after another without waiting: they run in order,
-                # after the wake the first one started.
+                # after the wake the first one started. 0.2 s apart, so that
+                # on a loaded machine each request reaches the server before
+                # the next one (they travel on connections of their own),
+                # which is the order that the server keeps.
                 async def append(i):
-                    await asyncio.sleep(i * 0.05)
+                    await asyncio.sleep(i * 0.2)
                     return await ok(c, "execute_python_code", sandbox_id=sid, code=f"seen.append({i})")
 
                 answers = await asyncio.gather(*(append(i) for i in range(4)))

@@ -19,6 +19,7 @@ use crate::config::EgressPolicy;
 use crate::error::{Result, SandboxError};
 use crate::moment;
 use crate::records::Hibernated;
+use crate::templates::disk_sizes;
 use crate::usage::reading::Subject;
 use sandbox_runtime::agent::{Carried, CarriedState};
 
@@ -92,7 +93,9 @@ pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress
     // the disks mounted again.
     link.remove_container().await?;
     let set_up = async {
-        ctx.disks.ensure(id).await?;
+        ctx.disks
+            .ensure(id, disk_sizes(ctx.templates.of(id).as_deref()))
+            .await?;
         if ctx.egress.attached_policy(id).is_none() {
             ctx.egress.attach(id, egress)?;
         }

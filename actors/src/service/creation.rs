@@ -164,7 +164,18 @@ impl Sandboxes {
         let (recipe, egress) = match &options.template {
             Some(t) => {
                 let offered = self.ctx.templates.get(t)?;
-                (Recipe::of(&offered), offered.egress(options.egress))
+                let egress = offered.egress(options.egress);
+                let settings = &self.ctx.settings.sandbox;
+                if offered
+                    .config
+                    .joins_the_bridge_under_gvisor(settings, egress.unwrap_or(settings.network))
+                {
+                    return Err(SandboxError::InvalidArgument(format!(
+                        "template {t:?} runs under gVisor, which cannot join this server's network, and your \
+                         sandboxes' network policy is open; ask the operator for another policy or template"
+                    )));
+                }
+                (Recipe::of(&offered), egress)
             }
             None => (Recipe::default(), options.egress),
         };

@@ -32,6 +32,7 @@ use crate::resources;
 use crate::results::SandboxInfo;
 use crate::scope::Scope;
 use crate::snapshots::{Carried, Export, ExportHold, SnapshotDone, SnapshotOp};
+use sandbox_runtime::template::Template;
 
 /// The most sandboxes one fork makes.
 pub const MAX_FORKS: usize = 16;
@@ -116,7 +117,14 @@ impl Sandboxes {
             .attached_policy(id)
             .or(egress)
             .unwrap_or(self.ctx.egress.default_policy());
-        let allowed = options.egress.unwrap_or(self.ctx.egress.default_policy());
+        // The forks are of the source's template, without its files: they
+        // carry the source's own.
+        let recipe = Recipe {
+            template: self.ctx.templates.of(id),
+            files: None,
+        };
+        let template_network = recipe.template.as_ref().and_then(|t| t.network);
+        let allowed = Template::egress(template_network, options.egress).unwrap_or(self.ctx.egress.default_policy());
         if egress != allowed {
             return Err(SandboxError::InvalidArgument(format!(
                 "this sandbox runs under the network policy {:?}, and your sandboxes now get {:?}: \
@@ -125,12 +133,6 @@ impl Sandboxes {
                 allowed.name()
             )));
         }
-        // The forks are of the source's template, without its files: they
-        // carry the source's own.
-        let recipe = Recipe {
-            template: self.ctx.templates.of(id),
-            files: None,
-        };
         resources::check_free_disk(&self.ctx.settings)?;
         let reservation = self.reserve(owner, quota, count)?;
         let fork = Uuid::new_v4();

@@ -161,7 +161,9 @@ impl Sandboxes {
         }
         let runtime = Self::builder(settings, None).await?;
         runtime.ensure_image(&settings.state_dir).await?;
-        Ok(Templates::build(&runtime, &configs).await.list())
+        Ok(Templates::build(&runtime, &configs, settings.sandbox.results_mb)
+            .await
+            .list())
     }
 
     /// A runtime for building images, with the state folder made, as
@@ -194,7 +196,7 @@ impl Sandboxes {
         let meter = Meter::open(store.clone(), &settings.usage).await?;
         let disks = settings.disks(host);
         let registry = Registry::default();
-        let templates = Templates::build(runtime.as_ref(), &settings.templates).await;
+        let templates = Templates::build(runtime.as_ref(), &settings.templates, settings.sandbox.results_mb).await;
         let ctx = Arc::new(Context {
             templates,
             census: Census::new(registry.clone()),
@@ -229,6 +231,7 @@ impl Sandboxes {
             sampler: Mutex::new(None),
         };
         me.reconcile().await?;
+        me.remove_unused_templates().await;
         // Filled only now: reconciling would remove pooled sandboxes, which
         // have no record.
         let (ctx, pending) = (me.ctx.clone(), me.pending.clone());
@@ -242,7 +245,6 @@ impl Sandboxes {
             pools: Pools::start(me.ctx.clone(), &me.ctx.settings.pool, room),
             ..me
         };
-        me.remove_unused_templates().await;
         *me.sampler.lock().expect("sampler lock") = Some(Sampler::start(me.ctx.clone(), me.registry.clone()));
         Ok(me)
     }
@@ -584,7 +586,9 @@ impl Sandboxes {
                 .collect::<Vec<_>>(),
             Err(e) => return warn!(error = %e, "could not read the records; unused template images stay"),
         };
-        let keep = self.ctx.templates.images_in_use(recorded);
+        let Some(keep) = self.ctx.templates.images_in_use(recorded) else {
+            return info!("a template could not be built: no template image is removed at this start");
+        };
         match self.ctx.runtime.remove_unused_templates(&keep).await {
             Ok(removed) if !removed.is_empty() => info!(?removed, "removed template images nothing uses"),
             Ok(_) => {}
@@ -643,9 +647,10 @@ impl Sandboxes {
             .await;
         // Work still finishing (a run's task, a status query) holds the
         // context and with it the record store; let it end, briefly. What
-        // remains is this value's own handle and the pools'.
+        // remains is this value's own handle, the pools' and the room they
+        // share.
         for _ in 0..100 {
-            if Arc::strong_count(&self.ctx) <= 1 + self.pools.count() {
+            if Arc::strong_count(&self.ctx) <= 2 + self.pools.count() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

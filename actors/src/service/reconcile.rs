@@ -13,6 +13,7 @@ use crate::moment;
 use crate::records::{InstallState, SandboxRecord};
 use crate::registry::{Registered, Slot};
 use crate::sandbox::{remove_everything, Rested};
+use crate::templates::disk_sizes;
 use sandbox_runtime::ContainerState;
 
 use super::Sandboxes;
@@ -45,9 +46,8 @@ impl Sandboxes {
             known.insert(record.id, current_container(&record));
             // Made again from its own template's image, whatever the
             // configuration says by now.
-            self.ctx
-                .templates
-                .attach(record.id, record.template.clone().map(Arc::new));
+            let template = record.template.as_ref().map(|t| self.ctx.templates.current(t));
+            self.ctx.templates.attach(record.id, template);
             // One asleep on disk gets its proxy and its mounts when it
             // wakes; a sleep the last server did not finish is finished
             // (a container it left is one no record explains).
@@ -150,7 +150,8 @@ impl Sandboxes {
     /// missing (after a host reboot); a container that kept running on the
     /// bare folders meanwhile is restarted onto them.
     async fn remount(&self, record: &SandboxRecord) -> Result<()> {
-        if self.ctx.disks.ensure(record.id).await? {
+        let sizes = disk_sizes(record.template.as_ref());
+        if self.ctx.disks.ensure(record.id, sizes).await? {
             info!(sandbox = %record.id, "mounted the sandbox's disks again");
             if self.ctx.runtime.state(&record.container_id).await? == ContainerState::Running {
                 self.ctx.runtime.restart(&record.container_id).await?;

@@ -59,7 +59,7 @@ async fn a_sandbox_of_a_template_is_made_from_its_image_with_its_files() {
     let (s, _files) = server(|_| {}).await;
     let id = create(&s, "data").await.unwrap();
     let image = s.fake.image_of(&s.container(id)).expect("a template's image");
-    assert!(image.starts_with("mcp-sandbox-python-template-data:"), "{image}");
+    assert!(image.starts_with("mcp-sandbox-python-template-data-fake:"), "{image}");
     let results = s.settings.results_dir.join(id.to_string());
     assert_eq!(
         fs::read_to_string(results.join("data/points.csv")).unwrap(),
@@ -90,10 +90,13 @@ async fn an_unknown_or_unbuilt_template_is_refused_and_the_others_are_offered() 
     let err = create(&s, "broken").await.unwrap_err();
     assert!(
         matches!(&err, SandboxError::Template(TemplateError::NotBuilt { .. }))
-            && err.to_string().contains("no-such-package-anywhere"),
-        "the failure names the package: {err}"
+            && !err.to_string().contains("no-such-package-anywhere"),
+        "a tenant is not shown the build's output: {err}"
     );
     let listed = s.sb().templates();
+    let detail = listed[0].detail.as_deref().unwrap_or_default();
+    assert!(detail.contains("no-such-package-anywhere"), "the operator is: {detail}");
+    assert!(!listed[0].error.as_deref().unwrap().contains("no-such-package-anywhere"));
     let names: Vec<(&str, bool)> = listed.iter().map(|t| (t.name.as_str(), t.available)).collect();
     assert_eq!(names, [("broken", false), ("data", true), ("offline", true)]);
     assert_eq!(listed[1].files, 1);
@@ -143,7 +146,7 @@ async fn images_no_template_or_sandbox_uses_are_removed_at_a_start() {
         .fake
         .template_images()
         .into_iter()
-        .find(|i| i.contains("-offline:"))
+        .find(|i| i.contains("-offline-fake:"))
         .unwrap();
     // The data template changes (a new image) and offline goes.
     s.settings.templates.retain(|t| t.name == "data");
@@ -153,9 +156,55 @@ async fn images_no_template_or_sandbox_uses_are_removed_at_a_start() {
     assert!(images.contains(&used), "a sandbox still runs the old image: {images:?}");
     assert!(!images.contains(&offline), "{images:?}");
     assert_eq!(images.len(), 2, "the old data image and the new one: {images:?}");
+    // Made again (its container vanished), it runs the template as it is
+    // built now: the current agent, the current definition.
+    let gone = s.container(id);
+    s.fake.vanish(&gone);
+    s.run(id, "print 1").await.ok();
+    until("revived", || s.fake.container_of(id).is_some_and(|c| c != gone)).await;
+    let now = s.fake.image_of(&s.container(id)).unwrap();
+    assert!(now != used && images.contains(&now), "{now}");
     s.sb().delete(OWNER, id).await.unwrap();
     s.restart().await;
-    assert_eq!(s.fake.template_images().len(), 1, "only the new data image");
+    assert_eq!(s.fake.template_images(), [now], "only the new data image");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pools_together_fill_no_more_than_the_room_under_the_cap() {
+    let (s, _files) = server(|settings| {
+        settings.pool = PoolConfig {
+            min: PoolMin::Fixed(2),
+            max: 8,
+            ..PoolConfig::default()
+        };
+        settings.templates[0].pool_min = 2;
+        settings.templates[1].pool_min = 2;
+        settings.max_sandboxes_total = 3;
+    })
+    .await;
+    until("the pools filled", || s.sb().pool_ready() >= 3).await;
+    pass(Duration::from_secs(60)).await;
+    assert_eq!(
+        s.sb().pool_ready(),
+        3,
+        "three places under the cap, whatever each pool's min"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_of_a_template_without_network_forks_into_ones_without_network() {
+    let (s, _files) = server(|_| {}).await;
+    let id = create(&s, "offline").await.unwrap();
+    let forked = s
+        .sb()
+        .fork(OWNER, id, 1, None, Quota::UNLIMITED, Default::default())
+        .await
+        .unwrap();
+    let fork = &forked.forks[0].info;
+    assert_eq!(
+        (fork.template.as_deref(), fork.egress),
+        (Some("offline"), Some(EgressPolicy::None))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -181,7 +230,11 @@ async fn the_pool_keeps_sandboxes_of_a_template_and_serves_its_burst() {
     assert_eq!(after.claims - before.claims, 3, "{after:?}");
     assert_eq!(after.misses, before.misses, "served from the pool: {after:?}");
     for id in ids {
-        assert!(s.fake.image_of(&s.container(id)).unwrap().contains("-template-data:"));
+        assert!(s
+            .fake
+            .image_of(&s.container(id))
+            .unwrap()
+            .contains("-template-data-fake:"));
         let results = s.settings.results_dir.join(id.to_string());
         assert!(results.join("data/points.csv").is_file(), "its files were placed");
     }
@@ -195,4 +248,29 @@ async fn the_pool_keeps_sandboxes_of_a_template_and_serves_its_burst() {
         None,
         "not from the template's pool"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_template_s_disk_sizes_apply_to_its_sandboxes_only() {
+    let (s, _files) = server(|settings| {
+        settings.sandbox.results_mb = 64;
+        settings.sandbox.results_inodes = 4096;
+        settings.templates[0].results_mb = Some(32);
+    })
+    .await;
+    let image = |id: Uuid| {
+        let path = s
+            .settings
+            .state_dir
+            .join("disks")
+            .join(id.to_string())
+            .join("results.img");
+        fs::metadata(path).unwrap().len() >> 20
+    };
+    let data = create(&s, "data").await.unwrap();
+    let plain = s.create().await;
+    assert_eq!((image(data), image(plain)), (32, 64));
+    // Its files went onto its own disk.
+    let results = s.settings.results_dir.join(data.to_string());
+    assert!(results.join("data/points.csv").is_file());
 }

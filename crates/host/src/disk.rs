@@ -74,6 +74,28 @@ pub struct Cap {
     pub inodes: u64,
 }
 
+/// A sandbox's own sizes of its capped file systems, in MiB, where they
+/// differ from the server's (a template's); a folder the server does not
+/// cap stays uncapped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    pub results_mb: Option<u64>,
+    pub packages_mb: Option<u64>,
+}
+
+/// `base` at `mb` MiB, with as many inodes per MiB as `base` has (within
+/// what ext4 takes), or `base` itself.
+fn resized(base: Cap, mb: Option<u64>) -> Cap {
+    match mb {
+        Some(mb) if base.mb > 0 && mb > 0 => Cap {
+            mb,
+            inodes: (u128::from(base.inodes) * u128::from(mb) / u128::from(base.mb)).clamp(256, u128::from(mb) * 1024)
+                as u64,
+        },
+        _ => base,
+    }
+}
+
 /// Where the disks of this server's sandboxes live.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -255,19 +277,24 @@ impl Disks {
         Some((self.snapshots.mb << 20).saturating_sub(given))
     }
 
-    /// (image, mount point, cap) of each capped file system of a sandbox.
-    fn images(&self, id: Uuid) -> Vec<(PathBuf, PathBuf, Cap)> {
+    /// (image, mount point, cap) of each capped file system of a sandbox
+    /// of `sizes`.
+    fn images(&self, id: Uuid, sizes: Sizes) -> Vec<(PathBuf, PathBuf, Cap)> {
         let dir = self.root.join(id.to_string());
         let mut out = vec![];
         if self.results.mb > 0 {
             out.push((
                 dir.join("results.img"),
                 self.results_dir.join(id.to_string()),
-                self.results,
+                resized(self.results, sizes.results_mb),
             ));
         }
         if let Some(mount) = self.packages_dir(id) {
-            out.push((dir.join("packages.img"), mount, self.packages));
+            out.push((
+                dir.join("packages.img"),
+                mount,
+                resized(self.packages, sizes.packages_mb),
+            ));
         }
         out
     }
@@ -291,15 +318,15 @@ impl Disks {
         Ok(())
     }
 
-    /// Makes and mounts the capped file systems of a new sandbox; its
-    /// results and agent folders must exist (empty) already.
-    pub async fn prepare(&self, id: Uuid) -> Result<(), DiskError> {
+    /// Makes and mounts the capped file systems of a new sandbox of
+    /// `sizes`; its results and agent folders must exist (empty) already.
+    pub async fn prepare(&self, id: Uuid, sizes: Sizes) -> Result<(), DiskError> {
         if !self.enabled() {
             return Ok(());
         }
         let dir = self.root.join(id.to_string());
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let images = self.images(id);
+        let images = self.images(id, sizes);
         for (_, mount, _) in &images {
             std::fs::create_dir_all(mount).map_err(io(mount))?;
         }
@@ -316,9 +343,9 @@ impl Disks {
         agent
     }
 
-    /// Mounts what is missing (after a host reboot, say); true when
-    /// anything had to be mounted again.
-    pub async fn ensure(&self, id: Uuid) -> Result<bool, DiskError> {
+    /// Mounts what is missing (after a host reboot, say) of a sandbox of
+    /// `sizes`; true when anything had to be mounted again.
+    pub async fn ensure(&self, id: Uuid, sizes: Sizes) -> Result<bool, DiskError> {
         // The snapshot store, where the sandbox has one: its snapshots are
         // listed from it. The container does not see it, so it is not
         // counted as remounted (which restarts a running container).
@@ -331,7 +358,7 @@ impl Disks {
             return Ok(false);
         }
         let mut remounted = false;
-        for (image, mount, cap) in self.images(id) {
+        for (image, mount, cap) in self.images(id, sizes) {
             if !self.host.is_mount_point(&mount) {
                 std::fs::create_dir_all(&mount).map_err(io(&mount))?;
                 if !image.is_file() {
@@ -370,7 +397,11 @@ impl Disks {
     /// folder, and its snapshot store whatever the cap is now (it may have
     /// been made under another setting).
     fn mounts(&self, id: Uuid) -> Vec<PathBuf> {
-        let mut mounts: Vec<PathBuf> = self.images(id).into_iter().map(|(_, m, _)| m).collect();
+        let mut mounts: Vec<PathBuf> = self
+            .images(id, Sizes::default())
+            .into_iter()
+            .map(|(_, m, _)| m)
+            .collect();
         mounts.push(agent_dir(&self.agents_dir, id));
         mounts.push(self.snapshots_dir.join(id.to_string()));
         mounts
@@ -639,6 +670,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_sandbox_of_its_own_sizes_gets_disks_of_them_and_keeps_them_when_remade() {
+        let root = tempfile::tempdir().unwrap();
+        let host = Arc::new(Recorder::new());
+        let disks = disks(root.path(), &host);
+        disks.check().await.unwrap();
+        let id = Uuid::new_v4();
+        let [results, _, _] = folders(root.path(), id);
+        let sizes = Sizes {
+            results_mb: Some(32),
+            packages_mb: None,
+        };
+        let made = |from: usize| -> Vec<u64> {
+            host.calls()[from..]
+                .iter()
+                .filter_map(|c| match c {
+                    Call::MakeExt4 { inodes, .. } => Some(*inodes),
+                    _ => None,
+                })
+                .collect()
+        };
+        let before = host.calls().len();
+        disks.prepare(id, sizes).await.unwrap();
+        // Half the server's 64 MiB: half its inodes, on an image of its own.
+        assert_eq!(made(before), [2048]);
+        let image = root.path().join("disks").join(id.to_string()).join("results.img");
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), 32 << 20);
+        // Its image lost (a host reboot) is made again at its own size.
+        host.unmount(&results, false).unwrap();
+        std::fs::remove_file(&image).unwrap();
+        assert!(disks.ensure(id, sizes).await.unwrap());
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), 32 << 20);
+        disks.remove(id).await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_sandbox_s_disks_are_made_from_templates_mounted_and_removed_with_nothing_left() {
         let root = tempfile::tempdir().unwrap();
         let host = Arc::new(Recorder::new());
@@ -670,7 +736,7 @@ mod tests {
         let id = Uuid::new_v4();
         let [results, agent, packages] = folders(root.path(), id);
         let before = host.calls().len();
-        disks.prepare(id).await.unwrap();
+        disks.prepare(id, Sizes::default()).await.unwrap();
         let calls = host.calls()[before..].to_vec();
         assert!(
             !calls.iter().any(|c| matches!(c, Call::MakeExt4 { .. })),
@@ -693,9 +759,12 @@ mod tests {
         assert_eq!(disks.packages_dir(id), Some(packages.clone()));
 
         // A mount lost (a host reboot) comes back; what is there is left alone.
-        assert!(!disks.ensure(id).await.unwrap(), "nothing to mount again");
+        assert!(
+            !disks.ensure(id, Sizes::default()).await.unwrap(),
+            "nothing to mount again"
+        );
         host.unmount(&results, false).unwrap();
-        assert!(disks.ensure(id).await.unwrap());
+        assert!(disks.ensure(id, Sizes::default()).await.unwrap());
         assert!(host.is_mount_point(&results));
 
         // Asleep: nothing mounted, the images kept; awake again: all back.
@@ -710,7 +779,7 @@ mod tests {
                 .count()
                 >= 2
         );
-        assert!(disks.ensure(id).await.unwrap());
+        assert!(disks.ensure(id, Sizes::default()).await.unwrap());
         let mut back: Vec<PathBuf> = host.mounted().into_iter().collect();
         back.sort();
         let mut all = vec![results.clone(), agent.clone(), packages.clone()];
@@ -743,7 +812,7 @@ mod tests {
         host.fail("mount_ext4", "packages.img");
         let id = Uuid::new_v4();
         folders(root.path(), id);
-        let err = disks.prepare(id).await.unwrap_err().to_string();
+        let err = disks.prepare(id, Sizes::default()).await.unwrap_err().to_string();
         assert!(err.contains("mounting") && err.contains("packages.img"), "{err}");
         assert!(
             !host.mounted().is_empty(),
@@ -777,7 +846,7 @@ mod tests {
         let disks = capped(root.path(), &host, [off; 3]);
         let id = Uuid::new_v4();
         disks.check().await.unwrap();
-        disks.prepare(id).await.unwrap();
+        disks.prepare(id, Sizes::default()).await.unwrap();
         assert!(disks.usage(id).is_none());
         assert!(host.calls().is_empty());
     }
@@ -790,7 +859,7 @@ mod tests {
         disks.check().await.unwrap();
         let id = Uuid::new_v4();
         folders(root.path(), id);
-        disks.prepare(id).await.unwrap();
+        disks.prepare(id, Sizes::default()).await.unwrap();
         let store = root.path().join("snapshots").join(id.to_string());
         assert!(!host.is_mount_point(&store), "no store before the first snapshot");
         assert!(disks.usage(id).unwrap().snapshots.is_none());
@@ -814,7 +883,10 @@ mod tests {
         // After a reboot the store comes back with the sandbox's other
         // disks, without counting as a remount of the container's.
         host.unmount(&store, false).unwrap();
-        assert!(!disks.ensure(id).await.unwrap(), "the container does not see the store");
+        assert!(
+            !disks.ensure(id, Sizes::default()).await.unwrap(),
+            "the container does not see the store"
+        );
         assert!(host.is_mount_point(&store));
         assert!(disks.snapshots_room(id).unwrap() <= SNAPSHOTS.mb << 20);
 

@@ -550,7 +550,7 @@ impl ContainerRuntime for FakeRuntime {
                 "{p} was not found in the package registry"
             )));
         }
-        let tag = definition.tag(&crate::config::SandboxConfig::default(), "fake-image");
+        let tag = definition.tag(&crate::config::SandboxConfig::default(), "fake", "fake-image");
         progress("Step 1/1");
         let built = self.lock().images.insert(tag.clone());
         Ok((tag, built))

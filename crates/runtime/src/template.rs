@@ -56,6 +56,10 @@ pub struct TemplateConfig {
     pub memory_mb: Option<u64>,
     pub cpus: Option<f64>,
     pub runtime: Option<String>,
+    /// Sizes of its sandboxes' `/app/results` and package volume, in MiB,
+    /// where `[sandbox]` caps them (their inodes in the same proportion).
+    pub results_mb: Option<u64>,
+    pub packages_mb: Option<u64>,
     /// Sandboxes of the template kept ready in the warm pool always (the
     /// pool adds more as claims show, within `pool.max` over all pools).
     pub pool_min: usize,
@@ -64,7 +68,12 @@ pub struct TemplateConfig {
 impl TemplateConfig {
     /// Checks what serde cannot, within the server's own limits; each
     /// message names the template and its key.
-    pub fn validate(&self, host_memory_mb: Option<u64>, host_cpus: usize) -> Result<(), InvalidConfig> {
+    pub fn validate(
+        &self,
+        sandbox: &SandboxConfig,
+        host_memory_mb: Option<u64>,
+        host_cpus: usize,
+    ) -> Result<(), InvalidConfig> {
         let key = |k: &str| format!("templates.{}.{k}", self.name);
         let ok_name = !self.name.is_empty()
             && self.name.len() <= 40
@@ -132,7 +141,39 @@ impl TemplateConfig {
                 return Err(invalid(key("runtime"), format!("one of {OCI_RUNTIMES:?}")));
             }
         }
+        if self.joins_the_bridge_under_gvisor(sandbox, self.network.unwrap_or(sandbox.network)) {
+            return Err(invalid(
+                key("network"),
+                "a template that runs under runsc, on a server whose sandboxes do not, cannot join the \
+                 server's network: set network to \"none\", \"packages\" or \"allowlist\"",
+            ));
+        }
+        for (name, mb, capped) in [
+            ("results_mb", self.results_mb, sandbox.results_mb > 0),
+            ("packages_mb", self.packages_mb, sandbox.packages_mb > 0),
+        ] {
+            match mb {
+                Some(_) if !capped => {
+                    return Err(invalid(
+                        key(name),
+                        format!("sandbox.{name} is 0 (not capped): set it there first"),
+                    ))
+                }
+                Some(mb) if !(16..=1 << 20).contains(&mb) => return Err(invalid(key(name), "from 16 to 1048576")),
+                _ => {}
+            }
+        }
         Ok(())
+    }
+}
+
+impl TemplateConfig {
+    /// Whether a sandbox of it under `egress` would run under gVisor on the
+    /// server's bridge, which the server joins from outside the container's
+    /// kernel (only a server whose sandboxes all run under runsc has the
+    /// engine network them instead).
+    pub fn joins_the_bridge_under_gvisor(&self, sandbox: &SandboxConfig, egress: EgressPolicy) -> bool {
+        self.runtime.as_deref() == Some("runsc") && sandbox.runtime != "runsc" && !egress.is_proxied()
     }
 }
 
@@ -221,12 +262,16 @@ pub struct Definition {
 }
 
 impl Definition {
-    /// `{sandbox.image}-template-{name}:{hash}`: the hash covers the base
+    /// `{sandbox.image}-template-{name}-{server_id}:{hash}`. The server's id
+    /// is in the name so that each server's images are its own: a server
+    /// removes what it no longer uses without taking an image another
+    /// server on the engine runs (a second build of the same definition
+    /// comes from the engine's cache of build steps). The hash covers the base
     /// image's tag and everything the build is given (its Dockerfile, so
     /// the steps, the packages and how they are run, and the files), so
     /// that any change makes a new tag; description and limits are left
     /// out (they change no byte of the image).
-    pub fn tag(&self, sandbox: &SandboxConfig, base: &str) -> String {
+    pub fn tag(&self, sandbox: &SandboxConfig, server_id: &str, base: &str) -> String {
         let mut h = Fnv::default();
         for part in [base, &self.dockerfile(), RUN_STEP, &self.requirements()] {
             h.add(part.as_bytes());
@@ -236,7 +281,8 @@ impl Definition {
             h.add(&[u8::from(f.executable)]);
             h.add(f.bytes.as_deref().unwrap_or(b"/"));
         }
-        format!("{}-template-{}:{:012x}", sandbox.image, self.config.name, h.0 >> 16)
+        let name = &self.config.name;
+        format!("{}-template-{name}-{server_id}:{:012x}", sandbox.image, h.0 >> 16)
     }
 
     /// The Dockerfile of its image, on the build argument `BASE`: each step
@@ -313,6 +359,25 @@ pub struct Template {
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages_mb: Option<u64>,
+    /// Its egress policy, where it sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<EgressPolicy>,
+}
+
+impl Template {
+    /// The egress policy of its sandboxes for a caller whose key (or tier)
+    /// sets `key`'s: the key's, else the template's; but a template without
+    /// network never has any. `None`: the server's.
+    pub fn egress(template: Option<EgressPolicy>, key: Option<EgressPolicy>) -> Option<EgressPolicy> {
+        match template {
+            Some(EgressPolicy::None) => Some(EgressPolicy::None),
+            template => key.or(template),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -335,29 +400,34 @@ mod tests {
     fn the_tag_changes_with_what_goes_into_the_image_and_only_with_that() {
         let sandbox = SandboxConfig::default();
         let a = definition(&["pandas"], &[]);
-        let tag = a.tag(&sandbox, "mcp-sandbox-python:1");
-        assert!(tag.starts_with("mcp-sandbox-python-template-data:"), "{tag}");
-        assert_eq!(tag, a.tag(&sandbox, "mcp-sandbox-python:1"), "stable");
-        assert_ne!(tag, a.tag(&sandbox, "mcp-sandbox-python:2"), "a new base");
+        let tag = a.tag(&sandbox, "s1", "mcp-sandbox-python:1");
+        assert!(tag.starts_with("mcp-sandbox-python-template-data-s1:"), "{tag}");
         assert_ne!(
             tag,
-            definition(&["pandas==2.2.3"], &[]).tag(&sandbox, "mcp-sandbox-python:1")
+            a.tag(&sandbox, "s2", "mcp-sandbox-python:1"),
+            "another server's own"
+        );
+        assert_eq!(tag, a.tag(&sandbox, "s1", "mcp-sandbox-python:1"), "stable");
+        assert_ne!(tag, a.tag(&sandbox, "s1", "mcp-sandbox-python:2"), "a new base");
+        assert_ne!(
+            tag,
+            definition(&["pandas==2.2.3"], &[]).tag(&sandbox, "s1", "mcp-sandbox-python:1")
         );
         assert_ne!(
             tag,
-            definition(&["pandas"], &["true"]).tag(&sandbox, "mcp-sandbox-python:1")
+            definition(&["pandas"], &["true"]).tag(&sandbox, "s1", "mcp-sandbox-python:1")
         );
         let mut described = a.clone();
         described.config.description = "other words".into();
         described.config.memory_mb = Some(1024);
-        assert_eq!(tag, described.tag(&sandbox, "mcp-sandbox-python:1"));
+        assert_eq!(tag, described.tag(&sandbox, "s1", "mcp-sandbox-python:1"));
         let mut filed = a.clone();
         filed.files.push(TemplateFile {
             path: "a.csv".into(),
             bytes: Some(b"x".to_vec()),
             executable: false,
         });
-        assert_ne!(tag, filed.tag(&sandbox, "mcp-sandbox-python:1"));
+        assert_ne!(tag, filed.tag(&sandbox, "s1", "mcp-sandbox-python:1"));
     }
 
     #[test]
@@ -375,12 +445,22 @@ mod tests {
 
     #[test]
     fn a_bad_definition_is_named_by_its_key() {
-        let check = |t: TemplateConfig| t.validate(Some(8192), 4).map_err(|e| e.to_string());
+        let sandbox = SandboxConfig {
+            packages_mb: 0,
+            ..SandboxConfig::default()
+        };
+        let check = |t: TemplateConfig| t.validate(&sandbox, Some(8192), 4).map_err(|e| e.to_string());
         let ok = TemplateConfig {
             name: "web-2".into(),
             ..Default::default()
         };
         assert!(check(ok.clone()).is_ok());
+        let gvisor = TemplateConfig {
+            runtime: Some("runsc".into()),
+            network: Some(EgressPolicy::Packages),
+            ..ok.clone()
+        };
+        assert!(check(gvisor).is_ok(), "gVisor behind the proxy");
         for (bad, key) in [
             (
                 TemplateConfig {
@@ -430,6 +510,27 @@ mod tests {
                     ..ok.clone()
                 },
                 "runtime",
+            ),
+            (
+                TemplateConfig {
+                    results_mb: Some(8),
+                    ..ok.clone()
+                },
+                "results_mb",
+            ),
+            (
+                TemplateConfig {
+                    runtime: Some("runsc".into()),
+                    ..ok.clone()
+                },
+                "cannot join the server's network",
+            ),
+            (
+                TemplateConfig {
+                    packages_mb: Some(4096),
+                    ..ok.clone()
+                },
+                "sandbox.packages_mb is 0",
             ),
             (
                 TemplateConfig {

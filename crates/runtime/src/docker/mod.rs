@@ -456,7 +456,7 @@ impl ContainerRuntime for DockerRuntime {
         definition: &Definition,
         progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
     ) -> Result<(String, bool)> {
-        let tag = definition.tag(&self.config, &self.image);
+        let tag = definition.tag(&self.config, &self.server_id, &self.image);
         let built = image::ensure_template(
             &self.docker,
             &self.server_id,
