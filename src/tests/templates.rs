@@ -129,3 +129,35 @@ fn an_allow_list_naming_no_template_is_a_configuration_error() {
     config.templates.push(config.templates[0].clone());
     assert!(config.validate().unwrap_err().to_string().contains("twice"));
 }
+
+#[tokio::test]
+async fn guests_use_only_the_templates_of_the_guest_tier() {
+    let app = App::start_with(
+        &[
+            ("MCP_SANDBOX_AUTH_ENABLED", "true"),
+            ("MCP_SANDBOX_GUEST_ENABLED", "true"),
+        ],
+        |c: &mut Config| {
+            c.templates = ["data", "web"]
+                .map(|name| TemplateConfig {
+                    name: name.into(),
+                    ..Default::default()
+                })
+                .to_vec();
+            c.guest.templates = Some(vec!["web".into()]);
+        },
+    )
+    .await;
+    let until = crate::access::signer::unix_now() + 600;
+    let guest = app
+        .client(
+            Caller::guest(format!("{}a1", crate::access::caller::GUEST_PREFIX), until),
+            false,
+        )
+        .await;
+    let listed = guest.ok("list_templates", json!({})).await;
+    assert_eq!(listed["templates"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["templates"][0]["name"], "web");
+    guest.error("create_sandbox", json!({"template": "data"})).await;
+    guest.ok("create_sandbox", json!({"template": "web"})).await;
+}
