@@ -196,7 +196,7 @@ pub async fn provision(ctx: &Context, egress: EgressPolicy, recipe: &Recipe) -> 
         }
         ctx.disks.prepare(id, disk_sizes(recipe.template.as_deref())).await?;
         if let Some(offered) = &recipe.files {
-            place_files(&offered.files, &paths.results).map_err(|e| {
+            place_files(offered.clone(), paths.results.clone()).await.map_err(|e| {
                 SandboxError::Internal(format!("placing template {:?}'s files: {e}", offered.config.name))
             })?;
         }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -236,8 +236,12 @@ async fn build_one(
     results_mb: u64,
     progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
 ) -> Result<Offered, String> {
-    let files = match &config.files {
-        Some(dir) => read_files(dir).map_err(|e| e.to_string())?,
+    // Up to 64 MiB read from the disk: off the async threads.
+    let files = match config.files.clone() {
+        Some(dir) => tokio::task::spawn_blocking(move || read_files(&dir))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?,
         None => vec![],
     };
     // Files that do not fit would fail every creation of the template.
@@ -286,10 +290,18 @@ pub fn disk_sizes(template: Option<&Template>) -> Sizes {
     }
 }
 
-/// Writes `files` into a new sandbox's results folder `dir`, owned by the
-/// sandbox user (the folder is the sandbox's own new disk: nothing in it
-/// yet, so nothing there can redirect a write).
-pub fn place_files(files: &[TemplateFile], dir: &Path) -> std::io::Result<()> {
+/// Writes the files of `offered` into a new sandbox's results folder `dir`,
+/// owned by the sandbox user (the folder is the sandbox's own new disk:
+/// nothing in it yet, so nothing there can redirect a write), on a
+/// blocking thread: a template's files are up to 64 MiB, and every
+/// creation and refill of the template writes them.
+pub async fn place_files(offered: Arc<Offered>, dir: PathBuf) -> std::io::Result<()> {
+    tokio::task::spawn_blocking(move || write_files(&offered.files, &dir))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+fn write_files(files: &[TemplateFile], dir: &Path) -> std::io::Result<()> {
     for f in files {
         let path = dir.join(&f.path);
         match &f.bytes {

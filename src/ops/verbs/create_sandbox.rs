@@ -63,9 +63,11 @@ impl Ops {
     /// Creates the sandbox on this node (the one placement chose), within
     /// the quotas counted over the cluster, and enters it in the directory.
     pub(crate) async fn create_here(&self, caller: &Caller, args: CreateSandbox) -> Result<CreatedSandbox, OpsError> {
+        // The caller's own list first: a refusal costs the cluster nothing.
+        let template = self.template_for(caller, args.template)?;
         self.check_cluster_room(caller, 1).await?;
         let options = CreateOptions {
-            template: self.template_for(caller, args.template)?,
+            template,
             ..self.create_options(caller)
         };
         let info = self
