@@ -254,9 +254,20 @@ impl Actor for Supervisor {
         let Some(id) = state.by_actor.remove(&cell.get_id()) else {
             return Ok(());
         };
-        state.registry.write().expect("registry lock").remove(&id);
-        let Some(why) = failure else { return Ok(()) };
+        let Some(why) = failure else {
+            state.registry.write().expect("registry lock").remove(&id);
+            return Ok(());
+        };
         warn!(sandbox = %id, error = %why, "sandbox actor failed; restarting it");
+        // Calls that come while it restarts, and those that waited for it to
+        // answer whether it rests, wait in its entry for the new actor.
+        if let Some(entry) = state.registry.write().expect("registry lock").get_mut(&id) {
+            let waiting = match std::mem::replace(&mut entry.slot, Slot::Waking(Vec::new())) {
+                Slot::Resting(_, waiting) | Slot::Waking(waiting) => waiting,
+                Slot::Actor(_) | Slot::Dormant(_) => Vec::new(),
+            };
+            entry.slot = Slot::Waking(waiting);
+        }
         let record = match state.ctx.store.get(id).await {
             Ok(record) => record,
             Err(e) => {
@@ -264,11 +275,19 @@ impl Actor for Supervisor {
                 None
             }
         };
-        if let Some(record) = record {
-            let notice = Some("The sandbox was restarted inside the server after an internal error; if a call was in flight, run it again.".to_string());
-            if let Err(e) = Self::spawn_child(&myself, state, record, notice, None, None).await {
-                warn!(sandbox = %id, error = %e, "could not restart a sandbox actor");
+        let restarted = match record {
+            Some(record) => {
+                let notice = Some("The sandbox was restarted inside the server after an internal error; if a call was in flight, run it again.".to_string());
+                Self::spawn_child(&myself, state, record, notice, None, None)
+                    .await
+                    .inspect_err(|e| warn!(sandbox = %id, error = %e, "could not restart a sandbox actor"))
+                    .is_ok()
             }
+            None => false,
+        };
+        if !restarted {
+            // Dropped, the waiting calls' reply ports tell their callers.
+            state.registry.write().expect("registry lock").remove(&id);
         }
         Ok(())
     }

@@ -115,6 +115,17 @@ impl Server {
     pub fn container(&self, id: Uuid) -> String {
         self.fake.container_of(id).expect("a container")
     }
+
+    /// The directives starting with `prefix` that sandbox `id`'s agents ran,
+    /// in the order they ran.
+    pub fn ran_starting(&self, id: Uuid, prefix: &str) -> Vec<String> {
+        self.fake
+            .execs(id)
+            .into_iter()
+            .map(|(work, _)| work)
+            .filter(|w| w.starts_with(prefix))
+            .collect()
+    }
 }
 
 async fn open(settings: &Settings, fake: &FakeRuntime, host: &Arc<Recorder>) -> Result<Sandboxes> {

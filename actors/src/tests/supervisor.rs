@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::{pass, until, Server};
 use crate::error::SandboxError;
+use sandbox_runtime::agent::Work;
 use sandbox_runtime::fake::Event;
 use sandbox_runtime::ContainerState;
 
@@ -57,6 +58,34 @@ async fn an_actor_that_stops_unasked_is_started_again_from_its_record() {
     assert_eq!(ran.output.stdout, "1\n", "the container and its worker are kept");
     let notice = ran.notice.unwrap();
     assert!(notice.contains("restarted inside the server"), "{notice}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_waiting_for_an_actor_that_fails_while_asked_to_rest_go_to_its_successor_in_order() {
+    let s = Server::start().await;
+    let id = s.create().await;
+    s.run(id, "set x 1").await.unwrap();
+    let old = s.sb().asked_to_rest(id);
+    let sb = s.sb();
+    let calls = futures_util::future::join_all(
+        (0..4).map(|i| sb.run(super::OWNER, id, Work::Python(format!("set y {i}")), None, None)),
+    );
+    tokio::pin!(calls);
+    // The calls are held in the entry, behind the question.
+    assert!(tokio::time::timeout(Duration::from_secs(1), &mut calls).await.is_err());
+    assert_eq!(sb.waiting_for(id), 4);
+    old.stop(Some("crashed".into()));
+    for ran in calls.await {
+        let ran = ran.expect("answered by the restarted actor");
+        assert!(ran.notice.is_none_or(|n| n.contains("restarted inside the server")));
+    }
+    let sent: Vec<String> = (0..4).map(|i| format!("set y {i}")).collect();
+    assert_eq!(s.ran_starting(id, "set y"), sent, "the calls ran in the order sent");
+    assert_eq!(
+        s.stdout(id, "get x").await,
+        "1\n",
+        "the container and its worker are kept"
+    );
 }
 
 #[tokio::test(start_paused = true)]
