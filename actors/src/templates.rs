@@ -32,6 +32,18 @@ pub enum TemplateError {
     NotBuilt { name: String },
 }
 
+impl TemplateError {
+    /// The refusal of template `asked`, which echoes at most the length a
+    /// template's name can have: the caller chose the rest.
+    pub fn unknown(asked: &str) -> Self {
+        const ECHOED: usize = 40;
+        match asked.char_indices().nth(ECHOED) {
+            Some((cut, _)) => Self::Unknown(format!("{}…", &asked[..cut])),
+            None => Self::Unknown(asked.to_string()),
+        }
+    }
+}
+
 /// A template whose image is built.
 #[derive(Debug)]
 pub struct Offered {
@@ -135,7 +147,7 @@ impl Templates {
         match self.offered.get(name) {
             Some(Ok(o)) => Ok(o.clone()),
             Some(Err(_)) => Err(TemplateError::NotBuilt { name: name.into() }),
-            None => Err(TemplateError::Unknown(name.into())),
+            None => Err(TemplateError::unknown(name)),
         }
     }
 

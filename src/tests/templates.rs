@@ -56,6 +56,11 @@ async fn a_key_sees_and_uses_only_the_templates_its_list_names() {
     let unknown = alice.error("create_sandbox", json!({"template": "nope"})).await;
     assert_eq!(theirs.replace("\"web\"", "X"), unknown.replace("\"nope\"", "X"));
     assert!(theirs.contains("list_templates"), "{theirs}");
+    // A name no template can have is echoed no longer than a name can be.
+    let long = "x".repeat(100_000);
+    let refused = alice.error("create_sandbox", json!({"template": long})).await;
+    assert!(refused.contains(&format!("\"{}…\"", "x".repeat(40))), "{refused}");
+    assert!(refused.len() < 600, "{} bytes echoed", refused.len());
 
     let bob = app.client(Caller::tenant("bob", false), false).await;
     assert_eq!(bob.ok("list_templates", json!({})).await["templates"], json!([]));

@@ -157,7 +157,7 @@ impl Sandboxes {
             .cloned()
             .collect();
         if let (Some(name), true) = (only, configs.is_empty()) {
-            return Err(crate::templates::TemplateError::Unknown(name.into()).into());
+            return Err(crate::templates::TemplateError::unknown(name).into());
         }
         let runtime = Self::builder(settings, None).await?;
         runtime.ensure_image(&settings.state_dir).await?;

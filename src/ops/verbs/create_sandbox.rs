@@ -87,7 +87,7 @@ impl Ops {
         };
         match self.may_use_template(caller, &name) {
             true => Ok(Some(name)),
-            false => Err(SandboxError::from(TemplateError::Unknown(name)).into()),
+            false => Err(SandboxError::from(TemplateError::unknown(&name)).into()),
         }
     }
 
