@@ -614,6 +614,18 @@ impl Pool {
         self.ready.lock().expect("pool lock").len()
     }
 
+    /// The memory its ready sandboxes may take, in MB: `default` each, or
+    /// their template's.
+    pub fn ready_memory_mb(&self, default: u64) -> u64 {
+        let each = self
+            .recipe
+            .template
+            .as_ref()
+            .and_then(|t| t.memory_mb)
+            .unwrap_or(default);
+        self.ready() as u64 * each
+    }
+
     /// How many the pool aims to hold now: its target, within the room the
     /// live sandboxes leave (pooled ones never take a tenant's place).
     fn aim(&self) -> usize {

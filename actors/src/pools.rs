@@ -76,6 +76,12 @@ impl Pools {
         self.all.iter().map(|p| p.ready()).sum()
     }
 
+    /// The memory all ready sandboxes may take, in MB (see
+    /// [`Pool::ready_memory_mb`]).
+    pub fn ready_memory_mb(&self, default: u64) -> u64 {
+        self.all.iter().map(|p| p.ready_memory_mb(default)).sum()
+    }
+
     /// The figures of all pools together.
     pub fn stats(&self) -> PoolStats {
         self.all

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -532,7 +533,7 @@ impl Sandboxes {
             *by_status.entry(info.status).or_default() += 1;
         }
         let c = &self.ctx.counters;
-        let read = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        let read = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
         Stats {
             by_status,
             dormant: dormant.len(),
@@ -555,7 +556,7 @@ impl Sandboxes {
             .map(|(id, r)| Held {
                 id: *id,
                 owner: r.owner.clone(),
-                asleep: r.asleep.load(std::sync::atomic::Ordering::Acquire),
+                asleep: r.asleep.load(Ordering::Acquire),
             })
             .collect()
     }
@@ -606,12 +607,24 @@ impl Sandboxes {
         self.ctx.settings.sandbox.memory_mb
     }
 
-    /// Free disk and the memory the sandboxes may take, for `/health` and metrics.
+    /// Free disk and the memory the sandboxes may take, for `/health`,
+    /// metrics and the cluster's placement: the awake ones' and the pool's,
+    /// each at its template's limit or `sandbox.memory_mb` (a sandbox asleep
+    /// on disk holds none).
     pub fn resources(&self) -> Resources {
-        let containers = self.registry.read().expect("registry lock").len() + self.pools.ready();
+        let default = self.ctx.settings.sandbox.memory_mb;
+        let awake_mb: u64 = {
+            let registry = self.registry.read().expect("registry lock");
+            registry
+                .iter()
+                .filter(|(_, e)| !e.asleep.load(Ordering::Acquire))
+                .map(|(id, _)| self.ctx.templates.of(*id).and_then(|t| t.memory_mb).unwrap_or(default))
+                .sum()
+        };
+        let limits_mb = awake_mb + self.pools.ready_memory_mb(default);
         Resources {
             disk_free_bytes: resources::sandbox_disk_free_bytes(&self.ctx.settings),
-            memory_limits_bytes: containers as u64 * (self.ctx.settings.sandbox.memory_mb << 20),
+            memory_limits_bytes: limits_mb << 20,
             host_memory_bytes: sandbox_host::figures::memory_bytes(),
         }
     }

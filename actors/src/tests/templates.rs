@@ -274,3 +274,19 @@ async fn a_template_s_disk_sizes_apply_to_its_sandboxes_only() {
     let results = s.settings.results_dir.join(data.to_string());
     assert!(results.join("data/points.csv").is_file());
 }
+
+#[tokio::test(start_paused = true)]
+async fn memory_is_counted_at_each_template_s_limit_for_awake_sandboxes_only() {
+    let (s, _files) = server(|settings| settings.sandbox.memory_mb = 512).await;
+    let mb = |s: &Server| s.sb().resources().memory_limits_bytes >> 20;
+    assert_eq!(s.sb().pool_ready(), 0, "the pool is off here");
+    let plain = s.create().await;
+    let data = create(&s, "data").await.unwrap();
+    assert_eq!(mb(&s), 512 + 1024, "the default's limit, and the template's own");
+    s.sb().hibernate(OWNER, plain).await.unwrap();
+    assert_eq!(mb(&s), 1024, "a sandbox asleep on disk holds no memory");
+    s.sb().hibernate(OWNER, data).await.unwrap();
+    assert_eq!(mb(&s), 0);
+    s.run(data, "echo awake").await.unwrap();
+    assert_eq!(mb(&s), 1024, "woken, it counts again");
+}
