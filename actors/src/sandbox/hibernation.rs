@@ -11,7 +11,9 @@
 //! Python copies snapshots parked in memory are written out to their store
 //! first ([`super::snapshot::write_out`]).
 
-use tracing::warn;
+use std::time::Instant;
+
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::agent_connection::AgentConnection;
@@ -89,9 +91,12 @@ pub(super) async fn sleep(
 pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress: EgressPolicy) -> Result<String> {
     let ctx = link.ctx().clone();
     let id = link.paths.id;
+    let started = Instant::now();
     // One a crash left (or the engine would not remove) must never run on
     // the disks mounted again.
     link.remove_container().await?;
+    let removed = started.elapsed();
+    let mut mounted = removed;
     let set_up = async {
         ctx.disks
             .ensure(id, disk_sizes(ctx.templates.of(id).as_deref()))
@@ -99,6 +104,7 @@ pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress
         if ctx.egress.attached_policy(id).is_none() {
             ctx.egress.attach(id, egress)?;
         }
+        mounted = started.elapsed();
         link.recreate().await?;
         link.check_retired()
     }
@@ -109,6 +115,7 @@ pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress
         let _ = ctx.disks.release(id).await;
         return Err(e);
     }
+    let running = started.elapsed();
     let loaded = match asleep.python.python {
         CarriedState::Carried | CarriedState::Partial => Some(
             link.load_python(&asleep.slot)
@@ -118,6 +125,7 @@ pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress
         ),
         CarriedState::Fresh | CarriedState::Lost => None,
     };
+    let python = started.elapsed();
     let container = link.container_id.clone();
     ctx.store
         .update(vec![id], move |r| {
@@ -125,6 +133,19 @@ pub(super) async fn wake(link: &mut AgentConnection, asleep: &Hibernated, egress
             r.container_id = container.clone();
         })
         .await?;
+    // Where a wake's time goes, for whoever tunes it: the old container's
+    // removal, the disks and proxy, the new container up to its agent's
+    // answer, the namespace's load, the record.
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    info!(
+        sandbox = %id,
+        removed_ms = ms(removed),
+        disks_ms = ms(mounted - removed),
+        container_ms = ms(running - mounted),
+        python_ms = ms(python - running),
+        record_ms = ms(started.elapsed() - python),
+        "woke from hibernation"
+    );
     Ok(woke(asleep, loaded))
 }
 
