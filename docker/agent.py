@@ -688,7 +688,9 @@ class Kernel:
         self.running = True
         try:
             if "dump" in req:
-                return {"answer": dump_namespace(self.namespace, req["dump"])}
+                answer = dump_namespace(self.namespace, req["dump"])
+                compile_imported()
+                return {"answer": answer}
             return {"answer": load_namespace(self.namespace, req["load"])}
         except BaseException as e:  # noqa: BLE001 - reported to the server
             return {"error": reason(e)}
@@ -886,6 +888,49 @@ def dump_namespace(namespace, path):
             pass
         raise
     return carried("partial" if skipped else "carried", len(names) - len(skipped), skipped)
+
+
+COMPILE_FOR = 3.0
+
+
+def compile_imported(budget=COMPILE_FOR):
+    """Writes the bytecode of the modules imported from the venv that have
+    none, or an older one, for the worker that loads this namespace (a wake
+    or a fork) and every later process: Python writes no bytecode at import
+    in a sandbox (PYTHONDONTWRITEBYTECODE) and uv installs none, so each of
+    them compiled numpy from source again, twice its import's time. Within
+    `budget` seconds; a module that does not compile (or a full disk) is
+    left to compile at import, as before; an interrupt (the carry's
+    deadline) ends it with the dump already written."""
+    import importlib.util
+    import py_compile
+
+    deadline = time.monotonic() + budget
+    venv = VENV + os.sep
+    try:
+        for module in list(sys.modules.values()):
+            if time.monotonic() > deadline:
+                return
+            try:
+                source = module.__file__
+                if not (isinstance(source, str) and source.endswith(".py")):
+                    continue
+                source = os.path.realpath(source)
+                if not source.startswith(venv):
+                    continue
+                cached = importlib.util.cache_from_source(source)
+                try:
+                    if os.stat(cached).st_mtime >= os.stat(source).st_mtime:
+                        continue
+                except OSError:
+                    pass
+                py_compile.compile(source, cfile=cached, doraise=True)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # noqa: BLE001 - an odd module, a full disk: compiled at import instead
+                continue
+    except KeyboardInterrupt:
+        return
 
 
 def load_namespace(namespace, path):

@@ -95,7 +95,7 @@ def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
                     await asyncio.sleep(1)
                 assert st["status"] == "success", st
                 code = (
-                    "import json, socket\n"
+                    "import json, socket, six\n"
                     "x = 41\n"
                     "def f(): return x + 1\n"
                     "class Point:\n    def __init__(self, a): self.a = a\n"
@@ -141,11 +141,12 @@ def test_a_hibernated_sandbox_wakes_with_its_state_after_a_server_restart():
                     c,
                     "execute_python_code",
                     sandbox_id=sid,
-                    code="import six, hashlib, os\nprint(x, f(), p.a, json.dumps([1]), six.PY3)\n"
+                    code="import six, hashlib, os\nprint(x, f(), p.a, json.dumps([1]), six.PY3, os.path.exists(six.__cached__))\n"
                     "print(hashlib.sha256(open('blob.bin', 'rb').read()).hexdigest(), os.path.exists('gone.txt'))",
                 )
                 lines = ran["stdout"].splitlines()
-                assert lines[0] == "41 42 7 [1] True", ran
+                # The modules it had imported were compiled as it slept.
+                assert lines[0] == "41 42 7 [1] True True", ran
                 import hashlib
 
                 assert lines[1] == f"{hashlib.sha256(BLOB).hexdigest()} False", ran

@@ -127,9 +127,12 @@ def test_a_template_sandbox_starts_with_its_packages_files_and_limits(browser):
                     c,
                     "execute_python_code",
                     sandbox_id=sid,
-                    code="import pandas, matplotlib\nprint(pandas.read_csv('data/points.csv').x.sum(), matplotlib.__version__)",
+                    code="import os, pandas, matplotlib\nprint(pandas.read_csv('data/points.csv').x.sum(), matplotlib.__version__)\n"
+                    "print(os.path.exists(pandas.__cached__))",
                 )
                 assert ran["exit_code"] == 0 and ran["stdout"].startswith("4 "), ran
+                # Compiled in the image: no sandbox compiles them at import.
+                assert ran["stdout"].endswith("\nTrue\n"), ran
                 mine = {x["sandbox_id"]: x for x in (await ok(c, "list_sandboxes"))["sandboxes"]}
                 assert mine[sid]["template"] == "datasci"
 

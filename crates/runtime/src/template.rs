@@ -301,7 +301,7 @@ impl Definition {
         }
         if !self.config.packages.is_empty() {
             out.push_str(&run(&format!(
-                "uv pip install --no-cache --python /app/.venv/bin/python --target {SITE_PACKAGES} \
+                "uv pip install --no-cache --compile-bytecode --python /app/.venv/bin/python --target {SITE_PACKAGES} \
                  -r /opt/template/requirements.txt; \
                  for d in /app/.venv/lib/python3*/site-packages; do echo {SITE_PACKAGES} > \"$d/mcp-template.pth\"; done"
             )));
