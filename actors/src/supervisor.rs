@@ -125,35 +125,6 @@ impl Supervisor {
         }
     }
 
-    /// Asks the actor of sleeping sandbox `id` whether it rests. Asked under
-    /// the write lock, so every message sent before is ahead of the question
-    /// (see [`crate::registry`]); the answer is taken by [`settle`] in a task
-    /// of its own, so that calls held meanwhile wait for the actor only,
-    /// never behind the supervisor's other work.
-    fn ask_to_rest(myself: &ActorRef<SupervisorMsg>, state: &SupervisorState, id: Uuid) {
-        let (port, answer) = ractor::concurrency::oneshot();
-        let actor = {
-            let mut registry = state.registry.write().expect("registry lock");
-            let Some(entry) = registry.get_mut(&id) else { return };
-            let Slot::Actor(actor) = &entry.slot else { return };
-            let actor = actor.clone();
-            if actor.cast(SandboxMsg::Rest(port.into())).is_err() {
-                // Stopped: its supervision event follows.
-                return;
-            }
-            entry.slot = Slot::Resting(actor.clone(), Vec::new());
-            actor
-        };
-        let (me, registry, count) = (myself.clone(), state.registry.clone(), state.rested.clone());
-        tokio::spawn(async move {
-            let rested = answer.await.ok().flatten();
-            if rested.is_some() {
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            settle(&registry, &me, id, actor, rested);
-        });
-    }
-
     /// Every sandbox's upkeep: a tick to each actor, the question to rest to
     /// each sleeping one, and an actor again for each dormant sandbox whose
     /// lifetime or idle time is over, whose tick then deletes it.
@@ -184,7 +155,7 @@ impl Supervisor {
             let _ = actor.cast(SandboxMsg::Tick);
         }
         for id in sleeping {
-            Self::ask_to_rest(myself, state, id);
+            ask_to_rest(&state.registry, myself, &state.rested, id);
         }
         for (id, rested) in due {
             Self::rouse(myself, state, id, rested).await;
@@ -291,6 +262,44 @@ impl Actor for Supervisor {
         }
         Ok(())
     }
+}
+
+/// Asks the actor of sleeping sandbox `id` whether it rests (`rested`
+/// counts those that did). Asked under the write lock, so every message
+/// sent before is ahead of the question (see [`crate::registry`]); the
+/// answer is taken by [`settle`] in a task of its own, so that calls held
+/// meanwhile wait for the actor only, never behind the supervisor's other
+/// work.
+pub(crate) fn ask_to_rest(
+    registry: &Registry,
+    supervisor: &ActorRef<SupervisorMsg>,
+    rested: &Arc<AtomicUsize>,
+    id: Uuid,
+) {
+    let (port, answer) = ractor::concurrency::oneshot();
+    let actor = {
+        let mut entries = registry.write().expect("registry lock");
+        let Some(entry) = entries.get_mut(&id) else { return };
+        let Slot::Actor(actor) = &entry.slot else { return };
+        let actor = actor.clone();
+        if actor.cast(SandboxMsg::Rest(port.into())).is_err() {
+            // Stopped: its supervision event follows.
+            return;
+        }
+        entry.slot = Slot::Resting(actor.clone(), Vec::new());
+        actor
+    };
+    let (supervisor, registry, count) = (supervisor.clone(), registry.clone(), rested.clone());
+    tokio::spawn(async move {
+        // Unanswered, the question went with an actor that stopped before
+        // it read it (its mailbox dropped before its supervisor hears):
+        // the supervision event takes the calls that wait in the entry.
+        let Ok(rested) = answer.await else { return };
+        if rested.is_some() {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        settle(&registry, &supervisor, id, actor, rested);
+    });
 }
 
 /// Takes a resting actor's answer: the entry becomes dormant, or keeps its

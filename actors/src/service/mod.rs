@@ -745,23 +745,9 @@ impl Sandboxes {
         registry.get(&id).and_then(|e| e.actor().cloned())
     }
 
-    /// Puts its entry where the supervisor's question whether it rests puts
-    /// it ([`crate::registry::Slot::Resting`]), and answers with its actor.
-    pub(crate) fn asked_to_rest(&self, id: Uuid) -> ActorRef<SandboxMsg> {
-        let mut registry = self.registry.write().expect("registry lock");
-        let entry = registry.get_mut(&id).expect("registered");
-        let actor = entry.actor().cloned().expect("an actor");
-        entry.slot = crate::registry::Slot::Resting(actor.clone(), Vec::new());
-        actor
-    }
-
-    /// How many messages wait in its entry.
-    pub(crate) fn waiting_for(&self, id: Uuid) -> usize {
-        use crate::registry::Slot;
-        match &self.registry.read().expect("registry lock")[&id].slot {
-            Slot::Resting(_, waiting) | Slot::Waking(waiting) => waiting.len(),
-            Slot::Actor(_) | Slot::Dormant(_) => 0,
-        }
+    /// Asks its actor whether it rests, as the upkeep asks a sleeping one.
+    pub(crate) fn ask_to_rest(&self, id: Uuid) {
+        crate::supervisor::ask_to_rest(&self.registry, &self.supervisor, &Default::default(), id);
     }
 }
 
