@@ -63,6 +63,7 @@ import _ast
 import _json
 import _signal as signal
 import _socket
+import errno
 import os
 import select
 import stat
@@ -689,7 +690,10 @@ class Kernel:
         try:
             if "dump" in req:
                 answer = dump_namespace(self.namespace, req["dump"])
-                compile_imported()
+                try:
+                    compile_imported()
+                except BaseException:  # noqa: BLE001 - the dump is written: it answers
+                    pass
                 return {"answer": answer}
             return {"answer": load_namespace(self.namespace, req["load"])}
         except BaseException as e:  # noqa: BLE001 - reported to the server
@@ -891,46 +895,71 @@ def dump_namespace(namespace, path):
 
 
 COMPILE_FOR = 3.0
+COMPILE_AT_MOST = 2 * 1024 * 1024
+COMPILE_STOPS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def compile_imported(budget=COMPILE_FOR):
     """Writes the bytecode of the modules imported from the venv that have
-    none, or an older one, for the worker that loads this namespace (a wake
+    none, or a stale one, for the worker that loads this namespace (a wake
     or a fork) and every later process: Python writes no bytecode at import
     in a sandbox (PYTHONDONTWRITEBYTECODE) and uv installs none, so each of
     them compiled numpy from source again, twice its import's time. Within
-    `budget` seconds; a module that does not compile (or a full disk) is
-    left to compile at import, as before; an interrupt (the carry's
-    deadline) ends it with the dump already written."""
+    `budget` seconds, sources up to COMPILE_AT_MOST bytes, and only until a
+    write fails for want of room or rights; a module that does not compile
+    is left to compile at import, as before. Plain modules only, read
+    through their dict: the sandbox's objects in sys.modules run no code
+    here."""
     import importlib.util
     import py_compile
+    from types import ModuleType
 
     deadline = time.monotonic() + budget
     venv = VENV + os.sep
-    try:
-        for module in list(sys.modules.values()):
-            if time.monotonic() > deadline:
-                return
-            try:
-                source = module.__file__
-                if not (isinstance(source, str) and source.endswith(".py")):
-                    continue
-                source = os.path.realpath(source)
-                if not source.startswith(venv):
-                    continue
-                cached = importlib.util.cache_from_source(source)
-                try:
-                    if os.stat(cached).st_mtime >= os.stat(source).st_mtime:
-                        continue
-                except OSError:
-                    pass
-                py_compile.compile(source, cfile=cached, doraise=True)
-            except KeyboardInterrupt:
-                raise
-            except BaseException:  # noqa: BLE001 - an odd module, a full disk: compiled at import instead
+    for module in list(sys.modules.values()):
+        if time.monotonic() > deadline:
+            return
+        if type(module) is not ModuleType:
+            continue
+        source = vars(module).get("__file__")
+        if type(source) is not str or not source.endswith(".py"):
+            continue
+        try:
+            source = os.path.realpath(source)
+            if not source.startswith(venv):
                 continue
-    except KeyboardInterrupt:
-        return
+            st = os.stat(source)
+            if st.st_size > COMPILE_AT_MOST:
+                continue
+            cached = importlib.util.cache_from_source(source)
+            if bytecode_current(cached, st):
+                continue
+            py_compile.compile(source, cfile=cached, doraise=True)
+        except OSError as e:
+            if e.errno in COMPILE_STOPS:
+                return
+        except Exception:  # noqa: BLE001 - a source that does not compile, an odd path
+            continue
+
+
+def bytecode_current(cached, st):
+    """Whether `cached` is bytecode of the source `st` describes, as Python
+    checks it: its header's magic, then the source's mtime and size (a
+    hash-based one Python checks itself)."""
+    import importlib.util
+
+    try:
+        with open(cached, "rb") as f:
+            header = f.read(16)
+    except OSError:
+        return False
+    if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    if int.from_bytes(header[4:8], "little") != 0:
+        return True
+    mtime = int.from_bytes(header[8:12], "little")
+    size = int.from_bytes(header[12:16], "little")
+    return mtime == int(st.st_mtime) & 0xFFFFFFFF and size == st.st_size & 0xFFFFFFFF
 
 
 def load_namespace(namespace, path):
