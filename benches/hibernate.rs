@@ -9,7 +9,9 @@
 //! same call awake, the baseline. Times are as the client sees them over
 //! Streamable HTTP. Before and after each sleep: the host's mounts under
 //! the server's folders and the sandbox's containers (kernel objects a
-//! sleeping sandbox must not hold), and the server's RSS.
+//! sleeping sandbox must not hold), and the server's RSS. The server's log
+//! lines "woke from hibernation" (on stderr) split each wake into its
+//! steps.
 //!
 //! `cargo build --release && cargo bench --bench hibernate [-- --runtime runc --sizes-mb 10,200 --n 5]`
 
@@ -56,6 +58,8 @@ async fn main() {
             ("MCP_SANDBOX_SANDBOX_RESULTS_MB", "2048".into()),
             ("MCP_SANDBOX_POOL_MIN", "0".into()),
             ("MCP_SANDBOX_POOL_MAX", "0".into()),
+            // Each wake's log line says where its time went.
+            ("RUST_LOG", "warn,sandbox_actors::sandbox::hibernation=info".into()),
         ],
     )
     .await;
