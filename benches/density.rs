@@ -20,6 +20,8 @@
 //! and the probes' `print(1)` is mostly a wake. The figures are read
 //! [`REST_WAIT`] after the sleeps, once the actors of sandboxes left asleep
 //! have stopped (an older server's, compared with `--bin`, keep theirs).
+//! Sandboxes live `--lifetime-seconds` (6 hours by default): longer than
+//! the run, or the oldest are deleted under it.
 //!
 //! `cargo build --release && cargo bench --bench density [-- --n 1000 --step 100 --parallel 4]`
 //! `cargo bench --bench density -- --n 10000 --step 200 --hibernate-after 5`
@@ -28,7 +30,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::mcp::{load_limits, McpClient, Server, LOAD_SANDBOX_LIFETIME_SECONDS};
+use common::mcp::{load_limits, McpClient, Server};
 use common::{arg, Series};
 use futures_util::StreamExt;
 use rand::seq::IndexedRandom;
@@ -139,6 +141,10 @@ async fn main() -> std::process::ExitCode {
     let floor_mb: f64 = arg("--min-available-mb", 3072.0);
     let hibernate_after: u64 = arg("--hibernate-after", 0);
     let awake: usize = arg("--awake", 200);
+    // Longer than the run: a sandbox deleted at the end of its lifetime
+    // would leave the count (and the probes would meet a deleted one). A
+    // 10,000-sandbox run takes over two hours on two cores.
+    let lifetime: u64 = arg("--lifetime-seconds", 6 * 3600);
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("density.toml");
@@ -157,7 +163,7 @@ async fn main() -> std::process::ExitCode {
         ));
     }
     text.push_str(&format!(
-        "\n[sandbox]\nmax_lifetime_seconds = {LOAD_SANDBOX_LIFETIME_SECONDS}\npause_after_seconds = {pause_after}\n\
+        "\n[sandbox]\nmax_lifetime_seconds = {lifetime}\npause_after_seconds = {pause_after}\n\
          hibernate_after_seconds = {hibernate_after}\n\n[pool]\nmin = 0\nmax = 0\n"
     ));
     std::fs::write(&config, &text).unwrap();
