@@ -57,8 +57,9 @@ async fn run(ctx: Arc<Context>, registry: Registry, stop: CancellationToken) {
 }
 
 /// One reading of every registered sandbox: an actor's answers for its
-/// sandbox; a dormant one is read from its record (its disks and snapshots
-/// are billed while it sleeps).
+/// sandbox; a dormant one is read from its record (its snapshots are billed
+/// as counted when it went to sleep; its results and packages disks are not
+/// mounted to be measured, see docs/hibernation.md).
 async fn sample(ctx: &Context, registry: &Registry) {
     let (held, actors, dormant) = {
         let registry = registry.read().expect("registry lock");
