@@ -84,6 +84,7 @@ enum KeyCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    sandbox_host::figures::limit_heap_arenas();
     let cli = Cli::parse();
     if let Command::Key {
         command: KeyCommand::New { name },

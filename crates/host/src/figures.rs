@@ -66,6 +66,21 @@ pub fn trim_heap() {
     }
 }
 
+/// Keeps the heap in at most two glibc arenas. glibc gives threads arenas
+/// of their own, up to eight per core, and each keeps what it freed (the
+/// blocking threads' disk and file work, the listings of thousands of
+/// sleeping sandboxes): with two, the server held less at every step of the
+/// density bench (docs/benchmarks.md, "Many sandboxes, most asleep"). Call
+/// it before other threads allocate. Elsewhere than glibc, it does nothing.
+pub fn limit_heap_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt takes two integers and only changes the allocator's
+    // settings.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 /// Lowers this process's OOM score so that, when the host runs out of
 /// memory, the kernel ends a sandbox rather than the server. Needs root
 /// (CAP_SYS_RESOURCE) to go below zero.
