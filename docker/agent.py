@@ -929,7 +929,8 @@ def compile_imported(budget=COMPILE_FOR):
             if not source.startswith(venv):
                 continue
             st = os.stat(source)
-            if st.st_size > COMPILE_AT_MOST:
+            # A FIFO in the sandbox's venv would hold the read forever.
+            if not stat.S_ISREG(st.st_mode) or st.st_size > COMPILE_AT_MOST:
                 continue
             cached = importlib.util.cache_from_source(source)
             if bytecode_current(cached, st):
@@ -949,7 +950,11 @@ def bytecode_current(cached, st):
     import importlib.util
 
     try:
-        with open(cached, "rb") as f:
+        # Not followed, never waited on: the venv is the sandbox's to fill.
+        fd = os.open(cached, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
             header = f.read(16)
     except OSError:
         return False
