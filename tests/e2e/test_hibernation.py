@@ -220,8 +220,25 @@ def test_what_does_not_pickle_wakes_partial_calls_keep_their_order_and_deletion_
             async with client(s, "alice") as c:
                 sid = (await ok(c, "create_sandbox"))["sandbox_id"]
                 await ok(c, "execute_python_code", sandbox_id=sid, code="import socket\nsock = socket.socket()\nseen = []")
+                # A module of the venv (imported, named by no variable)
+                # whose bytecode path is a FIFO: the compile at the sleep
+                # must not wait on it (the dump's deadline is 60 s).
+                plant = (
+                    "def plant():\n"
+                    "    import os, sys, importlib, importlib.util\n"
+                    "    site = next(p for p in sys.path if p.startswith('/app/.venv') and p.endswith('site-packages'))\n"
+                    "    open(os.path.join(site, 'planted.py'), 'w').write('X = 1\\n')\n"
+                    "    importlib.invalidate_caches()\n"
+                    "    pyc = importlib.util.cache_from_source(importlib.import_module('planted').__file__)\n"
+                    "    os.makedirs(os.path.dirname(pyc), exist_ok=True)\n"
+                    "    os.mkfifo(pyc)\n"
+                    "plant()\ndel plant\n"
+                )
+                await ok(c, "execute_python_code", sandbox_id=sid, code=plant)
                 snap = (await ok(c, "snapshot_sandbox", sandbox_id=sid))["snapshot_id"]
+                started = time.monotonic()
                 slept = await ok(c, "hibernate_sandbox", sandbox_id=sid)
+                assert time.monotonic() - started < 30, "the sleep waited on the FIFO"
                 assert slept["python"] == "partial", slept
                 assert [n["name"] for n in slept["not_carried"]] == ["sock"], slept
                 [written] = slept["snapshots"]
