@@ -268,6 +268,17 @@ async fn build_one(
             bytes.div_ceil(1 << 20)
         ));
     }
+    // Every creation would fail on a runtime the engine does not know.
+    if let Some(wanted) = &config.runtime {
+        let registered = runtime.oci_runtimes().await.map_err(|e| e.to_string())?;
+        if !registered.contains(wanted) {
+            return Err(format!(
+                "its runtime \"{wanted}\" is not registered with the Docker engine (registered: {}); \
+                 register it (scripts/lib-docker.sh does so for runsc and crun) or remove `runtime`",
+                registered.join(", ")
+            ));
+        }
+    }
     let definition = Definition {
         config: config.clone(),
         files,

@@ -104,6 +104,38 @@ async fn an_unknown_or_unbuilt_template_is_refused_and_the_others_are_offered() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_template_whose_runtime_the_engine_lacks_is_not_offered_and_says_why() {
+    let (s, _files) = server(|settings| {
+        for (name, runtime) in [("gvisor", "runsc"), ("lean", "crun")] {
+            settings.templates.push(TemplateConfig {
+                name: name.into(),
+                runtime: Some(runtime.into()),
+                network: Some(EgressPolicy::None),
+                ..Default::default()
+            });
+        }
+    })
+    .await;
+    let listed = s.sb().templates();
+    let gvisor = listed.iter().find(|t| t.name == "gvisor").unwrap();
+    assert!(!gvisor.available);
+    let detail = gvisor.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.contains("\"runsc\" is not registered") && detail.contains("runc, crun"),
+        "{detail}"
+    );
+    let err = create(&s, "gvisor").await.unwrap_err();
+    assert!(
+        matches!(err, SandboxError::Template(TemplateError::NotBuilt { .. })),
+        "{err}"
+    );
+    assert!(s.fake.containers().is_empty(), "nothing made for it");
+    // A registered one is offered.
+    let id = create(&s, "lean").await.unwrap();
+    assert_eq!(s.sb().info(OWNER, id).await.unwrap().template.as_deref(), Some("lean"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn forks_revivals_and_restarts_keep_the_template() {
     let (mut s, _files) = server(|_| {}).await;
     let id = create(&s, "data").await.unwrap();

@@ -556,6 +556,12 @@ impl ContainerRuntime for FakeRuntime {
         Ok((tag, built))
     }
 
+    /// runc and crun, as on a host without gVisor.
+    async fn oci_runtimes(&self) -> Result<Vec<String>> {
+        self.engine()?;
+        Ok(vec!["runc".into(), "crun".into()])
+    }
+
     async fn remove_unused_templates(&self, keep: &std::collections::HashSet<String>) -> Result<Vec<String>> {
         self.engine()?;
         let mut state = self.lock();

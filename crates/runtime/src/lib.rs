@@ -186,4 +186,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// Removes the project's template images that `keep` does not name;
     /// the tags removed.
     async fn remove_unused_templates(&self, keep: &std::collections::HashSet<String>) -> Result<Vec<String>>;
+    /// The OCI runtimes the engine has registered, by name (`runc`, and
+    /// `crun` or `runsc` where they were added).
+    async fn oci_runtimes(&self) -> Result<Vec<String>>;
 }

@@ -149,8 +149,7 @@ impl DockerRuntime {
     /// creation, so it is tried first. Needs the image.
     pub async fn choose_oci_runtime(&mut self) -> Result<String> {
         if self.config.runtime == AUTO_OCI_RUNTIME {
-            let registered = self.docker.info().await?.runtimes.unwrap_or_default();
-            let crun = registered.contains_key("crun") && self.runs_under("crun").await;
+            let crun = self.oci_runtimes().await?.iter().any(|r| r == "crun") && self.runs_under("crun").await;
             self.config.runtime = if crun { "crun" } else { "runc" }.into();
             tracing::info!(runtime = %self.config.runtime, "sandbox.runtime \"auto\": chose the OCI runtime");
         }
@@ -369,6 +368,11 @@ impl ContainerRuntime for DockerRuntime {
             }
         }
         Ok(())
+    }
+
+    async fn oci_runtimes(&self) -> Result<Vec<String>> {
+        let registered = self.docker.info().await?.runtimes.unwrap_or_default();
+        Ok(registered.into_keys().collect())
     }
 
     async fn list_containers(&self) -> Result<Vec<Labelled>> {
