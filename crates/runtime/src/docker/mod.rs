@@ -372,7 +372,9 @@ impl ContainerRuntime for DockerRuntime {
 
     async fn oci_runtimes(&self) -> Result<Vec<String>> {
         let registered = self.docker.info().await?.runtimes.unwrap_or_default();
-        Ok(registered.into_keys().collect())
+        let mut names: Vec<String> = registered.into_keys().collect();
+        names.sort();
+        Ok(names)
     }
 
     async fn list_containers(&self) -> Result<Vec<Labelled>> {
