@@ -115,18 +115,26 @@ impl Templates {
     /// kept with its error, and the others are offered all the same.
     pub async fn build(runtime: &dyn ContainerRuntime, configs: &[TemplateConfig], results_mb: u64) -> Self {
         let mut offered = BTreeMap::new();
+        // Asked of the engine once, and only when a template names a runtime.
+        let registered = match configs.iter().any(|c| c.runtime.is_some()) {
+            true => runtime.oci_runtimes().await.map_err(|e| e.to_string()),
+            false => Ok(Vec::new()),
+        };
         for config in configs {
             let name = config.name.clone();
             let progress = |line: &str| info!(template = %name, "{line}");
             let results_mb = config.results_mb.filter(|_| results_mb > 0).unwrap_or(results_mb);
-            let built = tokio::time::timeout(BUILD_DEADLINE, build_one(runtime, config, results_mb, &progress))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(format!(
-                        "its build did not end within {} minutes",
-                        BUILD_DEADLINE.as_secs() / 60
-                    ))
-                });
+            let built = tokio::time::timeout(
+                BUILD_DEADLINE,
+                build_one(runtime, config, results_mb, &registered, &progress),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "its build did not end within {} minutes",
+                    BUILD_DEADLINE.as_secs() / 60
+                ))
+            });
             let built = match built {
                 Ok(o) => Ok(Arc::new(o)),
                 Err(why) => {
@@ -246,6 +254,7 @@ async fn build_one(
     runtime: &dyn ContainerRuntime,
     config: &TemplateConfig,
     results_mb: u64,
+    registered: &Result<Vec<String>, String>,
     progress: &(dyn for<'l> Fn(&'l str) + Send + Sync),
 ) -> Result<Offered, String> {
     // Up to 64 MiB read from the disk: off the async threads.
@@ -270,7 +279,7 @@ async fn build_one(
     }
     // Every creation would fail on a runtime the engine does not know.
     if let Some(wanted) = &config.runtime {
-        let registered = runtime.oci_runtimes().await.map_err(|e| e.to_string())?;
+        let registered = registered.as_ref().map_err(Clone::clone)?;
         if !registered.contains(wanted) {
             return Err(format!(
                 "its runtime \"{wanted}\" is not registered with the Docker engine (registered: {}); \
